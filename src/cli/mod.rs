@@ -1,0 +1,57 @@
+//! The command line: `serve`, `run`, `inspect`. Each subcommand lives in its own module
+//! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
+
+mod inspect;
+mod run;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "celer",
+    version,
+    about = "Low-latency inference for image model graphs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// HTTP server speaking the SageMaker container contract (GET /ping, POST /invocations).
+    Serve(crate::config::ServeArgs),
+    /// Offline inference on files or folders.
+    Run(run::RunArgs),
+    /// What is inside a model directory's pipeline, or an ONNX model.
+    Inspect(inspect::InspectArgs),
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Serve(args) => serve::serve(args),
+            Command::Run(args) => run::run(args),
+            Command::Inspect(args) => inspect::inspect(args),
+        }
+    }
+}
+
+/// Loads and checks the pipeline description of `dir`, including that each model file
+/// exists (with the command that fetches it when it does not).
+pub fn load_pipeline(dir: &std::path::Path) -> anyhow::Result<crate::config::PipelineSpec> {
+    let spec = crate::config::PipelineSpec::load_dir(dir)?;
+    for (key, path) in spec.model_keys() {
+        if !path.is_file() {
+            return Err(crate::config::ConfigError::MissingModel {
+                file: spec.source.clone(),
+                key: key.into(),
+                model: path.to_path_buf(),
+                hint: "; `make models` (or `make models-all`) fetches the published models".into(),
+            }
+            .into());
+        }
+    }
+    Ok(spec)
+}

@@ -1,0 +1,211 @@
+//! `celer run`: offline inference on files and folders. Each image is decoded, matted by
+//! the replicas and written to the output folder; a failed image is reported and the
+//! batch goes on. The summary gives the median time of each stage.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::config::{OutputKind, RuntimeArgs};
+use crate::pipeline::decode::{decode, DecodeLimits};
+use crate::pipeline::{render, StageTimings};
+use crate::sched::{Done, JobError, WorkerPool};
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    /// Image files, or folders whose images (JPEG, PNG, WebP, BMP, TIFF, GIF) are taken.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+
+    /// Output folder (created if missing).
+    #[arg(short, long)]
+    pub output_dir: PathBuf,
+
+    /// cutout (RGBA PNG), alpha, trimap, or json. Default: the pipeline's.
+    #[arg(long, value_parser = parse_output)]
+    pub output: Option<OutputKind>,
+}
+
+fn parse_output(word: &str) -> Result<OutputKind, String> {
+    OutputKind::parse(word)
+        .ok_or_else(|| format!("`{word}` is not one of cutout, alpha, trimap, json"))
+}
+
+const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"];
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let spec = super::load_pipeline(&args.runtime.model_dir)?;
+    let output = args.output.unwrap_or(spec.default_output);
+    let files = collect_inputs(&args.inputs)?;
+    std::fs::create_dir_all(&args.output_dir)
+        .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
+    crate::backend::ort::environment()?;
+    let (replicas, threads) = args.runtime.replicas_and_threads();
+    let in_flight = replicas * 2;
+    let pool = WorkerPool::start(&spec, replicas, threads, in_flight);
+    pool.wait_ready()
+        .map_err(|e| anyhow::anyhow!("the models failed to load: {e}"))?;
+
+    let bar = ProgressBar::new(files.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} eta {eta} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    for file in &files {
+        match submit(&pool, file) {
+            Ok(p) => pending.push_back(p),
+            Err(e) => summary.fail(&bar, file, &e),
+        }
+        if pending.len() >= in_flight {
+            if let Some(p) = pending.pop_front() {
+                finish(p, &args.output_dir, output, &mut summary, &bar);
+            }
+        }
+    }
+    while let Some(p) = pending.pop_front() {
+        finish(p, &args.output_dir, output, &mut summary, &bar);
+    }
+    bar.finish_and_clear();
+    summary.print(started.elapsed());
+    pool.shutdown();
+    if summary.ok == 0 && summary.failed > 0 {
+        anyhow::bail!("every image failed");
+    }
+    Ok(())
+}
+
+struct Pending {
+    file: PathBuf,
+    image: Arc<image::RgbImage>,
+    reply: tokio::sync::oneshot::Receiver<Result<Done, JobError>>,
+}
+
+fn submit(pool: &WorkerPool, file: &Path) -> anyhow::Result<Pending> {
+    let bytes = std::fs::read(file).context("cannot read")?;
+    let t = Instant::now();
+    let image = Arc::new(decode(&bytes, &DecodeLimits::default())?);
+    let timings = StageTimings {
+        decode: t.elapsed(),
+        ..StageTimings::default()
+    };
+    // The pool's queue holds `in_flight` jobs and we never have more outstanding.
+    let reply = pool.submit(
+        image.clone(),
+        Instant::now() + Duration::from_secs(3600),
+        timings,
+    )?;
+    Ok(Pending {
+        file: file.to_path_buf(),
+        image,
+        reply,
+    })
+}
+
+fn finish(
+    p: Pending,
+    out_dir: &Path,
+    output: OutputKind,
+    summary: &mut Summary,
+    bar: &ProgressBar,
+) {
+    let result = (|| -> anyhow::Result<StageTimings> {
+        let done = p
+            .reply
+            .blocking_recv()
+            .context("the replica dropped the image")??;
+        let mut timings = done.timings;
+        let rendered = render(&p.image, &done.matte, output, &mut timings)?;
+        let ext = if output == OutputKind::Json {
+            "json"
+        } else {
+            "png"
+        };
+        let stem = p.file.file_stem().unwrap_or_default().to_string_lossy();
+        let dest = out_dir.join(format!("{stem}.{ext}"));
+        std::fs::write(&dest, rendered.body)
+            .with_context(|| format!("cannot write {}", dest.display()))?;
+        Ok(timings)
+    })();
+    match result {
+        Ok(t) => {
+            summary.ok += 1;
+            summary.timings.push(t);
+            bar.inc(1);
+        }
+        Err(e) => summary.fail(bar, &p.file, &e),
+    }
+}
+
+fn collect_inputs(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(input)
+                .with_context(|| format!("cannot read {}", input.display()))?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.is_file()
+                        && p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                            IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
+                        })
+                })
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(input.clone());
+        }
+    }
+    if files.is_empty() {
+        anyhow::bail!("no images found in the inputs");
+    }
+    Ok(files)
+}
+
+#[derive(Default)]
+struct Summary {
+    ok: usize,
+    failed: usize,
+    timings: Vec<StageTimings>,
+}
+
+impl Summary {
+    fn fail(&mut self, bar: &ProgressBar, file: &Path, e: &anyhow::Error) {
+        self.failed += 1;
+        bar.println(format!("failed: {}: {e:#}", file.display()));
+        bar.inc(1);
+    }
+
+    fn print(&self, elapsed: Duration) {
+        println!(
+            "{} images done, {} failed, in {:.2} s",
+            self.ok,
+            self.failed,
+            elapsed.as_secs_f64()
+        );
+        if self.timings.is_empty() {
+            return;
+        }
+        println!("median per stage (ms):");
+        for (i, (name, _)) in StageTimings::default().stages().iter().enumerate() {
+            let mut ms: Vec<f64> = self
+                .timings
+                .iter()
+                .map(|t| t.stages()[i].1.as_secs_f64() * 1e3)
+                .collect();
+            ms.sort_by(f64::total_cmp);
+            println!("  {name:<10} {:>9.2}", ms[ms.len() / 2]);
+        }
+    }
+}

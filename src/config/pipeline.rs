@@ -1,0 +1,580 @@
+//! The pipeline description, `celer.toml` in a model directory: which models run, how
+//! their inputs are normalised, what their outputs mean. Parsing is two steps: serde reads
+//! the raw file (unknown keys are errors), then `validate` turns it into the typed spec
+//! the pipeline uses. Every error names the file, the key and what was expected.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The file name looked for in a model directory.
+pub const PIPELINE_FILE: &str = "celer.toml";
+
+/// A validated pipeline description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSpec {
+    /// The `celer.toml` this came from (for messages).
+    pub source: PathBuf,
+    pub segmentation: SegmentationSpec,
+    pub trimap: TrimapSpec,
+    pub matting: MattingSpec,
+    pub default_output: OutputKind,
+}
+
+/// One model input fed with the (resized, normalised) image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageInputSpec {
+    /// Absolute or model-dir-relative path resolved against the toml's folder.
+    pub model: PathBuf,
+    pub input: String,
+    pub width: u32,
+    pub height: u32,
+    pub normalize: Normalize,
+}
+
+/// `x = (v * s - mean[c]) / std[c]` for each u8 value `v` of channel `c`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalize {
+    pub scale: Scale,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    /// `s = 1 / max` over every value of the resized image (rembg's U2Net family).
+    ImageMax,
+    Fixed(f32),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentationSpec {
+    pub image: ImageInputSpec,
+    pub output: String,
+    pub mask: MaskKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum MaskKind {
+    /// Channel 0 is a foreground probability; `minmax` rescales it to [0, 1] per image.
+    Probability { minmax: bool },
+    /// N-class scores; argmax picks the class, `class_values[c]` is its trimap value.
+    Classes { class_values: Vec<u8> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrimapSpec {
+    /// Probability at or above which a pixel is certain foreground.
+    pub foreground: f32,
+    /// Probability at or below which a pixel is certain background.
+    pub background: f32,
+    /// Erosion of both certain regions, in segmentation-output pixels: the width of the
+    /// unknown band that matting resolves.
+    pub erode_px: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum MattingSpec {
+    /// He et al.'s guided filter of the coarse mask, guided by the image's luma.
+    GuidedFilter { radius_px: u32, epsilon: f32 },
+    /// A matting model on image + trimap.
+    Model {
+        image: ImageInputSpec,
+        trimap_input: String,
+        output: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    /// RGBA PNG: the source pixels with alpha.
+    Cutout,
+    /// Grayscale PNG of alpha.
+    Alpha,
+    /// Grayscale PNG of the trimap (0, 128, 255).
+    Trimap,
+    /// JSON with base64 PNGs and per-stage timings.
+    Json,
+}
+
+impl OutputKind {
+    pub fn parse(word: &str) -> Option<Self> {
+        match word.trim().to_ascii_lowercase().as_str() {
+            "cutout" | "rgba" => Some(Self::Cutout),
+            "alpha" | "mask" => Some(Self::Alpha),
+            "trimap" => Some(Self::Trimap),
+            "json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+}
+
+// ---- the raw file ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    segmentation: RawSegmentation,
+    #[serde(default)]
+    trimap: RawTrimap,
+    #[serde(default)]
+    matting: RawMatting,
+    #[serde(default)]
+    output: RawOutput,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSegmentation {
+    model: PathBuf,
+    input: String,
+    output: String,
+    width: u32,
+    height: u32,
+    normalize: RawNormalize,
+    mask: RawMask,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNormalize {
+    scale: RawScale,
+    #[serde(default = "zeros")]
+    mean: [f32; 3],
+    #[serde(default = "ones")]
+    std: [f32; 3],
+}
+
+fn zeros() -> [f32; 3] {
+    [0.0; 3]
+}
+fn ones() -> [f32; 3] {
+    [1.0; 3]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawScale {
+    Word(String),
+    Number(f64),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMask {
+    kind: String,
+    #[serde(default)]
+    minmax: bool,
+    class_values: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawTrimap {
+    foreground: f32,
+    background: f32,
+    erode_px: u32,
+}
+
+impl Default for RawTrimap {
+    fn default() -> Self {
+        Self {
+            foreground: 0.94,
+            background: 0.04,
+            erode_px: 2,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatting {
+    kind: String,
+    radius_px: Option<u32>,
+    epsilon: Option<f32>,
+    model: Option<PathBuf>,
+    image_input: Option<String>,
+    trimap_input: Option<String>,
+    output: Option<String>,
+    width: Option<u32>,
+    height: Option<u32>,
+    normalize: Option<RawNormalize>,
+}
+
+impl Default for RawMatting {
+    fn default() -> Self {
+        Self {
+            kind: "guided-filter".into(),
+            radius_px: None,
+            epsilon: None,
+            model: None,
+            image_input: None,
+            trimap_input: None,
+            output: None,
+            width: None,
+            height: None,
+            normalize: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutput {
+    default: OutputKind,
+}
+
+impl Default for RawOutput {
+    fn default() -> Self {
+        Self {
+            default: OutputKind::Cutout,
+        }
+    }
+}
+
+/// The largest model input side accepted: beyond it a typo (e.g. 32000) would allocate
+/// gigabytes per replica.
+const MAX_MODEL_SIDE: u32 = 8192;
+
+impl PipelineSpec {
+    /// Reads `<dir>/celer.toml`.
+    pub fn load_dir(dir: &Path) -> Result<Self, ConfigError> {
+        Self::load_file(&dir.join(PIPELINE_FILE))
+    }
+
+    pub fn load_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            file: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates `text` as if read from `path` (model paths resolve against
+    /// its folder; the models themselves are not opened here).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: RawPipeline = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: path.to_path_buf(),
+            message: e.message().to_string(),
+            key: None,
+            line: e.span().map(|s| line_of(text, s.start)),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let invalid = |key: &str, expected: String| ConfigError::Invalid {
+            file: path.to_path_buf(),
+            key: key.to_string(),
+            expected,
+        };
+        let seg = raw.segmentation;
+        let image = image_input(
+            "segmentation",
+            base,
+            seg.model,
+            seg.input,
+            seg.width,
+            seg.height,
+            seg.normalize,
+            &invalid,
+        )?;
+        let mask = match seg.mask.kind.as_str() {
+            "probability" => {
+                if seg.mask.class_values.is_some() {
+                    return Err(invalid(
+                        "segmentation.mask.class_values",
+                        "no class_values with kind = \"probability\"".into(),
+                    ));
+                }
+                MaskKind::Probability {
+                    minmax: seg.mask.minmax,
+                }
+            }
+            "classes" => {
+                let class_values = seg.mask.class_values.unwrap_or_else(|| vec![0, 128, 255]);
+                if class_values.len() < 2 {
+                    return Err(invalid(
+                        "segmentation.mask.class_values",
+                        "at least two classes (a trimap value 0-255 per class index)".into(),
+                    ));
+                }
+                MaskKind::Classes { class_values }
+            }
+            other => {
+                return Err(invalid(
+                    "segmentation.mask.kind",
+                    format!("\"probability\" or \"classes\", found \"{other}\""),
+                ))
+            }
+        };
+        let t = raw.trimap;
+        if !(0.0..=1.0).contains(&t.background)
+            || !(0.0..=1.0).contains(&t.foreground)
+            || t.background >= t.foreground
+        {
+            return Err(invalid(
+                "trimap",
+                format!(
+                    "0 <= background < foreground <= 1, found background = {} and foreground = {}",
+                    t.background, t.foreground
+                ),
+            ));
+        }
+        if t.erode_px > 64 {
+            return Err(invalid(
+                "trimap.erode_px",
+                format!(
+                    "at most 64 (segmentation-output pixels), found {}",
+                    t.erode_px
+                ),
+            ));
+        }
+        let trimap = TrimapSpec {
+            foreground: t.foreground,
+            background: t.background,
+            erode_px: t.erode_px,
+        };
+        let matting = matting(raw.matting, base, &invalid)?;
+        Ok(Self {
+            source: path.to_path_buf(),
+            segmentation: SegmentationSpec {
+                image,
+                output: seg.output,
+                mask,
+            },
+            trimap,
+            matting,
+            default_output: raw.output.default,
+        })
+    }
+
+    /// Every model file the pipeline runs, in stage order, with its key.
+    pub fn model_keys(&self) -> Vec<(&'static str, &Path)> {
+        let mut paths = vec![(
+            "segmentation.model",
+            self.segmentation.image.model.as_path(),
+        )];
+        if let MattingSpec::Model { image, .. } = &self.matting {
+            paths.push(("matting.model", image.model.as_path()));
+        }
+        paths
+    }
+}
+
+fn matting(
+    m: RawMatting,
+    base: &Path,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<MattingSpec, ConfigError> {
+    match m.kind.as_str() {
+        "guided-filter" => {
+            if m.model.is_some() {
+                return Err(invalid(
+                    "matting.model",
+                    "no model with kind = \"guided-filter\" (set kind = \"model\")".into(),
+                ));
+            }
+            let radius_px = m.radius_px.unwrap_or(8);
+            let epsilon = m.epsilon.unwrap_or(1e-3);
+            if radius_px == 0 || radius_px > 256 {
+                return Err(invalid(
+                    "matting.radius_px",
+                    format!("1 to 256, found {radius_px}"),
+                ));
+            }
+            if !(epsilon > 0.0 && epsilon.is_finite()) {
+                return Err(invalid(
+                    "matting.epsilon",
+                    format!("a positive number, found {epsilon}"),
+                ));
+            }
+            Ok(MattingSpec::GuidedFilter { radius_px, epsilon })
+        }
+        "model" => {
+            let need = |v: Option<String>, key: &str| {
+                v.ok_or_else(|| {
+                    invalid(key, "a tensor name (required with kind = \"model\")".into())
+                })
+            };
+            let model = m.model.ok_or_else(|| {
+                invalid(
+                    "matting.model",
+                    "an ONNX file path (required with kind = \"model\")".into(),
+                )
+            })?;
+            let image_name = need(m.image_input, "matting.image_input")?;
+            let trimap_input = need(m.trimap_input, "matting.trimap_input")?;
+            let output = need(m.output, "matting.output")?;
+            let (Some(width), Some(height)) = (m.width, m.height) else {
+                return Err(invalid(
+                    "matting.width",
+                    "width and height of the matting model's input".into(),
+                ));
+            };
+            let normalize = m.normalize.ok_or_else(|| {
+                invalid(
+                    "matting.normalize",
+                    "a table with scale, mean and std".into(),
+                )
+            })?;
+            let image = image_input(
+                "matting", base, model, image_name, width, height, normalize, invalid,
+            )?;
+            Ok(MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            })
+        }
+        other => Err(invalid(
+            "matting.kind",
+            format!("\"guided-filter\" or \"model\", found \"{other}\""),
+        )),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn image_input(
+    table: &str,
+    base: &Path,
+    model: PathBuf,
+    input: String,
+    width: u32,
+    height: u32,
+    normalize: RawNormalize,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<ImageInputSpec, ConfigError> {
+    for (key, side) in [("width", width), ("height", height)] {
+        if side == 0 || side > MAX_MODEL_SIDE {
+            return Err(invalid(
+                &format!("{table}.{key}"),
+                format!("1 to {MAX_MODEL_SIDE} pixels, found {side}"),
+            ));
+        }
+    }
+    let scale = match normalize.scale {
+        RawScale::Word(w) if w == "max" => Scale::ImageMax,
+        RawScale::Number(n) if n.is_finite() && n > 0.0 => Scale::Fixed(n as f32),
+        RawScale::Word(w) => {
+            return Err(invalid(
+                &format!("{table}.normalize.scale"),
+                format!("\"max\" or a positive number, found \"{w}\""),
+            ))
+        }
+        RawScale::Number(n) => {
+            return Err(invalid(
+                &format!("{table}.normalize.scale"),
+                format!("\"max\" or a positive number, found {n}"),
+            ))
+        }
+    };
+    if normalize.std.iter().any(|s| !(s.is_finite() && *s != 0.0)) {
+        return Err(invalid(
+            &format!("{table}.normalize.std"),
+            format!("three non-zero numbers, found {:?}", normalize.std),
+        ));
+    }
+    let model = if model.is_absolute() {
+        model
+    } else {
+        base.join(model)
+    };
+    Ok(ImageInputSpec {
+        model,
+        input,
+        width,
+        height,
+        normalize: Normalize {
+            scale,
+            mean: normalize.mean,
+            std: normalize.std,
+        },
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U2NETP: &str = include_str!("../../onnx/u2netp/celer.toml");
+
+    fn parse(text: &str) -> Result<PipelineSpec, ConfigError> {
+        PipelineSpec::parse(text, Path::new("/models/x/celer.toml"))
+    }
+
+    #[test]
+    fn u2netp_description_parses() {
+        let spec = parse(U2NETP).unwrap();
+        assert_eq!(spec.segmentation.image.width, 320);
+        assert_eq!(
+            spec.segmentation.image.model,
+            Path::new("/models/x/u2netp.onnx")
+        );
+        assert_eq!(spec.segmentation.image.normalize.scale, Scale::ImageMax);
+        assert_eq!(
+            spec.segmentation.mask,
+            MaskKind::Probability { minmax: true }
+        );
+        assert_eq!(
+            spec.matting,
+            MattingSpec::GuidedFilter {
+                radius_px: 8,
+                epsilon: 0.001
+            }
+        );
+        assert_eq!(spec.default_output, OutputKind::Cutout);
+    }
+
+    #[test]
+    fn error_names_file_key_and_expectation() {
+        let text = U2NETP.replace("kind = \"probability\"", "kind = \"heatmap\"");
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("/models/x/celer.toml"), "{msg}");
+        assert!(msg.contains("segmentation.mask.kind"), "{msg}");
+        assert!(msg.contains("\"probability\" or \"classes\""), "{msg}");
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_its_line() {
+        let text = U2NETP.replace("erode_px = 2", "erode_pixels = 2");
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("erode_pixels"), "{msg}");
+        assert!(msg.contains("line"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_length_mean_is_rejected() {
+        let text = U2NETP.replace("mean = [0.485, 0.456, 0.406]", "mean = [0.5, 0.5]");
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("length 3"), "{msg}");
+    }
+
+    #[test]
+    fn thresholds_must_be_ordered() {
+        let text = U2NETP.replace("background = 0.04", "background = 0.97");
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("key `trimap`"), "{msg}");
+    }
+
+    #[test]
+    fn matting_model_needs_its_inputs() {
+        let text = U2NETP.replace(
+            "kind = \"guided-filter\"\nradius_px = 8\nepsilon = 0.001",
+            "kind = \"model\"\nmodel = \"m.onnx\"",
+        );
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("matting.image_input"), "{msg}");
+    }
+
+    #[test]
+    fn bad_scale_word_is_rejected() {
+        let text = U2NETP.replace("scale = \"max\"", "scale = \"maximum\"");
+        let msg = parse(&text).unwrap_err().to_string();
+        assert!(msg.contains("segmentation.normalize.scale"), "{msg}");
+    }
+}

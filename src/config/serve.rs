@@ -1,0 +1,120 @@
+//! Options of `celer serve` (and the runtime options `celer run` shares), from flags or
+//! the environment. SageMaker's own variables are honoured where they mean the same
+//! thing: `SAGEMAKER_BIND_TO_PORT`, `SAGEMAKER_MODEL_SERVER_WORKERS`,
+//! `SAGEMAKER_MODEL_SERVER_TIMEOUT`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::pipeline::decode::DecodeLimits;
+
+/// How many replicas, with how many ONNX Runtime threads each.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// Model directory holding celer.toml and the ONNX files (SageMaker unpacks the
+    /// model archive to /opt/ml/model).
+    #[arg(long, env = "CELER_MODEL_DIR", default_value = "/opt/ml/model")]
+    pub model_dir: PathBuf,
+
+    /// Pipeline replicas, each on its own thread with its own sessions. Default: as many
+    /// as keep replicas x threads within the cores.
+    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_WORKERS")]
+    pub replicas: Option<usize>,
+
+    /// ONNX Runtime intra-op threads per replica. Default: cores / replicas.
+    #[arg(long, env = "CELER_THREADS_PER_REPLICA")]
+    pub threads_per_replica: Option<usize>,
+}
+
+impl RuntimeArgs {
+    /// `(replicas, threads per replica)`, keeping their product within the cores.
+    pub fn replicas_and_threads(&self) -> (usize, usize) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match (self.replicas, self.threads_per_replica) {
+            (Some(r), Some(t)) => (r.max(1), t.max(1)),
+            (Some(r), None) => (r.max(1), (cores / r.max(1)).max(1)),
+            (None, Some(t)) => ((cores / t.max(1)).max(1), t.max(1)),
+            // Two replicas when there are cores for it: while one replica is in its
+            // single-threaded stages (trimap, matting), the other keeps the model busy.
+            (None, None) => {
+                let r = if cores >= 2 { 2 } else { 1 };
+                (r, (cores / r).max(1))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    /// Address to listen on.
+    #[arg(long, env = "CELER_BIND", default_value = "0.0.0.0")]
+    pub bind: String,
+
+    /// Port to listen on.
+    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// Requests that may wait for a replica; beyond it the server answers 503 at once.
+    #[arg(long, env = "CELER_QUEUE_CAPACITY", default_value_t = 16)]
+    pub queue_capacity: usize,
+
+    /// Seconds a request may take from arrival; an expired request is not run.
+    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", default_value_t = 60)]
+    pub deadline_s: u64,
+
+    /// Largest request body, bytes (SageMaker real-time endpoints cap it at about 6 MB).
+    #[arg(long, env = "CELER_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Largest image, in pixels (width x height), checked before decoding.
+    #[arg(long, env = "CELER_MAX_PIXELS", default_value_t = 50_000_000)]
+    pub max_pixels: u64,
+
+    /// Smallest accepted image side, pixels.
+    #[arg(long, env = "CELER_MIN_SIDE_PX", default_value_t = 8)]
+    pub min_side_px: u32,
+
+    /// Hosts that JSON bodies may name in `url` for the server to fetch (comma
+    /// separated). Empty: fetching is off, and a `url` is refused.
+    #[arg(long, env = "CELER_FETCH_ALLOW_HOSTS", value_delimiter = ',')]
+    pub fetch_allow_hosts: Vec<String>,
+
+    /// Time limit for fetching a `url`, milliseconds.
+    #[arg(long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000)]
+    pub fetch_timeout_ms: u64,
+
+    /// Send a `Server-Timing` header with the per-stage times of each request.
+    #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
+    pub server_timing: bool,
+
+    /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
+    /// container 30 s after it).
+    #[arg(long, env = "CELER_SHUTDOWN_GRACE_S", default_value_t = 25)]
+    pub shutdown_grace_s: u64,
+}
+
+/// What a request may be, checked before any work is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestLimits {
+    pub max_body_bytes: usize,
+    pub decode: DecodeLimits,
+    pub deadline: Duration,
+}
+
+impl ServeArgs {
+    pub fn limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_body_bytes: self.max_body_bytes,
+            decode: DecodeLimits {
+                max_pixels: self.max_pixels,
+                min_side_px: self.min_side_px,
+            },
+            deadline: Duration::from_secs(self.deadline_s.max(1)),
+        }
+    }
+}

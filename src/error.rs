@@ -1,0 +1,120 @@
+//! The one place where errors become HTTP answers. Every refusal is a JSON body
+//! `{"error": "...", "code": "..."}`; client mistakes get a 4xx that says what to fix,
+//! server faults a 5xx whose details go to the log, not to the client.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::pipeline::decode::DecodeError;
+use crate::sched::{JobError, SubmitError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// A stable machine-readable reason, e.g. `payload_too_large`.
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds, for 503s.
+    pub retry_after_s: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: &'a str,
+    code: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// A server fault: the details are logged here, the client gets a generic message.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "the server failed to process the image; see the server log",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&Body {
+            error: &self.message,
+            code: self.code,
+        })
+        .unwrap_or_default();
+        let mut response = (self.status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(s) = self.retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+impl From<DecodeError> for ApiError {
+    fn from(e: DecodeError) -> Self {
+        let (status, code) = match &e {
+            DecodeError::Empty => (StatusCode::BAD_REQUEST, "empty_body"),
+            DecodeError::UnknownFormat => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unknown_format"),
+            DecodeError::UnsupportedFormat { .. } => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format")
+            }
+            DecodeError::TooManyPixels { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_many_pixels"),
+            DecodeError::TooSmall { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "image_too_small"),
+            DecodeError::Corrupt(_) => (StatusCode::BAD_REQUEST, "corrupt_image"),
+        };
+        Self::new(status, code, e.to_string())
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Overloaded { .. } => Self {
+                retry_after_s: Some(1),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    format!("the server is at capacity ({e}); retry later"),
+                )
+            },
+            SubmitError::Stopped => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down",
+            ),
+        }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::DeadlineExceeded => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "deadline_exceeded",
+                "the request waited past its deadline; retry later",
+            ),
+            other => Self::internal(other),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `POST /invocations`: body -> image bytes -> decode (blocking pool) -> device stages
+//! (a replica) -> composite + encode (blocking pool) -> response.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::negotiate::{body_kind, output_kind, BodyKind};
+use super::AppState;
+use crate::error::ApiError;
+use crate::pipeline::{self, decode, StageTimings};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonBody {
+    image: Option<String>,
+    url: Option<String>,
+}
+
+pub async fn invocations(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let deadline = Instant::now() + state.limits.deadline;
+    let kind = body_kind(&headers)?;
+    let output = output_kind(&headers, state.default_output)?;
+    let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
+    let encoded = match kind {
+        BodyKind::Image => bytes,
+        BodyKind::Json => image_from_json(&state, &bytes).await?,
+    };
+
+    let limits = state.limits.decode;
+    let (image, decode_time) = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        decode::decode(&encoded, &limits).map(|img| (img, t.elapsed()))
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let image = Arc::new(image);
+
+    let timings = StageTimings {
+        decode: decode_time,
+        ..StageTimings::default()
+    };
+    let reply = state.pool.submit(image.clone(), deadline, timings)?;
+    let done = tokio::time::timeout_at(deadline.into(), reply)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "deadline_exceeded",
+                "the request did not finish before its deadline",
+            )
+        })?
+        .map_err(|_| ApiError::internal("the replica dropped the request"))??;
+
+    let queued = done.queued;
+    let (rendered, timings) = tokio::task::spawn_blocking(move || {
+        let mut timings = done.timings;
+        pipeline::render(&image, &done.matte, output, &mut timings).map(|r| (r, timings))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::internal)?;
+
+    let mut response = (StatusCode::OK, rendered.body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(rendered.content_type),
+    );
+    if state.server_timing {
+        if let Ok(v) = HeaderValue::from_str(&server_timing(queued, &timings)) {
+            h.insert("server-timing", v);
+        }
+    }
+    Ok(response)
+}
+
+/// Reads at most `limit` bytes; a larger body is a 413 (from `Content-Length` before a
+/// byte is read, when the client sent one).
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+        {
+            too_large()
+        } else {
+            ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
+        }
+    })
+}
+
+async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiError> {
+    let body: JsonBody = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(
+            "malformed_json",
+            format!("the body is not the JSON expected ({{\"image\": \"<base64>\"}}): {e}"),
+        )
+    })?;
+    match (body.image, body.url) {
+        (Some(b64), None) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map(Bytes::from)
+            .map_err(|e| ApiError::bad_request("invalid_base64", format!("`image` is not valid base64: {e}"))),
+        (None, Some(url)) => match &state.fetcher {
+            Some(fetcher) => fetcher.fetch(&url).await,
+            None => Err(ApiError::bad_request(
+                "url_fetch_disabled",
+                "this server does not fetch URLs; send the image itself (`image` in base64, or the raw bytes)",
+            )),
+        },
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "malformed_json",
+            "give either `image` or `url`, not both",
+        )),
+        (None, None) => Err(ApiError::bad_request(
+            "malformed_json",
+            "the JSON body needs `image` (base64) or `url`",
+        )),
+    }
+}
+
+/// `Server-Timing: queue;dur=1.2, decode;dur=3.4, ...` (milliseconds).
+fn server_timing(queued: std::time::Duration, timings: &StageTimings) -> String {
+    std::iter::once(("queue", queued))
+        .chain(timings.stages())
+        .map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1e3))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

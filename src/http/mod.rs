@@ -1,0 +1,56 @@
+//! The HTTP front end: the SageMaker container contract (`GET /ping`,
+//! `POST /invocations`). Handlers parse and check requests, hand decoded images to the
+//! workers and encode answers on the blocking pool; no pixel work runs on the executor.
+
+mod fetch;
+mod invocations;
+mod negotiate;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use crate::config::{OutputKind, RequestLimits};
+use crate::sched::{Readiness, WorkerPool};
+
+pub use fetch::UrlFetcher;
+
+/// Everything a handler needs, shared by all requests.
+pub struct AppState {
+    pub pool: WorkerPool,
+    pub limits: RequestLimits,
+    pub default_output: OutputKind,
+    /// `None`: JSON bodies may not name a `url`.
+    pub fetcher: Option<UrlFetcher>,
+    /// Send per-stage times in a `Server-Timing` header.
+    pub server_timing: bool,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/invocations", post(invocations::invocations))
+        .with_state(state)
+}
+
+/// 200 once every replica has loaded its models; 503 before (and if loading failed).
+/// Reads two atomics: it never waits behind inference.
+async fn ping(State(state): State<Arc<AppState>>) -> Response {
+    match state.pool.readiness() {
+        Readiness::Ready => Json(serde_json::json!({ "status": "ok" })).into_response(),
+        Readiness::Loading { loaded, of } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "loading", "replicas_loaded": loaded, "replicas": of })),
+        )
+            .into_response(),
+        Readiness::Failed(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "failed" })),
+        )
+            .into_response(),
+    }
+}

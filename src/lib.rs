@@ -1,0 +1,13 @@
+//! celer: a low-latency inference engine for image model graphs (segmentation -> trimap
+//! -> matting), served over the SageMaker container contract. See DESIGN.md for the
+//! architecture; each module's header says what it owns.
+
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod pipeline;
+pub mod sched;

@@ -1,0 +1,243 @@
+//! Preprocess: resize the source RGB8 to a model's input size and normalise it straight
+//! into the planar NCHW f32 buffer the model reads. The resize is PIL's
+//! `Image.resize(size, BILINEAR)` to the bit: same coefficients, same 22-bit fixed point,
+//! same order of passes with rounding to u8 between them. Models are trained on PIL's
+//! output and our reference is PIL; a +-1 LSB difference flips trimap pixels of the
+//! U2Net family, so "close" is not enough. The CUDA kernel implements the same scheme.
+
+use fast_image_resize::ResizeAlg;
+use fast_image_resize::{FilterType, ResizeOptions};
+use image::RgbImage;
+
+use crate::config::{Normalize, Scale};
+
+/// Bilinear resampling as PIL does it, for the f32 planes (masks) that `resample` resizes:
+/// a triangle filter widened by the scale factor when shrinking.
+pub fn bilinear() -> ResizeOptions {
+    ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+}
+
+/// PIL's fixed-point precision for 8-bit images: 32 - 8 - 2 bits.
+const PRECISION_BITS: u32 = 22;
+
+/// Filter taps of one axis: for each output sample, the first input sample and the
+/// fixed-point weights of the inputs from there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Taps {
+    pub first: Vec<u32>,
+    pub weights: Vec<Vec<i32>>,
+}
+
+impl Taps {
+    /// PIL's `precompute_coeffs` with the bilinear filter, then `normalize_coeffs_8bpc`.
+    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
+        let scale = f64::from(in_size) / f64::from(out_size);
+        let filter_scale = scale.max(1.0);
+        let support = filter_scale; // the triangle's support is 1
+        let mut first = Vec::with_capacity(out_size as usize);
+        let mut weights = Vec::with_capacity(out_size as usize);
+        for xx in 0..out_size {
+            let center = (f64::from(xx) + 0.5) * scale;
+            let xmin = ((center - support + 0.5) as i64).max(0);
+            let xmax = ((center + support + 0.5) as i64).min(i64::from(in_size));
+            let w: Vec<f64> = (xmin..xmax)
+                .map(|x| {
+                    let t = ((x as f64 - center + 0.5) / filter_scale).abs();
+                    if t < 1.0 {
+                        1.0 - t
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let total: f64 = w.iter().sum();
+            let fixed = w
+                .iter()
+                .map(|&v| {
+                    let v = if total != 0.0 { v / total } else { v };
+                    let scaled = v * f64::from(1u32 << PRECISION_BITS);
+                    if scaled < 0.0 {
+                        (scaled - 0.5) as i32
+                    } else {
+                        (scaled + 0.5) as i32
+                    }
+                })
+                .collect();
+            first.push(xmin as u32);
+            weights.push(fixed);
+        }
+        Self { first, weights }
+    }
+
+    fn last_used(&self) -> u32 {
+        self.first
+            .iter()
+            .zip(&self.weights)
+            .map(|(f, w)| f + w.len() as u32)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn clip8(acc: i32) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+const HALF: i32 = 1 << (PRECISION_BITS - 1);
+
+/// Resizes interleaved RGB8 `src` to `width` x `height` into `out` (resized to fit):
+/// horizontal pass over the rows the vertical pass needs, then the vertical pass.
+pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
+    let (sw, sh) = src.dimensions();
+    let out_len = width as usize * height as usize * 3;
+    if (sw, sh) == (width, height) {
+        out.clear();
+        out.extend_from_slice(src.as_raw());
+        return;
+    }
+    let vert = Taps::bilinear(sh, height);
+    let (row0, row_end) = (vert.first[0], vert.last_used());
+    // Horizontal pass into rows row0..row_end of a (width x rows) temporary.
+    let horizontal;
+    let (tmp, tmp_first_row): (&[u8], u32) = if sw != width {
+        let horiz = Taps::bilinear(sw, width);
+        let rows = (row_end - row0) as usize;
+        let mut t = vec![0u8; width as usize * 3 * rows];
+        let src_raw = src.as_raw();
+        for (r, dst) in t.chunks_exact_mut(width as usize * 3).enumerate() {
+            let y = row0 as usize + r;
+            let line = &src_raw[y * sw as usize * 3..(y + 1) * sw as usize * 3];
+            for (x, px) in dst.chunks_exact_mut(3).enumerate() {
+                let first = horiz.first[x] as usize * 3;
+                let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
+                for (k, &w) in horiz.weights[x].iter().enumerate() {
+                    let s = &line[first + k * 3..first + k * 3 + 3];
+                    a0 += i32::from(s[0]) * w;
+                    a1 += i32::from(s[1]) * w;
+                    a2 += i32::from(s[2]) * w;
+                }
+                px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
+            }
+        }
+        horizontal = t;
+        (&horizontal, row0)
+    } else {
+        (src.as_raw(), 0)
+    };
+    // Vertical pass: accumulate whole rows so the inner loop vectorises.
+    out.resize(out_len, 0);
+    if sh == height {
+        out.copy_from_slice(&tmp[..out_len]);
+        return;
+    }
+    let stride = width as usize * 3;
+    let mut acc = vec![0i32; stride];
+    for (y, dst) in out.chunks_exact_mut(stride).enumerate() {
+        acc.iter_mut().for_each(|a| *a = HALF);
+        let first = (vert.first[y] - tmp_first_row) as usize;
+        for (k, &w) in vert.weights[y].iter().enumerate() {
+            let row = &tmp[(first + k) * stride..(first + k + 1) * stride];
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += i32::from(v) * w;
+            }
+        }
+        for (d, &a) in dst.iter_mut().zip(&acc) {
+            *d = clip8(a);
+        }
+    }
+}
+
+/// Writes `(v * s - mean[c]) / std[c]` for each value `v` of interleaved RGB8 `rgb` into
+/// planar `out` (`[R plane, G plane, B plane]`), `s` per `norm.scale`.
+pub fn normalize_into(rgb: &[u8], norm: &Normalize, out: &mut [f32]) {
+    let pixels = rgb.len() / 3;
+    debug_assert_eq!(out.len(), pixels * 3);
+    let s = match norm.scale {
+        Scale::Fixed(s) => s,
+        Scale::ImageMax => match rgb.iter().copied().max().unwrap_or(0) {
+            0 => 1.0,
+            max => 1.0 / f32::from(max),
+        },
+    };
+    // One table per channel: a lookup per value instead of a multiply-add and a divide.
+    let mut lut = [[0f32; 256]; 3];
+    for (c, table) in lut.iter_mut().enumerate() {
+        for (v, slot) in table.iter_mut().enumerate() {
+            *slot = (v as f32 * s - norm.mean[c]) / norm.std[c];
+        }
+    }
+    let (r, rest) = out.split_at_mut(pixels);
+    let (g, b) = rest.split_at_mut(pixels);
+    for (i, px) in rgb.chunks_exact(3).enumerate() {
+        r[i] = lut[0][px[0] as usize];
+        g[i] = lut[1][px[1] as usize];
+        b[i] = lut[2][px[2] as usize];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::Rgb;
+
+    #[test]
+    fn max_scale_then_mean_std() {
+        let norm = Normalize {
+            scale: Scale::ImageMax,
+            mean: [0.5, 0.0, 0.0],
+            std: [0.5, 1.0, 2.0],
+        };
+        let rgb = [200u8, 100, 50, 0, 0, 0];
+        let mut out = [0f32; 6];
+        normalize_into(&rgb, &norm, &mut out);
+        // s = 1/200: R plane, G plane, B plane.
+        assert_eq!(out, [1.0, -1.0, 0.5, 0.0, 0.125, 0.0]);
+    }
+
+    #[test]
+    fn fixed_scale_matches_isnet_formula() {
+        let norm = Normalize {
+            scale: Scale::Fixed(1.0),
+            mean: [128.0; 3],
+            std: [256.0; 3],
+        };
+        let mut out = [0f32; 3];
+        normalize_into(&[0, 128, 255], &norm, &mut out);
+        assert_eq!(out, [-0.5, 0.0, 127.0 / 256.0]);
+    }
+
+    #[test]
+    fn all_black_image_with_max_scale_does_not_divide_by_zero() {
+        let norm = Normalize {
+            scale: Scale::ImageMax,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+        };
+        let mut out = [1f32; 3];
+        normalize_into(&[0, 0, 0], &norm, &mut out);
+        assert_eq!(out, [0.0; 3]);
+    }
+
+    #[test]
+    fn taps_match_pil_for_a_shrink() {
+        // PIL: 4 -> 2 at scale 2: support 2, centres 1.0 and 3.0.
+        let taps = Taps::bilinear(4, 2);
+        assert_eq!(taps.first, vec![0, 1]);
+        let one = 1 << PRECISION_BITS;
+        // Weights 1/4, 2/4, 1/4 (the fourth tap of the first output is outside).
+        assert_eq!(
+            taps.weights[0],
+            vec![one / 4 * 2 - one / 4, one / 2, one / 4]
+        );
+        assert_eq!(taps.weights[0].iter().sum::<i32>(), one);
+    }
+
+    #[test]
+    fn resize_of_uniform_image_is_uniform() {
+        let src = RgbImage::from_pixel(37, 23, Rgb([9, 99, 199]));
+        let mut out = Vec::new();
+        resize_rgb(&src, 8, 5, &mut out);
+        assert_eq!(out.len(), 8 * 5 * 3);
+        assert!(out.chunks(3).all(|p| p == [9, 99, 199]));
+    }
+}
