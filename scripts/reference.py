@@ -33,7 +33,7 @@ def load_config(model_dir: Path) -> dict:
     norm = seg["normalize"]
     mask = seg["mask"]
     trimap = {"foreground": 0.94, "background": 0.04, "erode_px": 2, **cfg.get("trimap", {})}
-    matting = {"kind": "guided-filter", "radius_px": 8, "epsilon": 1e-3, **cfg.get("matting", {})}
+    matting = {"kind": "guided-filter", "radius_px": 8, "epsilon": 1e-3, "subsample": 1, **cfg.get("matting", {})}
     if matting["kind"] != "guided-filter":
         sys.exit(f"reference.py: {path}: matting.kind = {matting['kind']!r} is not implemented here")
     return dict(
@@ -44,6 +44,7 @@ def load_config(model_dir: Path) -> dict:
         class_values=np.uint8(mask.get("class_values", [0, 128, 255])),
         fg=F32(trimap["foreground"]), bg=F32(trimap["background"]), erode_px=int(trimap["erode_px"]),
         radius_px=int(matting["radius_px"]), epsilon=float(matting["epsilon"]),
+        subsample=int(matting["subsample"]),
     )
 
 
@@ -72,13 +73,29 @@ def erode(t: np.ndarray, r: int) -> np.ndarray:
     return out
 
 
-def guided_filter(gray: np.ndarray, p: np.ndarray, r: int, eps: float) -> np.ndarray:
-    mean_i, mean_p = box_mean(gray, r), box_mean(p, r)
-    cov_ip = box_mean(gray * p, r) - mean_i * mean_p
-    var_i = box_mean(gray * gray, r) - mean_i * mean_i
+def resize_f(x: np.ndarray, w: int, h: int) -> np.ndarray:
+    """PIL mode-F bilinear resize (antialiased when shrinking)."""
+    return np.asarray(Image.fromarray(x.astype(F32), mode="F").resize((w, h), Image.BILINEAR))
+
+
+def fast_guided_filter(gray: np.ndarray, coarse: np.ndarray, r: int, eps: float, s: int) -> np.ndarray:
+    """He & Sun's fast guided filter: the linear coefficients a, b are fitted at 1/s of the
+    source size (radius r/s), upsampled, and applied to the full-size guide. s = 1 is the
+    classic guided filter."""
+    H, W = gray.shape
+    w, h = -(-W // s), -(-H // s)
+    rs = max(1, (r + s // 2) // s)  # r/s rounded half up, as the Rust side
+    g = (resize_f(gray, w, h) if s > 1 else gray).astype(np.float64)
+    p = np.clip(resize_f(coarse, w, h), 0, 1).astype(np.float64)
+    mean_i, mean_p = box_mean(g, rs), box_mean(p, rs)
+    cov_ip = box_mean(g * p, rs) - mean_i * mean_p
+    var_i = box_mean(g * g, rs) - mean_i * mean_i
     a = cov_ip / (var_i + eps)
     b = mean_p - a * mean_i
-    return box_mean(a, r) * gray + box_mean(b, r)
+    mean_a, mean_b = box_mean(a, rs), box_mean(b, rs)
+    if s > 1:
+        mean_a, mean_b = resize_f(mean_a, W, H), resize_f(mean_b, W, H)
+    return mean_a * gray.astype(np.float64) + mean_b
 
 
 def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) -> None:
@@ -117,7 +134,7 @@ def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) 
     # g. guided filter on the gray guide; certain regions of the trimap win
     px = np.asarray(rgb, dtype=F32)
     gray = (F32(0.299) * px[..., 0] + F32(0.587) * px[..., 1] + F32(0.114) * px[..., 2]) / F32(255)
-    q = guided_filter(gray.astype(np.float64), p_src.astype(np.float64), cfg["radius_px"], cfg["epsilon"])
+    q = fast_guided_filter(gray, p, cfg["radius_px"], cfg["epsilon"], cfg["subsample"])
     alpha = np.where(trimap == 255, 1.0, np.where(trimap == 0, 0.0, np.clip(q, 0, 1)))
     # h. u8 outputs
     to_u8 = lambda a: np.rint(a * 255).astype(np.uint8)  # noqa: E731

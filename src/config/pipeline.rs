@@ -77,8 +77,13 @@ pub struct TrimapSpec {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum MattingSpec {
-    /// He et al.'s guided filter of the coarse mask, guided by the image's luma.
-    GuidedFilter { radius_px: u32, epsilon: f32 },
+    /// He et al.'s guided filter of the coarse mask, guided by the image's luma, with
+    /// its coefficients fitted at 1/`subsample` of the source size (1: the classic filter).
+    GuidedFilter {
+        radius_px: u32,
+        epsilon: f32,
+        subsample: u32,
+    },
     /// A matting model on image + trimap.
     Model {
         image: ImageInputSpec,
@@ -195,6 +200,7 @@ struct RawMatting {
     kind: String,
     radius_px: Option<u32>,
     epsilon: Option<f32>,
+    subsample: Option<u32>,
     model: Option<PathBuf>,
     image_input: Option<String>,
     trimap_input: Option<String>,
@@ -210,6 +216,7 @@ impl Default for RawMatting {
             kind: "guided-filter".into(),
             radius_px: None,
             epsilon: None,
+            subsample: None,
             model: None,
             image_input: None,
             trimap_input: None,
@@ -389,7 +396,18 @@ fn matting(
                     format!("a positive number, found {epsilon}"),
                 ));
             }
-            Ok(MattingSpec::GuidedFilter { radius_px, epsilon })
+            let subsample = m.subsample.unwrap_or(1);
+            if !(1..=16).contains(&subsample) {
+                return Err(invalid(
+                    "matting.subsample",
+                    format!("1 (classic) to 16, found {subsample}"),
+                ));
+            }
+            Ok(MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            })
         }
         "model" => {
             let need = |v: Option<String>, key: &str| {
@@ -524,7 +542,8 @@ mod tests {
             spec.matting,
             MattingSpec::GuidedFilter {
                 radius_px: 8,
-                epsilon: 0.001
+                epsilon: 0.001,
+                subsample: 4
             }
         );
         assert_eq!(spec.default_output, OutputKind::Cutout);

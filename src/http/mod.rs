@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::config::{OutputKind, RequestLimits};
+use crate::error::ApiError;
 use crate::sched::{Readiness, WorkerPool};
 
 pub use fetch::UrlFetcher;
@@ -34,7 +35,27 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations::invocations))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// Unknown paths and methods get the same JSON refusal as every other error.
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such path; this server answers GET /ping and POST /invocations",
+    )
+}
+
+/// axum keeps the `Allow` header on this answer.
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this server answers GET /ping and POST /invocations",
+    )
 }
 
 /// 200 once every replica has loaded its models; 503 before (and if loading failed).

@@ -29,9 +29,13 @@ pub fn quantize_alpha(refined: &Plane, trimap: Option<&GrayImage>) -> GrayImage 
 
 /// RGBA cut-out: the source pixels with `alpha`.
 pub fn cutout(rgb: &RgbImage, alpha: &GrayImage) -> RgbaImage {
-    let mut out = Vec::with_capacity(rgb.as_raw().len() / 3 * 4);
-    for (px, &a) in rgb.as_raw().chunks_exact(3).zip(alpha.as_raw()) {
-        out.extend_from_slice(&[px[0], px[1], px[2], a]);
+    let mut out = vec![0u8; rgb.as_raw().len() / 3 * 4];
+    for ((dst, px), &a) in out
+        .chunks_exact_mut(4)
+        .zip(rgb.as_raw().chunks_exact(3))
+        .zip(alpha.as_raw())
+    {
+        dst.copy_from_slice(&[px[0], px[1], px[2], a]);
     }
     RgbaImage::from_raw(rgb.width(), rgb.height(), out).expect("length is 4 * width * height")
 }

@@ -4,7 +4,11 @@
 use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{ExtendedColorType, ImageEncoder};
 
-/// Encodes 8-bit pixels (`color` says which) as PNG.
+/// The row filter: "Sub" alone predicts photographs and flat alpha nearly as well as
+/// trying all five filters per row ("Adaptive"), at a fifth of the cost.
+pub const FILTER: FilterType = FilterType::Sub;
+
+/// Encodes 8-bit pixels (`color` says which) as PNG, with `FILTER` on every row.
 pub fn png(
     pixels: &[u8],
     width: u32,
@@ -12,7 +16,7 @@ pub fn png(
     color: ExtendedColorType,
 ) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(pixels.len() / 2);
-    PngEncoder::new_with_quality(&mut out, CompressionType::Fast, FilterType::Adaptive)
+    PngEncoder::new_with_quality(&mut out, CompressionType::Fast, FILTER)
         .write_image(pixels, width, height, color)
         .map_err(|e| e.to_string())?;
     Ok(out)

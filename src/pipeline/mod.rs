@@ -206,12 +206,22 @@ impl Pipeline {
 
         let t = Instant::now();
         let alpha = match &self.spec.matting {
-            &MattingSpec::GuidedFilter { radius_px, epsilon } => {
-                let p = resample::resize_plane(&mut self.buffers.resizer, &coarse, width, height)
-                    .map_err(stage_err("matting"))?;
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => {
                 let guide = guided_filter::luma(image);
-                let q = guided_filter::guided_filter(&guide, &p, radius_px, epsilon);
-                composite::quantize_alpha(&q, Some(&trimap_full))
+                guided_filter::fit(
+                    &mut self.buffers.resizer,
+                    &guide,
+                    &coarse,
+                    radius_px,
+                    epsilon,
+                    subsample,
+                )
+                .map_err(stage_err("matting"))?
+                .alpha(&guide, &trimap_full)
             }
             MattingSpec::Model {
                 image: spec,

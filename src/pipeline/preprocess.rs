@@ -31,41 +31,23 @@ pub struct Taps {
 impl Taps {
     /// PIL's `precompute_coeffs` with the bilinear filter, then `normalize_coeffs_8bpc`.
     pub fn bilinear(in_size: u32, out_size: u32) -> Self {
-        let scale = f64::from(in_size) / f64::from(out_size);
-        let filter_scale = scale.max(1.0);
-        let support = filter_scale; // the triangle's support is 1
-        let mut first = Vec::with_capacity(out_size as usize);
-        let mut weights = Vec::with_capacity(out_size as usize);
-        for xx in 0..out_size {
-            let center = (f64::from(xx) + 0.5) * scale;
-            let xmin = ((center - support + 0.5) as i64).max(0);
-            let xmax = ((center + support + 0.5) as i64).min(i64::from(in_size));
-            let w: Vec<f64> = (xmin..xmax)
-                .map(|x| {
-                    let t = ((x as f64 - center + 0.5) / filter_scale).abs();
-                    if t < 1.0 {
-                        1.0 - t
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let total: f64 = w.iter().sum();
-            let fixed = w
-                .iter()
-                .map(|&v| {
-                    let v = if total != 0.0 { v / total } else { v };
-                    let scaled = v * f64::from(1u32 << PRECISION_BITS);
-                    if scaled < 0.0 {
-                        (scaled - 0.5) as i32
-                    } else {
-                        (scaled + 0.5) as i32
-                    }
-                })
-                .collect();
-            first.push(xmin as u32);
-            weights.push(fixed);
-        }
+        let (first, weights) = bilinear_weights(in_size, out_size)
+            .into_iter()
+            .map(|(first, w)| {
+                let fixed = w
+                    .iter()
+                    .map(|&v| {
+                        let scaled = v * f64::from(1u32 << PRECISION_BITS);
+                        if scaled < 0.0 {
+                            (scaled - 0.5) as i32
+                        } else {
+                            (scaled + 0.5) as i32
+                        }
+                    })
+                    .collect();
+                (first, fixed)
+            })
+            .unzip();
         Self { first, weights }
     }
 
@@ -77,6 +59,33 @@ impl Taps {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// PIL's `precompute_coeffs` for the bilinear (triangle) filter: for each output sample,
+/// the first input sample and the normalised weights from there. Shrinking widens the
+/// triangle by the scale factor (antialiasing); at the edges the weights of the samples
+/// inside the image are renormalised.
+pub fn bilinear_weights(in_size: u32, out_size: u32) -> Vec<(u32, Vec<f64>)> {
+    let scale = f64::from(in_size) / f64::from(out_size);
+    let filter_scale = scale.max(1.0);
+    let support = filter_scale; // the triangle's support is 1
+    (0..out_size)
+        .map(|xx| {
+            let center = (f64::from(xx) + 0.5) * scale;
+            let xmin = ((center - support + 0.5) as i64).max(0);
+            let xmax = ((center + support + 0.5) as i64).min(i64::from(in_size));
+            let w: Vec<f64> = (xmin..xmax)
+                .map(|x| (1.0 - ((x as f64 - center + 0.5) / filter_scale).abs()).max(0.0))
+                .collect();
+            let total: f64 = w.iter().sum();
+            let w = if total != 0.0 {
+                w.iter().map(|v| v / total).collect()
+            } else {
+                w
+            };
+            (xmin as u32, w)
+        })
+        .collect()
 }
 
 fn clip8(acc: i32) -> u8 {
@@ -220,16 +229,16 @@ mod tests {
 
     #[test]
     fn taps_match_pil_for_a_shrink() {
-        // PIL: 4 -> 2 at scale 2: support 2, centres 1.0 and 3.0.
+        // PIL: 4 -> 2 at scale 2: support 2, centres 1.0 and 3.0; the first output takes
+        // inputs 0..3 with triangle weights 0.75, 0.75, 0.25, normalised by 1.75.
         let taps = Taps::bilinear(4, 2);
         assert_eq!(taps.first, vec![0, 1]);
-        let one = 1 << PRECISION_BITS;
-        // Weights 1/4, 2/4, 1/4 (the fourth tap of the first output is outside).
+        let one = f64::from(1u32 << PRECISION_BITS);
+        let fixed = |w: f64| (w * one + 0.5) as i32;
         assert_eq!(
             taps.weights[0],
-            vec![one / 4 * 2 - one / 4, one / 2, one / 4]
+            vec![fixed(3.0 / 7.0), fixed(3.0 / 7.0), fixed(1.0 / 7.0)]
         );
-        assert_eq!(taps.weights[0].iter().sum::<i32>(), one);
     }
 
     #[test]

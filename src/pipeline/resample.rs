@@ -70,9 +70,13 @@ mod tests {
 
     #[test]
     fn nearest_keeps_values_and_blocks() {
+        // Source x = 0.2, 0.6, 1.0, 1.4, 1.8, truncated.
         let src = GrayImage::from_raw(2, 1, vec![0, 255]).unwrap();
         let out = resize_nearest(&src, 5, 2);
-        assert_eq!(out.as_raw(), &vec![0, 0, 0, 255, 255, 0, 0, 0, 255, 255]);
+        assert_eq!(
+            out.as_raw(),
+            &vec![0, 0, 255, 255, 255, 0, 0, 255, 255, 255]
+        );
     }
 
     #[test]
