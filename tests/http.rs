@@ -295,11 +295,20 @@ async fn every_accepted_content_type_gives_an_rgba_cutout_of_the_source_size() {
     let app = fixture_app();
     let png = test_png();
     let jpeg = jpeg_bytes(&bright_rectangle(W, H), 95);
-    let json = serde_json::to_vec(&serde_json::json!({
-        "image": base64::engine::general_purpose::STANDARD.encode(&png),
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let json = serde_json::to_vec(&serde_json::json!({ "image": b64 })).unwrap();
+    // As `base64` (the tool) writes it, wrapped at 76 columns, inside a data: URL.
+    let wrapped: Vec<String> = b64
+        .as_bytes()
+        .chunks(76)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    let data_url = serde_json::to_vec(&serde_json::json!({
+        "image": format!("data:image/png;base64,{}\n", wrapped.join("\n")),
     }))
     .unwrap();
     for (content_type, body) in [
+        ("application/json", data_url),
         ("image/png", png.clone()),
         ("image/jpeg", jpeg.clone()),
         ("application/x-image", png.clone()),

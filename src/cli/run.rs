@@ -100,6 +100,7 @@ fn submit(pool: &WorkerPool, file: &Path) -> anyhow::Result<Pending> {
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
     let reply = pool.submit(
+        pool.admit()?,
         image.clone(),
         Instant::now() + Duration::from_secs(3600),
         timings,

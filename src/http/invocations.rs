@@ -32,6 +32,9 @@ pub async fn invocations(
     let deadline = Instant::now() + state.limits.deadline;
     let kind = body_kind(&headers)?;
     let output = output_kind(&headers, state.default_output)?;
+    // Admission before the body is read or decoded: under overload the answer is an
+    // immediate 503, and memory stays bounded by the places, not by the arrivals.
+    let admission = state.pool.admit()?;
     let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
     let encoded = match kind {
         BodyKind::Image => bytes,
@@ -51,7 +54,9 @@ pub async fn invocations(
         decode: decode_time,
         ..StageTimings::default()
     };
-    let reply = state.pool.submit(image.clone(), deadline, timings)?;
+    let reply = state
+        .pool
+        .submit(admission, image.clone(), deadline, timings)?;
     let done = tokio::time::timeout_at(deadline.into(), reply)
         .await
         .map_err(|_| {
@@ -122,7 +127,7 @@ async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiErr
     })?;
     match (body.image, body.url) {
         (Some(b64), None) => base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
+            .decode(base64_payload(&b64))
             .map(Bytes::from)
             .map_err(|e| ApiError::bad_request("invalid_base64", format!("`image` is not valid base64: {e}"))),
         (None, Some(url)) => match &state.fetcher {
@@ -141,6 +146,16 @@ async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiErr
             "the JSON body needs `image` (base64) or `url`",
         )),
     }
+}
+
+/// The base64 text of `image`, as clients send it: possibly a `data:` URL, possibly
+/// wrapped at 76 columns (the `base64` tool, Python's `encodebytes`).
+fn base64_payload(text: &str) -> Vec<u8> {
+    let text = match text.trim_start().strip_prefix("data:") {
+        Some(rest) => rest.split_once(',').map_or(rest, |(_, data)| data),
+        None => text,
+    };
+    text.bytes().filter(|b| !b.is_ascii_whitespace()).collect()
 }
 
 /// `Server-Timing: queue;dur=1.2, decode;dur=3.4, ...` (milliseconds).

@@ -16,8 +16,23 @@ use tokio::sync::oneshot;
 use crate::config::PipelineSpec;
 use crate::pipeline::{Matte, Pipeline, PipelineError, StageTimings};
 
+/// A place among the requests this pool holds (queued or running), taken before any work
+/// is done for the request (reading, decoding) so that an overloaded server refuses at
+/// once instead of decoding images it will not run. Freed when dropped.
+#[derive(Debug)]
+pub struct Admission {
+    held: Arc<AtomicUsize>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A request for the device stages of one image.
 struct Job {
+    _admission: Admission,
     image: Arc<RgbImage>,
     enqueued: Instant,
     deadline: Instant,
@@ -62,6 +77,8 @@ pub enum Readiness {
 pub struct WorkerPool {
     queue: Sender<Job>,
     capacity: usize,
+    /// Requests admitted and not yet finished; at most `capacity + replicas`.
+    admitted: Arc<AtomicUsize>,
     replicas: usize,
     loaded: Arc<AtomicUsize>,
     load_error: Arc<Mutex<Option<String>>>,
@@ -104,6 +121,7 @@ impl WorkerPool {
         Self {
             queue,
             capacity: queue_capacity,
+            admitted: Arc::new(AtomicUsize::new(0)),
             replicas,
             loaded,
             load_error,
@@ -144,15 +162,33 @@ impl WorkerPool {
         }
     }
 
+    /// Takes a place for one request: one per replica plus the queue's capacity. Fails
+    /// at once when every place is taken.
+    pub fn admit(&self) -> Result<Admission, SubmitError> {
+        let limit = self.capacity + self.replicas;
+        let before = self.admitted.fetch_add(1, Ordering::SeqCst);
+        let admission = Admission {
+            held: self.admitted.clone(),
+        };
+        if before >= limit {
+            return Err(SubmitError::Overloaded {
+                capacity: self.capacity,
+            });
+        }
+        Ok(admission)
+    }
+
     /// Queues `image` for the device stages. Fails at once when the queue is full.
     pub fn submit(
         &self,
+        admission: Admission,
         image: Arc<RgbImage>,
         deadline: Instant,
         timings: StageTimings,
     ) -> Result<oneshot::Receiver<Result<Done, JobError>>, SubmitError> {
         let (reply, receiver) = oneshot::channel();
         let job = Job {
+            _admission: admission,
             image,
             enqueued: Instant::now(),
             deadline,
