@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod error;

@@ -1,6 +1,7 @@
 //! The command line: `serve`, `run`, `inspect`. Each subcommand lives in its own module
 //! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
 
+mod bench;
 mod inspect;
 mod run;
 mod serve;
@@ -26,6 +27,9 @@ enum Command {
     Run(run::RunArgs),
     /// What is inside a model directory's pipeline, or an ONNX model.
     Inspect(inspect::InspectArgs),
+    /// Latency benchmarking: load against a server, or in-process stage timings.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 impl Cli {
@@ -34,6 +38,7 @@ impl Cli {
             Command::Serve(args) => serve::serve(args),
             Command::Run(args) => run::run(args),
             Command::Inspect(args) => inspect::inspect(args),
+            Command::Bench(command) => bench::bench(command),
         }
     }
 }

@@ -1,0 +1,317 @@
+//! Load against a running server speaking the `/invocations` contract (celer's or any
+//! other): closed loop at a concurrency, or open loop at an offered rate with Poisson or
+//! constant arrivals (closed loops hide queueing: a slow server slows its own load).
+//! Requests started during the warm-up are not measured.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
+use rand::Rng;
+
+use super::report::{median, Percentiles, PointReport};
+
+/// What each request sends.
+pub struct LoadTarget {
+    pub invocations_url: String,
+    /// Bodies with their Content-Type, sent round robin.
+    pub inputs: Vec<(Bytes, &'static str)>,
+    pub accept: Option<String>,
+    pub custom_attributes: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadMode {
+    /// `concurrency` clients, each sending its next request when the last one returns.
+    Closed { concurrency: usize },
+    /// Requests at `rate` per second, exponential (Poisson) or constant gaps.
+    Open { rate: f64, poisson: bool },
+}
+
+impl LoadMode {
+    pub fn label(&self) -> String {
+        match self {
+            LoadMode::Closed { concurrency } => format!("c={concurrency}"),
+            LoadMode::Open { rate, poisson } => {
+                format!(
+                    "rate={rate}/s {}",
+                    if *poisson { "poisson" } else { "const" }
+                )
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub warmup: Duration,
+    pub duration: Duration,
+    /// Stop after this many measured requests, if sooner than `duration`.
+    pub max_requests: Option<u64>,
+}
+
+/// Reads a file, or every image of a folder, with the Content-Type its extension says.
+pub fn load_inputs(path: &Path) -> std::io::Result<Vec<(Bytes, &'static str)>> {
+    let files: Vec<PathBuf> = if path.is_dir() {
+        let mut f: Vec<PathBuf> = std::fs::read_dir(path)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| content_type(p).is_some())
+            .collect();
+        f.sort();
+        f
+    } else {
+        vec![path.to_path_buf()]
+    };
+    files
+        .iter()
+        .map(|f| {
+            let ct = content_type(f).unwrap_or("application/octet-stream");
+            Ok((Bytes::from(std::fs::read(f)?), ct))
+        })
+        .collect()
+}
+
+fn content_type(path: &Path) -> Option<&'static str> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "jpg" | "jpeg" => Some("image/jpeg"),
+        "png" => Some("image/png"),
+        "webp" => Some("image/webp"),
+        "bmp" => Some("image/bmp"),
+        _ => None,
+    }
+}
+
+/// What the clients record, shared between them.
+struct Recorder {
+    latency_us: Histogram<u64>,
+    ok: u64,
+    requests: u64,
+    errors: BTreeMap<String, u64>,
+    stages_ms: BTreeMap<String, Vec<f64>>,
+    last_done: Instant,
+}
+
+impl Recorder {
+    fn new(start: Instant) -> Self {
+        Self {
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+            ok: 0,
+            requests: 0,
+            errors: BTreeMap::new(),
+            stages_ms: BTreeMap::new(),
+            last_done: start,
+        }
+    }
+}
+
+/// Runs one point and returns its report.
+pub async fn run_point(
+    client: &reqwest::Client,
+    target: Arc<LoadTarget>,
+    mode: LoadMode,
+    window: Window,
+    progress: &ProgressBar,
+) -> PointReport {
+    let start = Instant::now();
+    let measure_from = start + window.warmup;
+    let measure_until = measure_from + window.duration;
+    let recorder = Arc::new(Mutex::new(Recorder::new(measure_from)));
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Whether a request starting now is measured, and whether the run is over.
+    let admit = {
+        let sent = sent.clone();
+        move |now: Instant| -> Option<bool> {
+            if now >= measure_until {
+                return None;
+            }
+            if now < measure_from {
+                return Some(false);
+            }
+            let n = sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if window.max_requests.is_some_and(|max| n >= max) {
+                return None;
+            }
+            Some(true)
+        }
+    };
+    let ticker = {
+        let (recorder, progress, label) = (recorder.clone(), progress.clone(), mode.label());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let r = recorder.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                let phase = if now < measure_from {
+                    "warm-up"
+                } else {
+                    "measuring"
+                };
+                let rate = if now > measure_from {
+                    r.ok as f64 / (now - measure_from).as_secs_f64()
+                } else {
+                    0.0
+                };
+                progress.set_message(format!(
+                    "{label}: {phase}, {} measured, {rate:.2} req/s, {} errors",
+                    r.requests,
+                    r.errors.values().sum::<u64>()
+                ));
+            }
+        })
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    match mode {
+        LoadMode::Closed { concurrency } => {
+            for client_index in 0..concurrency.max(1) {
+                let (client, target, recorder, admit) = (
+                    client.clone(),
+                    target.clone(),
+                    recorder.clone(),
+                    admit.clone(),
+                );
+                tasks.spawn(async move {
+                    let mut i = client_index;
+                    while let Some(measured) = admit(Instant::now()) {
+                        one_request(&client, &target, i, measured, &recorder).await;
+                        i += concurrency;
+                    }
+                });
+            }
+        }
+        LoadMode::Open { rate, poisson } => {
+            let rate = rate.max(1e-3);
+            let mut next = Instant::now();
+            let mut i = 0usize;
+            loop {
+                tokio::time::sleep_until(next.into()).await;
+                let Some(measured) = admit(Instant::now()) else {
+                    break;
+                };
+                let (client, target, recorder) = (client.clone(), target.clone(), recorder.clone());
+                tasks.spawn(async move {
+                    one_request(&client, &target, i, measured, &recorder).await;
+                });
+                i += 1;
+                let gap = if poisson {
+                    // Exponential inter-arrival times: -ln(U) / rate.
+                    let u: f64 = rand::rng().random_range(f64::MIN_POSITIVE..1.0);
+                    -u.ln() / rate
+                } else {
+                    1.0 / rate
+                };
+                next += Duration::from_secs_f64(gap);
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    ticker.abort();
+
+    let r = recorder.lock().unwrap_or_else(|p| p.into_inner());
+    let duration_s = (r.last_done.max(measure_from) - measure_from).as_secs_f64();
+    let server_stages_ms = r
+        .stages_ms
+        .iter()
+        .map(|(k, v)| (k.clone(), median(&mut v.clone())))
+        .collect();
+    PointReport {
+        point: mode.label(),
+        requests: r.requests,
+        ok: r.ok,
+        duration_s,
+        throughput_rps: if duration_s > 0.0 {
+            r.ok as f64 / duration_s
+        } else {
+            0.0
+        },
+        latency_ms: Percentiles::from_us(&r.latency_us),
+        errors: r.errors.clone(),
+        server_stages_ms,
+    }
+}
+
+async fn one_request(
+    client: &reqwest::Client,
+    target: &LoadTarget,
+    index: usize,
+    measured: bool,
+    recorder: &Mutex<Recorder>,
+) {
+    let (body, content_type) = &target.inputs[index % target.inputs.len()];
+    let mut request = client
+        .post(&target.invocations_url)
+        .header(reqwest::header::CONTENT_TYPE, *content_type)
+        .body(body.clone());
+    if let Some(accept) = &target.accept {
+        request = request.header(reqwest::header::ACCEPT, accept);
+    }
+    if let Some(attrs) = &target.custom_attributes {
+        request = request.header("X-Amzn-SageMaker-Custom-Attributes", attrs);
+    }
+    let started = Instant::now();
+    let outcome = match request.send().await {
+        Ok(response) => {
+            let status = response.status();
+            let timing = response
+                .headers()
+                .get("server-timing")
+                .and_then(|v| v.to_str().ok())
+                .map(parse_server_timing);
+            // The latency includes reading the whole body.
+            match response.bytes().await {
+                Ok(_) if status.is_success() => Ok(timing),
+                Ok(_) => Err(status.as_u16().to_string()),
+                Err(_) => Err("transport".to_string()),
+            }
+        }
+        Err(_) => Err("transport".to_string()),
+    };
+    if !measured {
+        return;
+    }
+    let elapsed_us = started.elapsed().as_micros() as u64;
+    let mut r = recorder.lock().unwrap_or_else(|p| p.into_inner());
+    r.requests += 1;
+    r.last_done = r.last_done.max(Instant::now());
+    match outcome {
+        Ok(timing) => {
+            r.ok += 1;
+            let _ = r.latency_us.record(elapsed_us.max(1));
+            for (stage, ms) in timing.unwrap_or_default() {
+                r.stages_ms.entry(stage).or_default().push(ms);
+            }
+        }
+        Err(kind) => *r.errors.entry(kind).or_default() += 1,
+    }
+}
+
+/// `name;dur=1.5, other;desc="x";dur=2` -> `[(name, 1.5), (other, 2.0)]` (ms).
+pub fn parse_server_timing(header: &str) -> Vec<(String, f64)> {
+    header
+        .split(',')
+        .filter_map(|metric| {
+            let mut parts = metric.split(';').map(str::trim);
+            let name = parts.next()?.to_string();
+            let dur = parts.find_map(|p| p.strip_prefix("dur="))?.parse().ok()?;
+            Some((name, dur))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_parses_names_and_durations() {
+        assert_eq!(
+            parse_server_timing("queue;dur=1.5, model;desc=\"u2netp\";dur=120, bad"),
+            vec![("queue".to_string(), 1.5), ("model".to_string(), 120.0)]
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Results of a benchmark point and their presentations: the terminal table, JSON, CSV,
+//! and the latency-versus-throughput plot of a sweep.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// One measured point of a sweep (a concurrency or an offered rate).
+#[derive(Debug, Clone, Serialize)]
+pub struct PointReport {
+    /// What the point is, e.g. `c=4` or `rate=10/s poisson`.
+    pub point: String,
+    pub requests: u64,
+    pub ok: u64,
+    pub duration_s: f64,
+    /// Successful responses per second.
+    pub throughput_rps: f64,
+    pub latency_ms: Percentiles,
+    /// Non-2xx answers and transport failures, by status (`"503"`, `"transport"`).
+    pub errors: BTreeMap<String, u64>,
+    /// Median server-side time of each stage, from the `Server-Timing` header.
+    pub server_stages_ms: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub mean: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of microseconds.
+    pub fn from_us(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+        Self {
+            p50: ms(0.5),
+            p90: ms(0.9),
+            p95: ms(0.95),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            mean: h.mean() / 1e3,
+        }
+    }
+}
+
+/// The median of `values` (sorted in place); 0 when empty.
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The table printed at the end of a run.
+pub fn table(points: &[PointReport]) -> String {
+    let mut out = format!(
+        "{:<20} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
+        "point",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p95 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "server stages (median ms)"
+    );
+    for p in points {
+        let errors: u64 = p.errors.values().sum();
+        let stages = p
+            .server_stages_ms
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        out += &format!(
+            "{:<20} {:>9.2} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8}  {}\n",
+            p.point,
+            p.throughput_rps,
+            p.latency_ms.p50,
+            p.latency_ms.p90,
+            p.latency_ms.p95,
+            p.latency_ms.p99,
+            p.latency_ms.p999,
+            errors,
+            stages
+        );
+    }
+    out
+}
+
+pub fn write_json(path: &Path, points: &[PointReport]) -> std::io::Result<()> {
+    std::fs::write(path, serde_json::to_vec_pretty(points)?)
+}
+
+pub fn write_csv(path: &Path, points: &[PointReport]) -> std::io::Result<()> {
+    let mut out = String::from(
+        "point,requests,ok,duration_s,throughput_rps,p50_ms,p90_ms,p95_ms,p99_ms,p999_ms,mean_ms,errors\n",
+    );
+    for p in points {
+        let l = &p.latency_ms;
+        out += &format!(
+            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{}\n",
+            p.point.replace(',', ";"),
+            p.requests,
+            p.ok,
+            p.duration_s,
+            p.throughput_rps,
+            l.p50,
+            l.p90,
+            l.p95,
+            l.p99,
+            l.p999,
+            l.mean,
+            p.errors.values().sum::<u64>()
+        );
+    }
+    std::fs::write(path, out)
+}
+
+/// p50 and p99 latency against throughput, one marker per point, as SVG.
+pub fn write_plot(path: &Path, title: &str, points: &[PointReport]) -> Result<(), String> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let max_x = points.iter().map(|p| p.throughput_rps).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let max_y = points.iter().map(|p| p.latency_ms.p99).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("throughput (requests/s)")
+        .y_desc("latency (ms)")
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (name, color, pick) in [
+        (
+            "p50",
+            BLUE,
+            (|p: &PointReport| p.latency_ms.p50) as fn(&PointReport) -> f64,
+        ),
+        ("p99", RED, |p: &PointReport| p.latency_ms.p99),
+    ] {
+        let series: Vec<(f64, f64)> = points.iter().map(|p| (p.throughput_rps, pick(p))).collect();
+        chart
+            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                series
+                    .into_iter()
+                    .map(|xy| Circle::new(xy, 4, color.filled())),
+            )
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_from_a_histogram() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for us in 1..=1000u64 {
+            h.record(us * 1000).unwrap();
+        }
+        let p = Percentiles::from_us(&h);
+        assert!((p.p50 - 500.0).abs() < 1.0, "{p:?}");
+        assert!((p.p99 - 990.0).abs() < 2.0, "{p:?}");
+    }
+
+    #[test]
+    fn table_and_csv_carry_every_point() {
+        let point = PointReport {
+            point: "c=4".into(),
+            requests: 10,
+            ok: 9,
+            duration_s: 2.0,
+            throughput_rps: 4.5,
+            latency_ms: Percentiles::default(),
+            errors: BTreeMap::from([("503".to_string(), 1)]),
+            server_stages_ms: BTreeMap::from([("model".to_string(), 120.0)]),
+        };
+        let t = table(std::slice::from_ref(&point));
+        assert!(
+            t.contains("c=4") && t.contains("4.50") && t.contains("model 120.0"),
+            "{t}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("x.csv");
+        write_csv(&csv, &[point.clone()]).unwrap();
+        let text = std::fs::read_to_string(&csv).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(text.lines().nth(1).unwrap().starts_with("c=4,10,9,"));
+        let svg = dir.path().join("x.svg");
+        write_plot(&svg, "t", &[point]).unwrap();
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    }
+}

@@ -1,0 +1,267 @@
+//! `celer bench http` (load against a running server) and `celer bench local`
+//! (in-process stage timings, and the model-only limit).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Window};
+use crate::bench::report::{self, median, PointReport};
+use crate::config::{OutputKind, RuntimeArgs};
+use crate::pipeline::StageTimings;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Load against a running server's /invocations.
+    Http(HttpArgs),
+    /// In-process, no HTTP: per-stage times on one image, or the model alone.
+    Local(LocalArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Arrivals {
+    Poisson,
+    Constant,
+}
+
+#[derive(Debug, Args)]
+pub struct HttpArgs {
+    /// Base URL of the server (its /invocations is loaded).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// An image, or a folder of images sent round robin.
+    #[arg(long)]
+    input: PathBuf,
+    /// Closed-loop concurrencies to sweep, e.g. 1,2,4,8.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// Open-loop offered rates (requests/s) to sweep, e.g. 5,10,20.
+    #[arg(long, value_delimiter = ',')]
+    rate: Vec<f64>,
+    /// Arrival process of the open loop.
+    #[arg(long, value_enum, default_value_t = Arrivals::Poisson)]
+    arrivals: Arrivals,
+    /// Measured seconds per point.
+    #[arg(long, default_value_t = 20.0)]
+    duration_s: f64,
+    /// Stop a point after this many measured requests, if sooner.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Seconds of load before measuring, per point.
+    #[arg(long, default_value_t = 3.0)]
+    warmup_s: f64,
+    /// Accept header to send (e.g. application/json).
+    #[arg(long)]
+    accept: Option<String>,
+    /// X-Amzn-SageMaker-Custom-Attributes to send (e.g. output=alpha).
+    #[arg(long)]
+    custom_attributes: Option<String>,
+    /// Label for the plot title and the reports.
+    #[arg(long, default_value = "celer")]
+    label: String,
+    /// Write the points as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the points as CSV here.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write a latency-versus-throughput SVG of the sweep here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct LocalArgs {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+    /// The image to run (for the stage timings).
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// Measured iterations.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Unmeasured iterations first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// cutout, alpha, trimap or json: what is composited and encoded.
+    #[arg(long, default_value = "cutout")]
+    output: String,
+    /// Measure only the segmentation model's rate on the replicas and threads given.
+    #[arg(long)]
+    model_only: bool,
+    /// Seconds for --model-only.
+    #[arg(long, default_value_t = 20.0)]
+    duration_s: f64,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn bench(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Http(args) => http(args),
+        BenchCommand::Local(args) => local(args),
+    }
+}
+
+fn http(args: HttpArgs) -> anyhow::Result<()> {
+    let inputs = load_inputs(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    anyhow::ensure!(!inputs.is_empty(), "no images in {}", args.input.display());
+    let mut modes: Vec<LoadMode> = args
+        .concurrency
+        .iter()
+        .map(|&c| LoadMode::Closed { concurrency: c })
+        .collect();
+    modes.extend(args.rate.iter().map(|&rate| LoadMode::Open {
+        rate,
+        poisson: args.arrivals == Arrivals::Poisson,
+    }));
+    if modes.is_empty() {
+        modes.push(LoadMode::Closed { concurrency: 1 });
+    }
+    let target = Arc::new(LoadTarget {
+        invocations_url: format!("{}/invocations", args.url.trim_end_matches('/')),
+        inputs,
+        accept: args.accept.clone(),
+        custom_attributes: args.custom_attributes.clone(),
+    });
+    let window = Window {
+        warmup: Duration::from_secs_f64(args.warmup_s),
+        duration: Duration::from_secs_f64(args.duration_s),
+        max_requests: args.requests,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let points: Vec<PointReport> = runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(1024)
+            .build()?;
+        let mut points = Vec::new();
+        for mode in modes {
+            let progress = ProgressBar::new_spinner()
+                .with_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}")?);
+            progress.enable_steady_tick(Duration::from_millis(120));
+            let point = run_point(&client, target.clone(), mode, window, &progress).await;
+            progress.finish_and_clear();
+            eprintln!(
+                "{}: {:.2} req/s, p50 {:.1} ms, p99 {:.1} ms",
+                point.point, point.throughput_rps, point.latency_ms.p50, point.latency_ms.p99
+            );
+            points.push(point);
+        }
+        anyhow::Ok(points)
+    })?;
+    print!("{}", report::table(&points));
+    if let Some(path) = &args.json {
+        report::write_json(path, &points).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        report::write_csv(path, &points).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        report::write_plot(path, &args.label, &points)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn local(args: LocalArgs) -> anyhow::Result<()> {
+    let spec = super::load_pipeline(&args.runtime.model_dir)?;
+    let (replicas, threads) = args.runtime.replicas_and_threads();
+    if args.model_only {
+        let rate = crate::bench::local::model_only_rate(
+            &spec,
+            replicas,
+            threads,
+            Duration::from_secs_f64(args.duration_s),
+        )?;
+        println!(
+            "model only: {rate:.2} runs/s ({replicas} replicas x {threads} threads, {})",
+            spec.segmentation.image.model.display()
+        );
+        if let Some(path) = &args.json {
+            let json = serde_json::json!({
+                "model_runs_per_s": rate, "replicas": replicas, "threads_per_replica": threads,
+            });
+            std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
+        }
+        return Ok(());
+    }
+    let image = args
+        .image
+        .as_ref()
+        .context("--image is needed for the stage timings (or pass --model-only)")?;
+    let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
+    let output = OutputKind::parse(&args.output).with_context(|| {
+        format!(
+            "--output {} is not one of cutout, alpha, trimap, json",
+            args.output
+        )
+    })?;
+    // One replica with every thread: the latency of a lone request.
+    let threads = args
+        .runtime
+        .threads_per_replica
+        .unwrap_or(replicas * threads);
+    let timings = crate::bench::local::stage_timings(
+        &spec,
+        &bytes,
+        output,
+        threads,
+        args.warmup,
+        args.iterations,
+    )?;
+    let rows = stage_percentiles(&timings);
+    println!(
+        "{} iterations of {} ({threads} threads)",
+        timings.len(),
+        image.display()
+    );
+    println!(
+        "{:<11} {:>9} {:>9} {:>9}",
+        "stage", "p50 ms", "p90 ms", "p99 ms"
+    );
+    for (name, p50, p90, p99) in &rows {
+        println!("{name:<11} {p50:>9.2} {p90:>9.2} {p99:>9.2}");
+    }
+    if let Some(path) = &args.json {
+        let json: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(n, p50, p90, p99)| {
+                (
+                    n.to_string(),
+                    serde_json::json!({"p50": p50, "p90": p90, "p99": p99}),
+                )
+            })
+            .collect();
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
+    }
+    Ok(())
+}
+
+/// `(stage, p50, p90, p99)` in ms, with a `total` row.
+fn stage_percentiles(timings: &[StageTimings]) -> Vec<(&'static str, f64, f64, f64)> {
+    let pick = |f: &dyn Fn(&StageTimings) -> f64| -> (f64, f64, f64) {
+        let mut v: Vec<f64> = timings.iter().map(f).collect();
+        let p50 = median(&mut v);
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1))];
+        (p50, at(0.9), at(0.99))
+    };
+    let mut rows: Vec<_> = (0..7)
+        .map(|i| {
+            let name = StageTimings::default().stages()[i].0;
+            let (a, b, c) = pick(&|t| t.stages()[i].1.as_secs_f64() * 1e3);
+            (name, a, b, c)
+        })
+        .collect();
+    let (a, b, c) = pick(&|t| t.stages().iter().map(|s| s.1.as_secs_f64() * 1e3).sum());
+    rows.push(("total", a, b, c));
+    rows
+}
