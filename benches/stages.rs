@@ -71,15 +71,14 @@ fn stages(c: &mut Criterion) {
         let mut resizer = Resizer::new();
         g.bench_function(BenchmarkId::new("guided_filter_s4", &size), |b| {
             b.iter(|| {
-                let guide = guided_filter::luma(&image);
-                guided_filter::fast_guided_filter(&mut resizer, &guide, &coarse, 8, 1e-3, 4)
+                guided_filter::fit(&mut resizer, &image, &coarse, 8, 1e-3, 4)
                     .unwrap()
+                    .alpha(&image, &full_trimap)
             })
         });
-        let guide = guided_filter::luma(&image);
-        let q =
-            guided_filter::fast_guided_filter(&mut resizer, &guide, &coarse, 8, 1e-3, 4).unwrap();
-        let alpha = composite::quantize_alpha(&q, Some(&full_trimap));
+        let alpha = guided_filter::fit(&mut resizer, &image, &coarse, 8, 1e-3, 4)
+            .unwrap()
+            .alpha(&image, &full_trimap);
         g.bench_function(BenchmarkId::new("composite", &size), |b| {
             b.iter(|| composite::cutout(&image, &alpha))
         });

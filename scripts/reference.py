@@ -15,6 +15,7 @@ Only kind = "guided-filter" matting is implemented.
 """
 import argparse
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -78,14 +79,19 @@ def resize_f(x: np.ndarray, w: int, h: int) -> np.ndarray:
     return np.asarray(Image.fromarray(x.astype(F32), mode="F").resize((w, h), Image.BILINEAR))
 
 
-def fast_guided_filter(gray: np.ndarray, coarse: np.ndarray, r: int, eps: float, s: int) -> np.ndarray:
+def luma(rgb: np.ndarray) -> np.ndarray:
+    px = rgb.astype(F32)
+    return (F32(0.299) * px[..., 0] + F32(0.587) * px[..., 1] + F32(0.114) * px[..., 2]) / F32(255)
+
+
+def fast_guided_filter(rgb: Image.Image, coarse: np.ndarray, r: int, eps: float, s: int) -> np.ndarray:
     """He & Sun's fast guided filter: the linear coefficients a, b are fitted at 1/s of the
-    source size (radius r/s), upsampled, and applied to the full-size guide. s = 1 is the
-    classic guided filter."""
-    H, W = gray.shape
+    source size (radius r/s) against the luma of the image resized there (PIL BILINEAR,
+    u8), upsampled, and applied to the full-size luma. s = 1 is the classic filter."""
+    W, H = rgb.size
     w, h = -(-W // s), -(-H // s)
     rs = max(1, (r + s // 2) // s)  # r/s rounded half up, as the Rust side
-    g = (resize_f(gray, w, h) if s > 1 else gray).astype(np.float64)
+    g = luma(np.asarray(rgb.resize((w, h), Image.BILINEAR) if s > 1 else rgb)).astype(np.float64)
     p = np.clip(resize_f(coarse, w, h), 0, 1).astype(np.float64)
     mean_i, mean_p = box_mean(g, rs), box_mean(p, rs)
     cov_ip = box_mean(g * p, rs) - mean_i * mean_p
@@ -95,13 +101,20 @@ def fast_guided_filter(gray: np.ndarray, coarse: np.ndarray, r: int, eps: float,
     mean_a, mean_b = box_mean(a, rs), box_mean(b, rs)
     if s > 1:
         mean_a, mean_b = resize_f(mean_a, W, H), resize_f(mean_b, W, H)
-    return mean_a * gray.astype(np.float64) + mean_b
+    return mean_a * luma(np.asarray(rgb)).astype(np.float64) + mean_b
 
 
-def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) -> None:
-    # a. decode, EXIF orientation, RGB8
-    with Image.open(path) as im:
-        rgb = ImageOps.exif_transpose(im).convert("RGB")
+def matte(cfg: dict, sess: ort.InferenceSession, rgb: Image.Image, clock: dict | None = None):
+    """The pipeline on a decoded RGB image: returns (coarse at source size, trimap, alpha),
+    float arrays in [0, 1] but the u8 trimap. `clock`, if given, gets each stage's seconds."""
+    tick = [time.perf_counter()]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        if clock is not None:
+            clock[stage] = clock.get(stage, 0.0) + now - tick[0]
+        tick[0] = now
+
     W, H = rgb.size
     # b. resize to the model input, normalise to NCHW float32
     v = np.asarray(rgb.resize(cfg["size"], Image.BILINEAR), dtype=F32)  # h, w, 3
@@ -111,8 +124,10 @@ def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) 
     else:
         s = F32(cfg["scale"])
     x = ((v * s - cfg["mean"]) / cfg["std"]).transpose(2, 0, 1)[None].astype(F32)
+    lap("preprocess")
     # c. model
     (out,) = sess.run([cfg["output"]], {cfg["input"]: np.ascontiguousarray(x)})
+    lap("model")
     # d, e. coarse mask and trimap at the output resolution
     if cfg["mask_kind"] == "probability":
         p = out[0, 0].astype(F32)
@@ -129,15 +144,27 @@ def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) 
         sys.exit(f"reference.py: unknown segmentation.mask.kind {cfg['mask_kind']!r}")
     t0 = erode(t0, cfg["erode_px"])
     # f. to source size
-    p_src = np.clip(np.asarray(Image.fromarray(p.astype(F32), mode="F").resize((W, H), Image.BILINEAR)), 0, 1)
     trimap = np.asarray(Image.fromarray(t0, mode="L").resize((W, H), Image.NEAREST))
+    lap("trimap")
     # g. guided filter on the gray guide; certain regions of the trimap win
-    px = np.asarray(rgb, dtype=F32)
-    gray = (F32(0.299) * px[..., 0] + F32(0.587) * px[..., 1] + F32(0.114) * px[..., 2]) / F32(255)
-    q = fast_guided_filter(gray, p, cfg["radius_px"], cfg["epsilon"], cfg["subsample"])
+    q = fast_guided_filter(rgb, p, cfg["radius_px"], cfg["epsilon"], cfg["subsample"])
     alpha = np.where(trimap == 255, 1.0, np.where(trimap == 0, 0.0, np.clip(q, 0, 1)))
-    # h. u8 outputs
-    to_u8 = lambda a: np.rint(a * 255).astype(np.uint8)  # noqa: E731
+    lap("matting")
+    return p, trimap, alpha
+
+
+def to_u8(a: np.ndarray) -> np.ndarray:
+    return np.rint(a * 255).astype(np.uint8)
+
+
+def run_image(cfg: dict, sess: ort.InferenceSession, path: Path, out_dir: Path) -> None:
+    # a. decode, EXIF orientation, RGB8
+    with Image.open(path) as im:
+        rgb = ImageOps.exif_transpose(im).convert("RGB")
+    W, H = rgb.size
+    p, trimap, alpha = matte(cfg, sess, rgb)
+    # h. u8 outputs (the coarse mask only for inspection)
+    p_src = np.clip(np.asarray(Image.fromarray(p.astype(F32), mode="F").resize((W, H), Image.BILINEAR)), 0, 1)
     stem = path.stem
     Image.fromarray(to_u8(p_src), mode="L").save(out_dir / f"{stem}.coarse.png")
     Image.fromarray(trimap, mode="L").save(out_dir / f"{stem}.trimap.png")

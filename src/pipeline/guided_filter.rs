@@ -9,20 +9,18 @@ use fast_image_resize::Resizer;
 use image::{GrayImage, RgbImage};
 
 use super::plane::Plane;
-use super::preprocess::bilinear_weights;
+use super::preprocess::{bilinear_weights, resize_rgb};
 use super::resample::resize_plane;
 use super::trimap::{BACKGROUND, FOREGROUND};
 
-/// Luma in [0, 1] (BT.601 weights), the filter's guide.
-pub fn luma(rgb: &RgbImage) -> Plane {
-    let data = rgb
-        .as_raw()
-        .chunks_exact(3)
-        .map(|p| {
-            (0.299 * f32::from(p[0]) + 0.587 * f32::from(p[1]) + 0.114 * f32::from(p[2])) / 255.0
-        })
-        .collect();
-    Plane::new(rgb.width(), rgb.height(), data)
+/// Luma in [0, 1] (BT.601 weights) of one RGB8 pixel: the filter's guide.
+fn luma_of(p: &[u8]) -> f32 {
+    (0.299 * f32::from(p[0]) + 0.587 * f32::from(p[1]) + 0.114 * f32::from(p[2])) / 255.0
+}
+
+/// The luma plane of interleaved RGB8.
+pub fn luma(rgb: &[u8], width: u32, height: u32) -> Plane {
+    Plane::new(width, height, rgb.chunks_exact(3).map(luma_of).collect())
 }
 
 /// The guided filter's local linear model `q = A * I + B`, with `A` and `B` (the box
@@ -33,28 +31,33 @@ pub struct LinearModel {
     pub mean_b: Plane,
 }
 
-/// Fits the fast guided filter of the coarse mask `coarse` (any size) guided by `guide`
-/// (the source's luma): the mask and the guide are resized to `ceil(size / subsample)`
-/// and the coefficients fitted there with radius `radius / subsample` (rounded half up,
-/// at least 1). `subsample` 1 is the classic filter at full size.
+/// Fits the fast guided filter of the coarse mask `coarse` (any size) to `image`: the
+/// mask and the image (PIL-exact u8 bilinear, then luma) are resized to
+/// `ceil(size / subsample)` and the coefficients fitted there with radius
+/// `radius / subsample` (rounded half up, at least 1). `subsample` 1 is the classic
+/// filter at full size. No full-size plane is made: the full-size luma is only needed
+/// where the trimap is unknown, and `LinearModel::alpha` computes it there.
 pub fn fit(
     resizer: &mut Resizer,
-    guide: &Plane,
+    image: &RgbImage,
     coarse: &Plane,
     radius: u32,
     epsilon: f32,
     subsample: u32,
 ) -> Result<LinearModel, String> {
     let s = subsample.max(1);
-    let (w, h) = (guide.width.div_ceil(s), guide.height.div_ceil(s));
+    let (w, h) = (image.width().div_ceil(s), image.height().div_ceil(s));
     let r = ((radius + s / 2) / s).max(1);
     let mut p = resize_plane(resizer, coarse, w, h)?;
     p.data.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
-    let (mean_a, mean_b) = if s > 1 {
-        coefficients(&resize_plane(resizer, guide, w, h)?, &p, r, epsilon)
+    let guide = if s > 1 {
+        let mut small = Vec::new();
+        resize_rgb(image, w, h, &mut small);
+        luma(&small, w, h)
     } else {
-        coefficients(guide, &p, r, epsilon)
+        luma(image.as_raw(), w, h)
     };
+    let (mean_a, mean_b) = coefficients(&guide, &p, r, epsilon);
     Ok(LinearModel { mean_a, mean_b })
 }
 
@@ -63,46 +66,53 @@ impl LinearModel {
     /// mode-F bilinear).
     pub fn apply(&self, guide: &Plane) -> Plane {
         let mut q = vec![0f32; guide.len()];
-        self.for_each_pixel(guide, |_, _| true, |k, v| q[k] = v);
-        Plane::new(guide.width, guide.height, q)
+        let (w, h) = (guide.width, guide.height);
+        self.for_each_pixel(w, h, |_, _| true, |k| guide.data[k], |k, v| q[k] = v);
+        Plane::new(w, h, q)
     }
 
     /// Alpha in u8 at the guide's size: 255 and 0 where the trimap is certain, the model
     /// where it is unknown. Only unknown pixels are evaluated: the band is typically a
     /// tenth of the image, and upsampling `A` and `B` everywhere cost more than the fit.
-    pub fn alpha(&self, guide: &Plane, trimap: &GrayImage) -> GrayImage {
+    pub fn alpha(&self, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
         let t = trimap.as_raw();
+        let rgb = image.as_raw();
         let mut alpha: Vec<u8> = t
             .iter()
             .map(|&v| if v == FOREGROUND { 255 } else { 0 })
             .collect();
         self.for_each_pixel(
-            guide,
+            image.width(),
+            image.height(),
             |k0, k1| {
                 t[k0..k1]
                     .iter()
                     .any(|&v| v != FOREGROUND && v != BACKGROUND)
             },
+            |k| luma_of(&rgb[3 * k..3 * k + 3]),
             |k, v| {
                 if t[k] != FOREGROUND && t[k] != BACKGROUND {
                     alpha[k] = (v.clamp(0.0, 1.0) * 255.0).round() as u8;
                 }
             },
         );
-        GrayImage::from_raw(guide.width, guide.height, alpha).expect("length is width * height")
+        GrayImage::from_raw(image.width(), image.height(), alpha).expect("length is width * height")
     }
 
-    /// Calls `out(index, q)` for each pixel of the rows for which `row_needed(start, end)`.
+    /// Calls `out(index, q)` for each pixel of the `width` x `height` rows for which
+    /// `row_needed(start, end)`, with the guide's value at a pixel from `guide(index)`.
     fn for_each_pixel(
         &self,
-        guide: &Plane,
+        width: u32,
+        height: u32,
         row_needed: impl Fn(usize, usize) -> bool,
+        guide: impl Fn(usize) -> f32,
         mut out: impl FnMut(usize, f32),
     ) {
-        let (w, h) = (guide.width as usize, guide.height as usize);
+        let (w, h) = (width as usize, height as usize);
         let lw = self.mean_a.width as usize;
-        let xs = bilinear_weights(self.mean_a.width, guide.width);
-        let ys = bilinear_weights(self.mean_a.height, guide.height);
+        let xs = bilinear_weights(self.mean_a.width, width);
+        let ys = bilinear_weights(self.mean_a.height, height);
         let (mut row_a, mut row_b) = (vec![0f32; lw], vec![0f32; lw]);
         for (y, (y0, wy)) in ys.iter().enumerate().take(h) {
             if !row_needed(y * w, (y + 1) * w) {
@@ -126,7 +136,7 @@ impl LinearModel {
                     b += wi as f32 * row_b[*x0 as usize + i];
                 }
                 let k = y * w + x;
-                out(k, a * guide.data[k] + b);
+                out(k, a * guide(k) + b);
             }
         }
     }
@@ -297,18 +307,15 @@ mod tests {
     #[test]
     fn fast_filter_with_subsample_one_is_the_classic_filter() {
         let (w, h) = (20u32, 12u32);
-        let guide = Plane::new(
-            w,
-            h,
-            (0..w * h).map(|k| ((k * 7) % 13) as f32 / 13.0).collect(),
-        );
+        let image = gray_image(w, h, |k| ((k * 7) % 13) as f32 / 13.0);
+        let guide = luma(image.as_raw(), w, h);
         let p = Plane::new(
             w,
             h,
             (0..w * h).map(|k| ((k * 5) % 11) as f32 / 11.0).collect(),
         );
         let classic = guided_filter(&guide, &p, 3, 1e-3);
-        let fast = fit(&mut Resizer::new(), &guide, &p, 3, 1e-3, 1)
+        let fast = fit(&mut Resizer::new(), &image, &p, 3, 1e-3, 1)
             .unwrap()
             .apply(&guide);
         for (a, b) in classic.data.iter().zip(&fast.data) {
@@ -316,11 +323,19 @@ mod tests {
         }
     }
 
+    /// A gray RGB8 image whose pixel `k` (row-major) has the level `level(k)` in [0, 1].
+    fn gray_image(w: u32, h: u32, level: impl Fn(u32) -> f32) -> RgbImage {
+        RgbImage::from_fn(w, h, |x, y| {
+            let v = (level(y * w + x) * 255.0).round() as u8;
+            image::Rgb([v, v, v])
+        })
+    }
+
     #[test]
     fn fast_filter_keeps_a_sharp_edge_of_the_guide() {
         // Guide: sharp vertical edge at x = 40; coarse mask: a blurry version at 1/4 size.
         let (w, h) = (80u32, 32u32);
-        let guide = Plane::new(w, h, (0..w * h).map(|k| f32::from(k % w >= 40)).collect());
+        let image = gray_image(w, h, |k| f32::from(k % w >= 40));
         let coarse = Plane::new(
             20,
             8,
@@ -328,9 +343,9 @@ mod tests {
                 .map(|k| ((k % 20) as f32 - 6.0).clamp(0.0, 8.0) / 8.0)
                 .collect(),
         );
-        let q = fit(&mut Resizer::new(), &guide, &coarse, 8, 1e-4, 4)
+        let q = fit(&mut Resizer::new(), &image, &coarse, 8, 1e-4, 4)
             .unwrap()
-            .apply(&guide);
+            .apply(&luma(image.as_raw(), w, h));
         let row = &q.data[(16 * w) as usize..(17 * w) as usize];
         assert!(row[30] < 0.2 && row[50] > 0.7, "{row:?}");
         assert!(
@@ -342,10 +357,10 @@ mod tests {
     #[test]
     fn alpha_evaluates_the_unknown_band_and_trusts_the_rest() {
         let (w, h) = (40u32, 10u32);
-        let guide = Plane::new(w, h, (0..w * h).map(|k| f32::from(k % w >= 20)).collect());
+        let image = gray_image(w, h, |k| f32::from(k % w >= 20));
         let coarse = Plane::new(10, 3, (0..30).map(|k| f32::from(k % 10 >= 5)).collect());
-        let model = fit(&mut Resizer::new(), &guide, &coarse, 4, 1e-4, 2).unwrap();
-        let q = model.apply(&guide);
+        let model = fit(&mut Resizer::new(), &image, &coarse, 4, 1e-4, 2).unwrap();
+        let q = model.apply(&luma(image.as_raw(), w, h));
         let trimap = GrayImage::from_fn(w, h, |x, _| {
             image::Luma([match x {
                 0..=14 => BACKGROUND,
@@ -353,7 +368,7 @@ mod tests {
                 _ => 128,
             }])
         });
-        let alpha = model.alpha(&guide, &trimap);
+        let alpha = model.alpha(&image, &trimap);
         for x in 0..w {
             let want = match x {
                 0..=14 => 0,

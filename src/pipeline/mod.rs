@@ -210,19 +210,16 @@ impl Pipeline {
                 radius_px,
                 epsilon,
                 subsample,
-            } => {
-                let guide = guided_filter::luma(image);
-                guided_filter::fit(
-                    &mut self.buffers.resizer,
-                    &guide,
-                    &coarse,
-                    radius_px,
-                    epsilon,
-                    subsample,
-                )
-                .map_err(stage_err("matting"))?
-                .alpha(&guide, &trimap_full)
-            }
+            } => guided_filter::fit(
+                &mut self.buffers.resizer,
+                image,
+                &coarse,
+                radius_px,
+                epsilon,
+                subsample,
+            )
+            .map_err(stage_err("matting"))?
+            .alpha(image, &trimap_full),
             MattingSpec::Model {
                 image: spec,
                 trimap_input,
