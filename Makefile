@@ -16,7 +16,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test clean-models
+.PHONY: python models models-all fixtures reference build serve test bench compare clean-models
 
 python:
 	@scripts/setup-python
@@ -51,6 +51,15 @@ test: reference
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
 	$(ORT_ENV) cargo test --release
+
+# Criterion benches of the CPU stages (1920x1080 and 4032x3024).
+bench: models
+	$(ORT_ENV) cargo bench --bench stages
+
+# celer against the Python handler users deploy, same model, cores and images.
+compare: models build
+	.venv/bin/pip install -q -r scripts/requirements-compare.txt
+	scripts/compare
 
 clean-models:
 	rm -rf models/cache $(FETCHED) onnx/u2netp/u2netp.onnx onnx/isnet/isnet.onnx onnx/u2net/u2net.onnx
