@@ -56,7 +56,7 @@ for stem in ["photo-1920x1080", "photo-320x320"]:
     print()
     print(f"- throughput at c=4: celer / python = **{ratio(c4['throughput_rps'], p4['throughput_rps'])}x**")
     print(f"- p99 at c=4: celer / python = **{ratio(c4['latency_ms']['p99'], p4['latency_ms']['p99'])}x**")
-    print(f"- time outside the model: celer / python = **{ratio(co, po, ".3f")}** ({co:.1f} ms vs {po:.1f} ms)")
+    print(f"- time outside the model: celer / python = **{ratio(co, po, '.3f')}** ({co:.1f} ms vs {po:.1f} ms)")
     print(f"- celer c=4 throughput / ONNX Runtime alone ({limit['model_runs_per_s']:.2f} runs/s, "
           f"{limit['replicas']} x {limit['threads_per_replica']} threads) = "
           f"**{ratio(c4['throughput_rps'], limit['model_runs_per_s'])}**")
