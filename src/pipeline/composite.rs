@@ -1,29 +1,18 @@
-//! Composite: the matting result quantised to u8 alpha, and the cut-out (source RGB with
-//! that alpha, straight, not premultiplied).
+//! Composite: a matting result quantised to u8 alpha, and the cut-out (source RGB with
+//! that alpha, straight, not premultiplied). The guided filter quantises its own alpha
+//! (it evaluates only the trimap's unknown band).
 
 use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::plane::Plane;
-use super::trimap::{BACKGROUND, FOREGROUND};
 
-/// Alpha in u8: 255 where the trimap is certain foreground, 0 where certain background,
-/// the refined value elsewhere. `trimap` is `None` when the matting stage's alpha is
-/// taken as it is (a matting model).
-pub fn quantize_alpha(refined: &Plane, trimap: Option<&GrayImage>) -> GrayImage {
-    let to_u8 = |v: f32| (v.clamp(0.0, 1.0) * 255.0).round() as u8;
-    let data = match trimap {
-        Some(t) => refined
-            .data
-            .iter()
-            .zip(t.as_raw())
-            .map(|(&v, &t)| match t {
-                FOREGROUND => 255,
-                BACKGROUND => 0,
-                _ => to_u8(v),
-            })
-            .collect(),
-        None => refined.data.iter().map(|&v| to_u8(v)).collect(),
-    };
+/// Alpha in u8: a matting result in [0, 1] (clamped), rounded.
+pub fn quantize_alpha(refined: &Plane) -> GrayImage {
+    let data = refined
+        .data
+        .iter()
+        .map(|&v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
+        .collect();
     GrayImage::from_raw(refined.width, refined.height, data).expect("length is width * height")
 }
 
@@ -46,12 +35,9 @@ mod tests {
     use image::Rgb;
 
     #[test]
-    fn trimap_certainties_override_the_refinement() {
-        let refined = Plane::new(3, 1, vec![0.2, 0.5, 1.3]);
-        let trimap = GrayImage::from_raw(3, 1, vec![255, 128, 0]).unwrap();
-        let a = quantize_alpha(&refined, Some(&trimap));
-        assert_eq!(a.as_raw(), &vec![255, 128, 0]);
-        assert_eq!(quantize_alpha(&refined, None).as_raw(), &vec![51, 128, 255]);
+    fn quantize_clamps_and_rounds() {
+        let refined = Plane::new(4, 1, vec![-0.2, 0.2, 0.5, 1.3]);
+        assert_eq!(quantize_alpha(&refined).as_raw(), &vec![0, 51, 128, 255]);
     }
 
     #[test]

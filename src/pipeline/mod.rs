@@ -240,7 +240,7 @@ impl Pipeline {
                 )?;
                 let full = resample::resize_plane(&mut self.buffers.resizer, &alpha, width, height)
                     .map_err(stage_err("matting"))?;
-                composite::quantize_alpha(&full, None)
+                composite::quantize_alpha(&full)
             }
         };
         timings.matting = t.elapsed();
