@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::device::GpuDevice;
@@ -184,23 +184,43 @@ pub struct GpuPipeline {
     events: StageEvents,
 }
 
-fn pinned<T: cudarc::driver::DeviceRepr>(
+fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     device: &GpuDevice,
     len: usize,
     write_combined: bool,
 ) -> Result<PinnedHostSlice<T>, CudaError> {
+    pinned_with_flags(device.context(), len, write_combined)
+}
+
+/// Page-locked host memory of `len` zeroed bytes (for staging outside `GpuPipeline`).
+pub fn pinned_zeroed(
+    context: &Arc<CudaContext>,
+    len: usize,
+) -> Result<PinnedHostSlice<u8>, CudaError> {
+    pinned_with_flags(context, len, false)
+}
+
+fn pinned_with_flags<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    context: &Arc<CudaContext>,
+    len: usize,
+    write_combined: bool,
+) -> Result<PinnedHostSlice<T>, CudaError> {
+    // Write-combined memory is fast for the host to write and the GPU to read, and very
+    // slow for the host to read: only for uploads.
     let flags = if write_combined {
         cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED
     } else {
         0
     };
-    // SAFETY: the memory is uninitialised; every read of it (a download's destination,
-    // or bytes the host wrote first) happens after it was written.
-    Ok(unsafe {
-        device
-            .context()
-            .alloc_pinned_with_flags::<T>(len.max(1), flags)
-    }?)
+    let len = len.max(1);
+    // SAFETY: cuMemHostAlloc returns uninitialised memory; it is zeroed through the raw
+    // pointer below before any reference to its contents exists.
+    let mut buf = unsafe { context.alloc_pinned_with_flags::<T>(len, flags) }?;
+    let ptr = buf.as_mut_ptr()?;
+    // SAFETY: `ptr` points to `len` elements of T, valid for writes; all-zero bits are a
+    // valid T (`ValidAsZeroBits`).
+    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+    Ok(buf)
 }
 
 fn need_len(what: &'static str, len: usize, capacity: usize) -> Result<(), CudaError> {

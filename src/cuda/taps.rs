@@ -268,6 +268,7 @@ mod tests {
             let cpu = resample::resize_nearest(&src, dw, dh);
             let xs = nearest_indices(w, dw);
             let ys = nearest_indices(h, dh);
+            let src = &src;
             let mine: Vec<u8> = ys
                 .iter()
                 .flat_map(|&y| xs.iter().map(move |&x| src.get_pixel(x, y)[0]))
