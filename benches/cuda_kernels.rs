@@ -22,6 +22,20 @@ use serde_json::json;
 const ITERS: usize = 20;
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--compile-cache") {
+        let Some(dir) = args.get(i + 1) else {
+            eprintln!("usage: cuda_kernels --compile-cache DIR");
+            std::process::exit(2);
+        };
+        std::process::exit(match compile_cache(std::path::Path::new(dir)) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("cuda_kernels: {e}");
+                1
+            }
+        });
+    }
     let gpus = match probe() {
         Probe::Ready { gpus, .. } if !gpus.is_empty() => gpus,
         other => {
@@ -53,6 +67,19 @@ fn main() {
     let kernels = time_kernels(&dev, &info);
     let pipeline = time_pre_post(&dev);
     write_json(&json!({ "gpu": info, "kernels": kernels, "pre_post_1920x1080": pipeline }));
+}
+
+/// Compiles the kernels for every architecture NVRTC supports into the cache folder
+/// `dir`, for a GPU machine without NVRTC (scripts/gpu-check ships it).
+fn compile_cache(dir: &std::path::Path) -> Result<(), String> {
+    use celer::cuda::kernels::{compile_all, write_cache_to};
+    let nvrtc = celer::cuda::nvrtc::Nvrtc::get().map_err(|e| e.to_string())?;
+    for arch in nvrtc.supported_archs().map_err(|e| e.to_string())? {
+        let cubins = compile_all(nvrtc, arch).map_err(|e| e.to_string())?;
+        write_cache_to(dir, &cubins).map_err(|e| format!("{}: {e}", dir.display()))?;
+        println!("compiled the kernels for {arch}");
+    }
+    Ok(())
 }
 
 fn write_json(value: &serde_json::Value) {

@@ -3,7 +3,7 @@
 //! No GPU needed, but NVRTC is: these tests FAIL (not skip) without it, because
 //! `make python` installs it (nvidia-cuda-nvrtc in scripts/requirements.txt).
 
-use celer::cuda::kernels::{compile_all, FILES, TESTED_ARCHS};
+use celer::cuda::kernels::{compile_all, read_cache_from, write_cache_to, FILES, TESTED_ARCHS};
 use celer::cuda::nvrtc::{Arch, Nvrtc, Source};
 
 fn nvrtc() -> &'static Nvrtc {
@@ -83,4 +83,17 @@ fn a_compile_error_carries_the_log() {
         err.contains("broken.cu") && err.contains("undefined_name"),
         "{err}"
     );
+}
+
+#[test]
+fn the_disk_cache_gives_back_what_was_compiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let arch = Arch::new(8, 6);
+    assert!(read_cache_from(dir.path(), arch).is_none(), "empty cache");
+    let cubins = compile_all(nvrtc(), arch).unwrap();
+    write_cache_to(dir.path(), &cubins).unwrap();
+    let read = read_cache_from(dir.path(), arch).expect("cached");
+    assert_eq!(read.files, cubins.files);
+    // Another architecture is not served from this one's files.
+    assert!(read_cache_from(dir.path(), Arch::new(9, 0)).is_none());
 }

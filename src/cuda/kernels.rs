@@ -178,6 +178,13 @@ pub fn cache_file_name(arch: Arch, file: &str) -> String {
 
 fn read_disk_cache(arch: Arch) -> Option<Cubins> {
     let dir = disk_cache_dir()?;
+    let cubins = read_cache_from(&dir, arch)?;
+    tracing::debug!(%arch, dir = %dir.display(), "kernels loaded from the disk cache");
+    Some(cubins)
+}
+
+/// The CUBINs for `arch` from the cache folder `dir`, if every file is there.
+pub fn read_cache_from(dir: &std::path::Path, arch: Arch) -> Option<Cubins> {
     let files = FILES
         .iter()
         .map(|f| {
@@ -186,25 +193,29 @@ fn read_disk_cache(arch: Arch) -> Option<Cubins> {
                 .map(|bytes| (f.name, bytes))
         })
         .collect::<Option<Vec<_>>>()?;
-    tracing::debug!(%arch, dir = %dir.display(), "kernels loaded from the disk cache");
     Some(Cubins { arch, files })
 }
 
 /// Best effort: a cache that cannot be written only costs a compile next time.
 pub fn write_disk_cache(cubins: &Cubins) {
     let Some(dir) = disk_cache_dir() else { return };
-    if let Err(e) = std::fs::create_dir_all(&dir) {
+    if let Err(e) = write_cache_to(&dir, cubins) {
         tracing::debug!(dir = %dir.display(), error = %e, "kernel cache not writable");
-        return;
     }
+}
+
+/// Writes `cubins` into the cache folder `dir` (for example a folder shipped with a
+/// build, so that a machine without NVRTC loads the kernels from it).
+pub fn write_cache_to(dir: &std::path::Path, cubins: &Cubins) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
     for (name, bytes) in &cubins.files {
         let path = dir.join(cache_file_name(cubins.arch, name));
         // Write then rename, so that a concurrent reader never sees half a file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, bytes).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &path)?;
     }
+    Ok(())
 }
 
 /// FNV-1a, 64 bit: stable across Rust versions, unlike `DefaultHasher`.
