@@ -394,7 +394,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     let gpu_pre = cpu_ms(|| {
         let host = up_host.as_mut_slice().unwrap();
         host.copy_from_slice(image.as_raw());
-        s.memcpy_htod(&up_host.as_slice().unwrap()[..], &mut rgb)
+        s.memcpy_htod(up_host.as_slice().unwrap(), &mut rgb)
             .unwrap();
         l.preprocess(
             &rgb,
