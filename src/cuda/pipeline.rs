@@ -449,6 +449,9 @@ impl GpuPipeline {
         let n = pixels as usize;
         let wall = Instant::now();
         let stream = self.stream.clone();
+        // A request that failed half-way may have left copies from the pinned staging in
+        // flight; they must finish before the staging is written again.
+        stream.synchronize()?;
         let device = self.device.clone();
         let kernels = device.kernels();
         let launcher = Launcher {
@@ -631,7 +634,6 @@ impl GpuPipeline {
             timings.matting = ms(&e.trimapped, &e.matted);
         }
         timings.composite = ms(&e.matted, &e.composited) + t.elapsed();
-        let _ = ms(&e.start, &e.preprocessed);
         Ok(GpuMatte {
             matte: Matte { alpha, trimap },
             cutout: rgba,
