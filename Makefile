@@ -16,7 +16,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test bench compare clean-models
+.PHONY: python models models-all fixtures reference build serve test bench compare gpu-check clean-models
 
 python:
 	@scripts/setup-python
@@ -60,6 +60,11 @@ bench: models
 compare: models build
 	.venv/bin/pip install -q -r scripts/requirements-compare.txt
 	scripts/compare
+
+# The GPU tests and kernel benchmark packed for a GPU machine without Rust (< 60 MB):
+# target/gpu-check/run there writes report.txt. Needs NVRTC (make python) to precompile.
+gpu-check: models
+	scripts/gpu-check
 
 clean-models:
 	rm -rf models/cache $(FETCHED) onnx/u2netp/u2netp.onnx onnx/isnet/isnet.onnx onnx/u2net/u2net.onnx

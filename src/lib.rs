@@ -8,6 +8,10 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod config;
+// FFI with the CUDA driver and NVRTC: the one module (with src/tensorrt) allowed `unsafe`,
+// each block with a `// SAFETY:` comment.
+#[allow(unsafe_code)]
+pub mod cuda;
 pub mod error;
 pub mod http;
 pub mod pipeline;

@@ -16,11 +16,20 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::backend::ort::environment()?;
     let (replicas, threads) = args.runtime.replicas_and_threads();
+    // The probe checks for libcuda before any CUDA call, so this never panics on a
+    // machine without a GPU.
+    match crate::cuda::probe() {
+        crate::cuda::Probe::NoDriver => tracing::info!("no CUDA driver found: serving on CPU"),
+        probe => tracing::info!(
+            cuda = %probe.summary(),
+            "GPU pipeline not yet wired into serve: serving on CPU"
+        ),
+    }
     tracing::info!(
         pipeline = %spec.source.display(),
         replicas,
         threads_per_replica = threads,
-        "device: cpu (ONNX Runtime); no GPU backend in this build"
+        "device: cpu (ONNX Runtime)"
     );
     let pool = WorkerPool::start(&spec, replicas, threads, args.queue_capacity);
     let fetcher = UrlFetcher::new(

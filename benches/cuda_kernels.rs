@@ -1,0 +1,474 @@
+//! Kernel benchmark: each CUDA kernel at 4032x3024 (GPU time from CUDA events, achieved
+//! GB/s and its fraction of the device's peak memory bandwidth from the probe), then the
+//! whole pre- and post-processing of a 1920x1080 request with upload and download,
+//! side by side with the CPU stages it replaces. Without a GPU it says so and exits 0.
+//!
+//! `cargo bench --bench cuda_kernels`; `CELER_BENCH_JSON=path` also writes the figures
+//! as JSON (scripts/gpu-check puts them in its report).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use celer::config::{Normalize, Scale};
+use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
+use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
+use celer::pipeline::plane::Plane;
+use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use cudarc::driver::{CudaSlice, CudaStream};
+use fast_image_resize::Resizer;
+use image::{Rgb, RgbImage};
+use serde_json::json;
+
+const ITERS: usize = 20;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--compile-cache") {
+        let Some(dir) = args.get(i + 1) else {
+            eprintln!("usage: cuda_kernels --compile-cache DIR");
+            std::process::exit(2);
+        };
+        std::process::exit(match compile_cache(std::path::Path::new(dir)) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("cuda_kernels: {e}");
+                1
+            }
+        });
+    }
+    let gpus = match probe() {
+        Probe::Ready { gpus, .. } if !gpus.is_empty() => gpus,
+        other => {
+            println!(
+                "cuda_kernels: no GPU ({}): nothing to time",
+                other.summary()
+            );
+            write_json(&json!({ "gpu": null, "reason": other.summary() }));
+            return;
+        }
+    };
+    let info = gpus[0].clone();
+    let dev = match GpuDevice::open(info.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cuda_kernels: cannot open GPU 0: {e}");
+            std::process::exit(1);
+        }
+    };
+    println!(
+        "GPU 0: {} (sm_{}{}), peak memory bandwidth {:.0} GB/s ({} kHz x {} bit)",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.peak_bandwidth_bytes_per_s() / 1e9,
+        info.memory_clock_khz,
+        info.memory_bus_width_bits
+    );
+    let kernels = time_kernels(&dev, &info);
+    let pipeline = time_pre_post(&dev);
+    write_json(&json!({ "gpu": info, "kernels": kernels, "pre_post_1920x1080": pipeline }));
+}
+
+/// Compiles the kernels for every architecture NVRTC supports into the cache folder
+/// `dir`, for a GPU machine without NVRTC (scripts/gpu-check ships it).
+fn compile_cache(dir: &std::path::Path) -> Result<(), String> {
+    use celer::cuda::kernels::{compile_all, write_cache_to};
+    let nvrtc = celer::cuda::nvrtc::Nvrtc::get().map_err(|e| e.to_string())?;
+    for arch in nvrtc.supported_archs().map_err(|e| e.to_string())? {
+        let cubins = compile_all(nvrtc, arch).map_err(|e| e.to_string())?;
+        write_cache_to(dir, &cubins).map_err(|e| format!("{}: {e}", dir.display()))?;
+        println!("compiled the kernels for {arch}");
+    }
+    Ok(())
+}
+
+fn write_json(value: &serde_json::Value) {
+    if let Some(path) = std::env::var_os("CELER_BENCH_JSON") {
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap_or_default())
+        {
+            eprintln!("cannot write {}: {e}", path.to_string_lossy());
+        }
+    }
+}
+
+fn texture(w: u32, h: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| {
+        let v =
+            (x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663)).wrapping_mul(2_654_435_761);
+        Rgb([(v >> 24) as u8, (v >> 16) as u8, ((x * 255) / w) as u8])
+    })
+}
+
+fn mask(w: u32, h: u32) -> Vec<f32> {
+    // A soft disc: a realistic mix of certain and unknown pixels.
+    (0..h)
+        .flat_map(|y| {
+            (0..w).map(move |x| {
+                let (dx, dy) = (x as f32 / w as f32 - 0.5, y as f32 / h as f32 - 0.5);
+                (1.0 - ((dx * dx + dy * dy).sqrt() - 0.3) * 20.0).clamp(0.0, 1.0)
+            })
+        })
+        .collect()
+}
+
+/// GPU milliseconds per call of `f` (median of ITERS, after one warm-up).
+fn gpu_ms(dev: &GpuDevice, s: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = dev.context().new_event(None).unwrap();
+    let end = dev.context().new_event(None).unwrap();
+    let mut times: Vec<f64> = (0..ITERS)
+        .map(|_| {
+            start.record(s).unwrap();
+            f();
+            end.record(s).unwrap();
+            end.synchronize().unwrap();
+            f64::from(start.elapsed_ms(&end).unwrap())
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[ITERS / 2]
+}
+
+fn cpu_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[2]
+}
+
+fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    s: &Arc<CudaStream>,
+    n: usize,
+) -> CudaSlice<T> {
+    s.alloc_zeros(n.max(1)).unwrap()
+}
+
+fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
+    let (w, h) = (4032u32, 3024u32);
+    let n = (w * h) as usize;
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    let image = texture(w, h);
+    let rgb = s.clone_htod(image.as_raw()).unwrap();
+    let norm = Normalize {
+        scale: Scale::ImageMax,
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
+    let (oh, wh) = taps_capacity(w, 320);
+    let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut vt = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    ht.set_fixed(&s, w, 320).unwrap();
+    vt.set_fixed(&s, h, 320).unwrap();
+    let (mut tmp, mut resized, mut max, mut input) = (
+        zeros::<u8>(&s, 320 * h as usize * 3),
+        zeros::<u8>(&s, 320 * 320 * 3),
+        zeros::<u32>(&s, 1),
+        zeros::<f32>(&s, 320 * 320 * 3),
+    );
+    let small = mask(320, 320);
+    let dmask = s.clone_htod(&small).unwrap();
+    let (mut lohi, mut coarse, mut tri_small, mut flags) = (
+        zeros::<u32>(&s, 2),
+        zeros::<f32>(&s, 320 * 320),
+        zeros::<u8>(&s, 320 * 320),
+        zeros::<u8>(&s, 320 * 320),
+    );
+    let mut nearest = DeviceNearest::alloc(&s, w, h).unwrap();
+    nearest.set(&s, (320, 320), (w, h)).unwrap();
+    let mut trimap_full = zeros::<u8>(&s, n);
+    let (ch, cwh) = taps_capacity(320, w);
+    let mut pht = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    let mut pvt = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    pht.set_convolution(&s, 320, w).unwrap();
+    pvt.set_convolution(&s, 320, h).unwrap();
+    let (mut ptmp, mut p, mut luma, mut q) = (
+        zeros::<f32>(&s, w as usize * 320),
+        zeros::<f32>(&s, n),
+        zeros::<f32>(&s, n),
+        zeros::<f32>(&s, n),
+    );
+    let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
+    let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
+    // Prime the buffers the later stages read.
+    l.probability_trimap(
+        &dmask,
+        (320, 320),
+        true,
+        0.94,
+        0.04,
+        &mut lohi,
+        &mut coarse,
+        &mut tri_small,
+    )
+    .unwrap();
+    l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
+        .unwrap();
+
+    let nb = n as f64;
+    // (name, bytes read + written, GPU ms)
+    let mut rows: Vec<(&str, f64, f64)> = Vec::new();
+    rows.push((
+        "preprocess 4032x3024 -> 320x320 (resize + max + normalise)",
+        nb * 3.0 + 320.0 * 3024.0 * 3.0 * 2.0 + 320.0 * 320.0 * 3.0 * 6.0,
+        gpu_ms(dev, &s, || {
+            l.preprocess(
+                &rgb,
+                (w, h),
+                &ht,
+                &vt,
+                (320, 320),
+                &norm,
+                &mut tmp,
+                &mut resized,
+                &mut max,
+                ModelInput::F32(&mut input),
+            )
+            .unwrap()
+        }),
+    ));
+    rows.push((
+        "mask -> trimap 320x320 (minmax + threshold + erode r=2)",
+        320.0 * 320.0 * (4.0 * 2.0 + 4.0 + 1.0 + 3.0),
+        gpu_ms(dev, &s, || {
+            l.probability_trimap(
+                &dmask,
+                (320, 320),
+                true,
+                0.94,
+                0.04,
+                &mut lohi,
+                &mut coarse,
+                &mut tri_small,
+            )
+            .unwrap();
+            l.erode(&mut tri_small, (320, 320), 2, &mut flags).unwrap();
+        }),
+    ));
+    rows.push((
+        "trimap NEAREST 320x320 -> 4032x3024",
+        nb,
+        gpu_ms(dev, &s, || {
+            l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
+                .unwrap()
+        }),
+    ));
+    rows.push((
+        "mask bilinear 320x320 -> 4032x3024 (f32)",
+        4.0 * (w as f64 * 320.0 * 2.0 + nb),
+        gpu_ms(dev, &s, || {
+            l.resize_plane(&coarse, (320, 320), &pht, &pvt, &mut ptmp, &mut p)
+                .unwrap()
+        }),
+    ));
+    rows.push((
+        "luma 4032x3024",
+        nb * 7.0,
+        gpu_ms(dev, &s, || l.luma(&rgb, n as u32, &mut luma).unwrap()),
+    ));
+    rows.push((
+        "guided filter r=8 4032x3024 (4 passes)",
+        nb * 4.0 * (4.0 + 2.0 + 4.0 + 4.0 + 2.0 + 2.0 + 2.0 + 3.0),
+        gpu_ms(dev, &s, || {
+            l.guided_filter(&luma, &p, (w, h), 8, 1e-3, &mut scratch, &mut q)
+                .unwrap()
+        }),
+    ));
+    rows.push((
+        "composite: alpha + RGBA cut-out 4032x3024",
+        nb * (4.0 + 1.0 + 3.0 + 1.0 + 4.0),
+        gpu_ms(dev, &s, || {
+            l.composite(
+                &q,
+                &trimap_full,
+                true,
+                n as u32,
+                &mut alpha,
+                Some((&rgb, &mut rgba)),
+            )
+            .unwrap()
+        }),
+    ));
+
+    let peak = info.peak_bandwidth_bytes_per_s();
+    println!(
+        "\n{:<62} {:>9} {:>9} {:>8}",
+        "kernel (4032x3024 source)", "GPU ms", "GB/s", "of peak"
+    );
+    rows.iter()
+        .map(|(name, bytes, ms)| {
+            let gbs = bytes / (ms / 1e3) / 1e9;
+            println!("{name:<62} {ms:>9.3} {gbs:>9.1} {:>7.1}%", 100.0 * gbs * 1e9 / peak);
+            json!({ "kernel": name, "gpu_ms": ms, "bytes": bytes, "gb_per_s": gbs, "fraction_of_peak": gbs * 1e9 / peak })
+        })
+        .collect()
+}
+
+/// The whole pre- and post-processing of one 1920x1080 request (the model excluded):
+/// GPU with upload and download, against the CPU stages.
+fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
+    let (w, h) = (1920u32, 1080u32);
+    let n = (w * h) as usize;
+    let image = texture(w, h);
+    let small = Plane::new(320, 320, mask(320, 320));
+    let norm = Normalize {
+        scale: Scale::ImageMax,
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
+    let (radius, eps, erode) = (8u32, 1e-3f32, 2u32);
+
+    // CPU: the stages `Pipeline::run` and `render` call.
+    let mut resizer = Resizer::new();
+    let (mut resized, mut input) = (Vec::new(), vec![0f32; 320 * 320 * 3]);
+    let cpu_pre = cpu_ms(|| {
+        preprocess::resize_rgb(&image, 320, 320, &mut resized);
+        preprocess::normalize_into(&resized, &norm, &mut input);
+    });
+    let cpu_post = cpu_ms(|| {
+        let mut t = trimap::threshold(&small, 0.94, 0.04);
+        trimap::erode(&mut t, erode);
+        let full = resample::resize_nearest(&t, w, h);
+        let p = resample::resize_plane(&mut resizer, &small, w, h).unwrap();
+        let q = guided_filter::guided_filter(&guided_filter::luma(&image), &p, radius, eps);
+        let a = composite::quantize_alpha(&q, Some(&full));
+        std::hint::black_box(composite::cutout(&image, &a));
+    });
+
+    // GPU: upload, all kernels, download of alpha + trimap + RGBA, one sync each half.
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    // Pinned staging, as GpuPipeline has.
+    let ctx = dev.context();
+    let mut up_host = celer::cuda::pipeline::pinned_zeroed(ctx, n * 3).expect("pinned memory");
+    let mut down_host = celer::cuda::pipeline::pinned_zeroed(ctx, n * 6).expect("pinned memory");
+    let mut rgb = zeros::<u8>(&s, n * 3);
+    let (oh, wh) = taps_capacity(w, 320);
+    let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut vt = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    ht.set_fixed(&s, w, 320).unwrap();
+    vt.set_fixed(&s, h, 320).unwrap();
+    let (mut tmp, mut dresized, mut max, mut dinput) = (
+        zeros::<u8>(&s, 320 * h as usize * 3),
+        zeros::<u8>(&s, 320 * 320 * 3),
+        zeros::<u32>(&s, 1),
+        zeros::<f32>(&s, 320 * 320 * 3),
+    );
+    let mut host_input = vec![0f32; 320 * 320 * 3];
+    let mut dmask = s.clone_htod(&small.data).unwrap();
+    let (mut lohi, mut coarse, mut tri_small, mut flags) = (
+        zeros::<u32>(&s, 2),
+        zeros::<f32>(&s, 320 * 320),
+        zeros::<u8>(&s, 320 * 320),
+        zeros::<u8>(&s, 320 * 320),
+    );
+    let mut nearest = DeviceNearest::alloc(&s, w, h).unwrap();
+    nearest.set(&s, (320, 320), (w, h)).unwrap();
+    let (ch, cwh) = taps_capacity(320, w);
+    let mut pht = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    let mut pvt = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    pht.set_convolution(&s, 320, w).unwrap();
+    pvt.set_convolution(&s, 320, h).unwrap();
+    let mut trimap_full = zeros::<u8>(&s, n);
+    let (mut ptmp, mut p, mut luma, mut q) = (
+        zeros::<f32>(&s, w as usize * 320),
+        zeros::<f32>(&s, n),
+        zeros::<f32>(&s, n),
+        zeros::<f32>(&s, n),
+    );
+    let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
+    let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
+
+    let gpu_pre = cpu_ms(|| {
+        let host = up_host.as_mut_slice().unwrap();
+        host.copy_from_slice(image.as_raw());
+        s.memcpy_htod(up_host.as_slice().unwrap(), &mut rgb)
+            .unwrap();
+        l.preprocess(
+            &rgb,
+            (w, h),
+            &ht,
+            &vt,
+            (320, 320),
+            &norm,
+            &mut tmp,
+            &mut dresized,
+            &mut max,
+            ModelInput::F32(&mut dinput),
+        )
+        .unwrap();
+        s.memcpy_dtoh(&dinput, &mut host_input).unwrap();
+        s.synchronize().unwrap();
+    });
+    let gpu_post = cpu_ms(|| {
+        s.memcpy_htod(&small.data, &mut dmask).unwrap();
+        l.probability_trimap(
+            &dmask,
+            (320, 320),
+            false,
+            0.94,
+            0.04,
+            &mut lohi,
+            &mut coarse,
+            &mut tri_small,
+        )
+        .unwrap();
+        l.erode(&mut tri_small, (320, 320), erode, &mut flags)
+            .unwrap();
+        l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
+            .unwrap();
+        l.resize_plane(&coarse, (320, 320), &pht, &pvt, &mut ptmp, &mut p)
+            .unwrap();
+        l.luma(&rgb, n as u32, &mut luma).unwrap();
+        l.guided_filter(&luma, &p, (w, h), radius, eps, &mut scratch, &mut q)
+            .unwrap();
+        l.composite(
+            &q,
+            &trimap_full,
+            true,
+            n as u32,
+            &mut alpha,
+            Some((&rgb, &mut rgba)),
+        )
+        .unwrap();
+        let host = down_host.as_mut_slice().unwrap();
+        let (a, rest) = host.split_at_mut(n);
+        let (t, rest) = rest.split_at_mut(n);
+        s.memcpy_dtoh(&alpha, a).unwrap();
+        s.memcpy_dtoh(&trimap_full, t).unwrap();
+        s.memcpy_dtoh(&rgba, &mut rest[..4 * n]).unwrap();
+        s.synchronize().unwrap();
+    });
+    println!("\npre + post of one 1920x1080 request, model excluded (wall ms, median)");
+    println!(
+        "{:<44} {:>9} {:>9} {:>8}",
+        "stage", "CPU", "GPU", "speed-up"
+    );
+    for (name, c, g) in [
+        ("preprocess (+ upload, + input download)", cpu_pre, gpu_pre),
+        (
+            "post: trimap, guided filter, composite (+ download)",
+            cpu_post,
+            gpu_post,
+        ),
+    ] {
+        println!("{name:<44} {c:>9.2} {g:>9.2} {:>7.1}x", c / g);
+    }
+    json!({
+        "cpu_preprocess_ms": cpu_pre, "gpu_preprocess_ms": gpu_pre,
+        "cpu_post_ms": cpu_post, "gpu_post_ms": gpu_post,
+        "cpu_threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    })
+}

@@ -1,0 +1,83 @@
+//! One GPU: its context (the primary context, one per GPU per process), what the probe
+//! says about it, and the kernels loaded into it. Shared by the replicas on that GPU
+//! (each makes its own stream); the kernels are compiled once per architecture.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::kernels::{cubins_for, FILES};
+use super::probe::{driver_present, GpuInfo};
+use super::CudaError;
+
+/// The kernels of every `.cu` file, by name, loaded in one context.
+pub struct KernelSet {
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl KernelSet {
+    pub fn get(&self, name: &'static str) -> Result<&CudaFunction, CudaError> {
+        self.functions
+            .get(name)
+            .ok_or(CudaError::MissingKernel(name))
+    }
+}
+
+/// A GPU ready to run celer's kernels.
+pub struct GpuDevice {
+    pub info: GpuInfo,
+    context: Arc<CudaContext>,
+    kernels: KernelSet,
+}
+
+impl GpuDevice {
+    /// Opens GPU `info.ordinal`: retains its primary context, compiles (or takes from
+    /// the cache) the kernels for its architecture and loads them.
+    pub fn open(info: GpuInfo) -> Result<Arc<Self>, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let context = CudaContext::new(info.ordinal)?;
+        // SAFETY: every device buffer of celer belongs to one replica and is used only on
+        // that replica's stream, so the cross-stream event tracking that cudarc would
+        // record on each use is never needed. Set before any allocation in the context.
+        unsafe { context.disable_event_tracking() };
+        let cubins = cubins_for(info.arch())?;
+        let mut functions = HashMap::new();
+        for (file, (name, cubin)) in FILES.iter().zip(&cubins.files) {
+            let module = context
+                .load_module(Ptx::from_binary(cubin.clone()))
+                .map_err(|e| {
+                    CudaError::Driver(format!(
+                        "loading {name} for {} into GPU {} ({}): {e:?}; CUBINs from NVRTC 13 need a CUDA 13 driver (R580 or later)",
+                        info.arch(),
+                        info.ordinal,
+                        info.name
+                    ))
+                })?;
+            for &kernel in file.kernels {
+                functions.insert(kernel, module.load_function(kernel)?);
+            }
+        }
+        Ok(Arc::new(Self {
+            info,
+            context,
+            kernels: KernelSet { functions },
+        }))
+    }
+
+    /// A new stream for one replica.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        Ok(self.context.new_stream()?)
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    pub fn kernels(&self) -> &KernelSet {
+        &self.kernels
+    }
+}

@@ -1,0 +1,567 @@
+//! Typed launchers: one method per kernel, taking device buffers and sizes, never raw
+//! pointers. Each checks that every buffer holds what the kernel will touch before
+//! launching, so a wrong size is an error here and never an out-of-bounds access on the
+//! device. All launches are asynchronous on the launcher's stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use half::f16;
+
+use super::device::KernelSet;
+use super::taps::{ConvolutionTaps, FixedTaps};
+use super::CudaError;
+use crate::config::{Normalize, Scale};
+
+/// Threads per block of the element-wise kernels.
+const BLOCK: u32 = 256;
+/// Threads per block of the one-thread-per-line kernels (fewer lines than pixels).
+const LINE_BLOCK: u32 = 64;
+
+/// A 1-D launch covering `threads` threads; `None` when there is nothing to do.
+fn config(threads: u64, block: u32) -> Result<Option<LaunchConfig>, CudaError> {
+    if threads == 0 {
+        return Ok(None);
+    }
+    let blocks = threads.div_ceil(u64::from(block));
+    let blocks = u32::try_from(blocks).map_err(|_| CudaError::Stage {
+        stage: "launch",
+        reason: format!("{threads} threads exceed one 1-D grid"),
+    })?;
+    Ok(Some(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }))
+}
+
+fn need<T>(what: &'static str, buffer: &CudaSlice<T>, needed: u64) -> Result<(), CudaError> {
+    let needed = usize::try_from(needed).unwrap_or(usize::MAX);
+    if buffer.len() < needed {
+        return Err(CudaError::BufferTooSmall {
+            what,
+            needed,
+            capacity: buffer.len(),
+        });
+    }
+    Ok(())
+}
+
+fn as_u32(what: &'static str, v: u64) -> Result<u32, CudaError> {
+    u32::try_from(v).map_err(|_| CudaError::Stage {
+        stage: what,
+        reason: format!("{v} does not fit the kernels' 32-bit sizes"),
+    })
+}
+
+/// Launches kernel `$name` over `$threads` threads with the arguments in order. The
+/// argument list must match the kernel's C signature, type for type.
+macro_rules! launch {
+    ($self:expr, $name:literal, $threads:expr, $block:expr; $($arg:expr),* $(,)?) => {{
+        let function = $self.kernels.get($name)?;
+        if let Some(cfg) = config($threads, $block)? {
+            let mut builder = $self.stream.launch_builder(function);
+            $( builder.arg($arg); )*
+            // SAFETY: the arguments match the kernel's signature in kernels/*.cu (same
+            // order, same types: device buffers for pointers, u32/i32/f32 for scalars),
+            // and the caller checked that every buffer holds all the elements the
+            // kernel touches for these sizes.
+            unsafe { builder.launch(cfg) }.map_err(CudaError::from)?;
+        }
+        Ok::<(), CudaError>(())
+    }};
+}
+
+/// Taps of one axis on the device, sized at start-up for the largest table accepted.
+pub struct DeviceTaps<W: DeviceRepr> {
+    pub first: CudaSlice<u32>,
+    pub count: CudaSlice<u32>,
+    pub weights: CudaSlice<W>,
+    pub stride: u32,
+    /// Number of output samples the uploaded table covers.
+    pub outputs: u32,
+    /// Source samples read: `span.0..span.1`.
+    pub span: (u32, u32),
+    /// The (source, target) sizes of the uploaded table, to skip re-uploads.
+    pub sizes: Option<(u32, u32)>,
+}
+
+/// Capacity of a table mapping at most `in_max` to at most `out_max` samples: enough for
+/// either kind (a window of 2*ceil(in/out) + 3 per output at most).
+pub fn taps_capacity(in_max: u32, out_max: u32) -> (usize, usize) {
+    let weights = 2 * in_max as usize + 4 * out_max as usize + 16;
+    (out_max as usize, weights)
+}
+
+impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
+    pub fn alloc(
+        stream: &Arc<CudaStream>,
+        outputs: usize,
+        weights: usize,
+    ) -> Result<Self, CudaError> {
+        Ok(Self {
+            first: stream.alloc_zeros(outputs.max(1))?,
+            count: stream.alloc_zeros(outputs.max(1))?,
+            weights: stream.alloc_zeros(weights.max(1))?,
+            stride: 0,
+            outputs: 0,
+            span: (0, 0),
+            sizes: None,
+        })
+    }
+
+    fn upload(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        first: &[u32],
+        count: &[u32],
+        weights: &[W],
+        stride: u32,
+        span: (u32, u32),
+    ) -> Result<(), CudaError> {
+        need("taps", &self.first, first.len() as u64)?;
+        need("tap weights", &self.weights, weights.len() as u64)?;
+        stream.memcpy_htod(first, &mut self.first)?;
+        stream.memcpy_htod(count, &mut self.count)?;
+        stream.memcpy_htod(weights, &mut self.weights)?;
+        self.stride = stride;
+        self.outputs = first.len() as u32;
+        self.span = span;
+        Ok(())
+    }
+}
+
+impl DeviceTaps<i32> {
+    /// Uploads PIL's fixed-point taps for `in_size` -> `out_size` unless already there.
+    pub fn set_fixed(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        in_size: u32,
+        out_size: u32,
+    ) -> Result<(), CudaError> {
+        if self.sizes == Some((in_size, out_size)) {
+            return Ok(());
+        }
+        let taps = FixedTaps::bilinear(in_size, out_size);
+        self.upload(
+            stream,
+            &taps.first,
+            &taps.count,
+            &taps.weights,
+            taps.stride,
+            taps.span(),
+        )?;
+        self.sizes = Some((in_size, out_size));
+        Ok(())
+    }
+}
+
+impl DeviceTaps<f64> {
+    /// Uploads fast_image_resize's coefficients for `in_size` -> `out_size` unless
+    /// already there.
+    pub fn set_convolution(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        in_size: u32,
+        out_size: u32,
+    ) -> Result<(), CudaError> {
+        if self.sizes == Some((in_size, out_size)) {
+            return Ok(());
+        }
+        let taps = ConvolutionTaps::bilinear(in_size, out_size);
+        self.upload(
+            stream,
+            &taps.first,
+            &taps.count,
+            &taps.coeffs,
+            taps.stride,
+            taps.span(),
+        )?;
+        self.sizes = Some((in_size, out_size));
+        Ok(())
+    }
+}
+
+/// PIL NEAREST's indices for both axes on the device.
+pub struct DeviceNearest {
+    pub xs: CudaSlice<u32>,
+    pub ys: CudaSlice<u32>,
+    pub sizes: Option<((u32, u32), (u32, u32))>,
+}
+
+impl DeviceNearest {
+    pub fn alloc(stream: &Arc<CudaStream>, max_w: u32, max_h: u32) -> Result<Self, CudaError> {
+        Ok(Self {
+            xs: stream.alloc_zeros(max_w.max(1) as usize)?,
+            ys: stream.alloc_zeros(max_h.max(1) as usize)?,
+            sizes: None,
+        })
+    }
+
+    /// Uploads the indices for `src` -> `dst` unless already there.
+    pub fn set(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        src: (u32, u32),
+        dst: (u32, u32),
+    ) -> Result<(), CudaError> {
+        if self.sizes == Some((src, dst)) {
+            return Ok(());
+        }
+        let xs = super::taps::nearest_indices(src.0, dst.0);
+        let ys = super::taps::nearest_indices(src.1, dst.1);
+        need("nearest columns", &self.xs, xs.len() as u64)?;
+        need("nearest rows", &self.ys, ys.len() as u64)?;
+        stream.memcpy_htod(&xs, &mut self.xs)?;
+        stream.memcpy_htod(&ys, &mut self.ys)?;
+        self.sizes = Some((src, dst));
+        Ok(())
+    }
+}
+
+/// The model input's element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputPrecision {
+    F32,
+    F16,
+}
+
+/// Where the normalised planar input goes.
+pub enum ModelInput<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    F16(&'a mut CudaSlice<f16>),
+}
+
+impl ModelInput<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ModelInput::F32(b) => b.len(),
+            ModelInput::F16(b) => b.len(),
+        }
+    }
+}
+
+/// The kernels, bound to one replica's stream.
+pub struct Launcher<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    pub kernels: &'a KernelSet,
+}
+
+impl Launcher<'_> {
+    /// PIL bilinear resize of interleaved RGB8 `src` (`src_w` x `src_h`) to `dst_w` x
+    /// `dst_h`, normalised into planar `out`. `tmp` holds the horizontal pass; with the
+    /// "max" scale `resized` and `max_value` hold the resized image and its max.
+    #[allow(clippy::too_many_arguments)]
+    pub fn preprocess(
+        &self,
+        src: &CudaSlice<u8>,
+        (src_w, src_h): (u32, u32),
+        horizontal: &DeviceTaps<i32>,
+        vertical: &DeviceTaps<i32>,
+        (dst_w, dst_h): (u32, u32),
+        norm: &Normalize,
+        tmp: &mut CudaSlice<u8>,
+        resized: &mut CudaSlice<u8>,
+        max_value: &mut CudaSlice<u32>,
+        out: ModelInput<'_>,
+    ) -> Result<(), CudaError> {
+        if horizontal.sizes != Some((src_w, dst_w)) || vertical.sizes != Some((src_h, dst_h)) {
+            return Err(CudaError::Stage {
+                stage: "preprocess",
+                reason: "taps uploaded for other sizes".into(),
+            });
+        }
+        let (row0, row_end) = vertical.span;
+        let rows = row_end - row0;
+        let pixels = u64::from(dst_w) * u64::from(dst_h);
+        need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
+        need(
+            "horizontal pass",
+            tmp,
+            u64::from(dst_w) * u64::from(rows) * 3,
+        )?;
+        if (out.len() as u64) < pixels * 3 {
+            return Err(CudaError::BufferTooSmall {
+                what: "model input",
+                needed: (pixels * 3) as usize,
+                capacity: out.len(),
+            });
+        }
+        launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
+            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+        let [m0, m1, m2] = norm.mean;
+        let [s0, s1, s2] = norm.std;
+        match norm.scale {
+            Scale::Fixed(scale) => match out {
+                ModelInput::F32(out) => {
+                    launch!(self, "resize_rgb8_vertical_normalize_f32", pixels, BLOCK;
+                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+                    &vertical.weights, &vertical.stride, &scale, &m0, &m1, &m2, &s0, &s1, &s2, out)
+                }
+                ModelInput::F16(out) => {
+                    launch!(self, "resize_rgb8_vertical_normalize_f16", pixels, BLOCK;
+                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+                    &vertical.weights, &vertical.stride, &scale, &m0, &m1, &m2, &s0, &s1, &s2, out)
+                }
+            },
+            Scale::ImageMax => {
+                need("resized image", resized, pixels * 3)?;
+                need("max", max_value, 1)?;
+                self.stream.memset_zeros(max_value)?;
+                launch!(self, "resize_rgb8_vertical", pixels, BLOCK;
+                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+                    &vertical.weights, &vertical.stride, &mut *resized, &mut *max_value)?;
+                let pixels32 = as_u32("preprocess", pixels)?;
+                let scale_is_max: i32 = 1;
+                let unused_scale = 1.0f32;
+                match out {
+                    ModelInput::F32(out) => launch!(self, "normalize_rgb8_f32", pixels, BLOCK;
+                        &*resized, &pixels32, &*max_value, &scale_is_max, &unused_scale,
+                        &m0, &m1, &m2, &s0, &s1, &s2, out),
+                    ModelInput::F16(out) => launch!(self, "normalize_rgb8_f16", pixels, BLOCK;
+                        &*resized, &pixels32, &*max_value, &scale_is_max, &unused_scale,
+                        &m0, &m1, &m2, &s0, &s1, &s2, out),
+                }
+            }
+        }
+    }
+
+    /// Channel 0 of a probability output (`w` x `h`) -> clamped (optionally min-max
+    /// rescaled) `coarse` and the thresholded `trimap`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn probability_trimap(
+        &self,
+        mask: &CudaSlice<f32>,
+        (w, h): (u32, u32),
+        minmax: bool,
+        foreground: f32,
+        background: f32,
+        lohi: &mut CudaSlice<u32>,
+        coarse: &mut CudaSlice<f32>,
+        trimap: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let n = u64::from(w) * u64::from(h);
+        need("mask", mask, n)?;
+        need("coarse mask", coarse, n)?;
+        need("trimap", trimap, n)?;
+        need("min/max", lohi, 2)?;
+        let n32 = as_u32("trimap", n)?;
+        if minmax {
+            launch!(self, "mask_minmax_init", 1, 32; &mut *lohi)?;
+            launch!(self, "mask_minmax", n, BLOCK; mask, &n32, &mut *lohi)?;
+        }
+        let minmax_flag = i32::from(minmax);
+        launch!(self, "probability_trimap", n, BLOCK;
+            mask, &n32, &*lohi, &minmax_flag, &foreground, &background, coarse, trimap)
+    }
+
+    /// Argmax over `classes` score planes (`w` x `h` each) -> `trimap` (mapped through
+    /// `class_values`) and `coarse` = trimap / 255.
+    #[allow(clippy::too_many_arguments)]
+    pub fn classes_trimap(
+        &self,
+        scores: &CudaSlice<f32>,
+        (w, h): (u32, u32),
+        classes: u32,
+        class_values: &CudaSlice<u8>,
+        coarse: &mut CudaSlice<f32>,
+        trimap: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let n = u64::from(w) * u64::from(h);
+        need("class scores", scores, n * u64::from(classes))?;
+        need("class values", class_values, u64::from(classes))?;
+        need("coarse mask", coarse, n)?;
+        need("trimap", trimap, n)?;
+        if classes == 0 {
+            return Err(CudaError::Stage {
+                stage: "trimap",
+                reason: "an output with no classes".into(),
+            });
+        }
+        let n32 = as_u32("trimap", n)?;
+        launch!(self, "classes_trimap", n, BLOCK; scores, &n32, &classes, class_values, coarse, trimap)
+    }
+
+    /// Erodes both certain regions of `trimap` (`w` x `h`) by `radius`.
+    pub fn erode(
+        &self,
+        trimap: &mut CudaSlice<u8>,
+        (w, h): (u32, u32),
+        radius: u32,
+        flags: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        if radius == 0 {
+            return Ok(());
+        }
+        let n = u64::from(w) * u64::from(h);
+        need("trimap", trimap, n)?;
+        need("erosion flags", flags, n)?;
+        launch!(self, "erode_rows", n, BLOCK; &*trimap, &w, &h, &radius, &mut *flags)?;
+        launch!(self, "erode_columns", n, BLOCK; trimap, &*flags, &w, &h, &radius)
+    }
+
+    /// PIL NEAREST resize of a u8 plane with the uploaded indices.
+    pub fn resize_nearest(
+        &self,
+        src: &CudaSlice<u8>,
+        indices: &DeviceNearest,
+        dst: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let Some(((sw, sh), (dw, dh))) = indices.sizes else {
+            return Err(CudaError::Stage {
+                stage: "resize nearest",
+                reason: "no indices uploaded".into(),
+            });
+        };
+        need("nearest source", src, u64::from(sw) * u64::from(sh))?;
+        need("nearest target", dst, u64::from(dw) * u64::from(dh))?;
+        launch!(self, "resize_nearest_u8", u64::from(dw) * u64::from(dh), BLOCK;
+            src, &sw, &indices.xs, &indices.ys, &dw, &dh, dst)
+    }
+
+    /// A trimap as a matting model input: value / 255.
+    pub fn trimap_to_unit(
+        &self,
+        trimap: &CudaSlice<u8>,
+        n: u32,
+        out: ModelInput<'_>,
+    ) -> Result<(), CudaError> {
+        need("trimap", trimap, u64::from(n))?;
+        if (out.len() as u64) < u64::from(n) {
+            return Err(CudaError::BufferTooSmall {
+                what: "trimap input",
+                needed: n as usize,
+                capacity: out.len(),
+            });
+        }
+        match out {
+            ModelInput::F32(out) => {
+                launch!(self, "trimap_to_unit_f32", u64::from(n), BLOCK; trimap, &n, out)
+            }
+            ModelInput::F16(out) => {
+                launch!(self, "trimap_to_unit_f16", u64::from(n), BLOCK; trimap, &n, out)
+            }
+        }
+    }
+
+    /// fast_image_resize's bilinear resize of an f32 plane (`src_w` x `src_h`) to the
+    /// taps' target size, via `tmp` (the horizontal pass).
+    pub fn resize_plane(
+        &self,
+        src: &CudaSlice<f32>,
+        (src_w, src_h): (u32, u32),
+        horizontal: &DeviceTaps<f64>,
+        vertical: &DeviceTaps<f64>,
+        tmp: &mut CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
+            return Err(CudaError::Stage {
+                stage: "resize plane",
+                reason: "no taps uploaded".into(),
+            });
+        };
+        if (hin, vin) != (src_w, src_h) {
+            return Err(CudaError::Stage {
+                stage: "resize plane",
+                reason: format!("taps for {hin}x{vin}, source is {src_w}x{src_h}"),
+            });
+        }
+        let (row0, row_end) = vertical.span;
+        let rows = row_end - row0;
+        need("plane source", src, u64::from(src_w) * u64::from(src_h))?;
+        need(
+            "plane horizontal pass",
+            tmp,
+            u64::from(dst_w) * u64::from(rows),
+        )?;
+        need("plane target", dst, u64::from(dst_w) * u64::from(dst_h))?;
+        launch!(self, "resize_plane_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
+            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+        launch!(self, "resize_plane_vertical", u64::from(dst_w) * u64::from(dst_h), BLOCK;
+            &*tmp, &dst_w, &row0, &vertical.first, &vertical.count, &vertical.weights,
+            &vertical.stride, dst, &dst_h)
+    }
+
+    /// Luma of interleaved RGB8 (`n` pixels) into `out`.
+    pub fn luma(
+        &self,
+        rgb: &CudaSlice<u8>,
+        n: u32,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        need("rgb", rgb, u64::from(n) * 3)?;
+        need("luma", out, u64::from(n))?;
+        launch!(self, "luma_rgb8", u64::from(n), BLOCK; rgb, &n, out)
+    }
+
+    /// Guided filter of `p` with guide `guide` (both `w` x `h`) into `q`, using four
+    /// scratch planes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn guided_filter(
+        &self,
+        guide: &CudaSlice<f32>,
+        p: &CudaSlice<f32>,
+        (w, h): (u32, u32),
+        radius: u32,
+        epsilon: f32,
+        scratch: &mut [CudaSlice<f32>; 6],
+        q: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let n = u64::from(w) * u64::from(h);
+        if n == 0 {
+            return Ok(());
+        }
+        need("guide", guide, n)?;
+        need("mask", p, n)?;
+        need("output", q, n)?;
+        for s in scratch.iter() {
+            need("guided filter scratch", s, n)?;
+        }
+        let [s_i, s_p, s_ip, s_ii, a, b] = scratch;
+        launch!(self, "box_rows_guide", u64::from(h), LINE_BLOCK;
+            guide, p, &w, &h, &radius, &mut *s_i, &mut *s_p, &mut *s_ip, &mut *s_ii)?;
+        launch!(self, "box_columns_coefficients", u64::from(w), LINE_BLOCK;
+            &*s_i, &*s_p, &*s_ip, &*s_ii, &w, &h, &radius, &epsilon, &mut *a, &mut *b)?;
+        // The first two row-sum planes are free again: reuse them for a and b.
+        launch!(self, "box_rows_coefficients", u64::from(h), LINE_BLOCK;
+            &*a, &*b, &w, &h, &radius, &mut *s_i, &mut *s_p)?;
+        launch!(self, "box_columns_output", u64::from(w), LINE_BLOCK;
+            &*s_i, &*s_p, guide, &w, &h, &radius, q)
+    }
+
+    /// Alpha in u8 from `refined` (`n` values), the trimap's certain pixels overriding
+    /// it when `use_trimap` (otherwise `trimap` is never read); with `cutout`, also the
+    /// RGBA cut-out of `rgb`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn composite(
+        &self,
+        refined: &CudaSlice<f32>,
+        trimap: &CudaSlice<u8>,
+        use_trimap: bool,
+        n: u32,
+        alpha: &mut CudaSlice<u8>,
+        cutout: Option<(&CudaSlice<u8>, &mut CudaSlice<u8>)>,
+    ) -> Result<(), CudaError> {
+        let n64 = u64::from(n);
+        need("refined alpha", refined, n64)?;
+        need("alpha", alpha, n64)?;
+        if use_trimap {
+            need("trimap", trimap, n64)?;
+        }
+        let use_trimap = i32::from(use_trimap);
+        match cutout {
+            None => {
+                launch!(self, "quantize_alpha", n64, BLOCK; refined, trimap, &use_trimap, &n, alpha)
+            }
+            Some((rgb, rgba)) => {
+                need("rgb", rgb, n64 * 3)?;
+                need("rgba", rgba, n64 * 4)?;
+                launch!(self, "quantize_alpha_cutout", n64, BLOCK;
+                    refined, trimap, &use_trimap, rgb, &n, alpha, rgba)
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The CUDA data path: the device probe, NVRTC and the kernels (`kernels/*.cu`, compiled
+//! at start-up for each GPU's architecture), typed launchers, and `GpuPipeline`, which
+//! runs a request's pre- and post-processing on one GPU stream. The CPU stages in
+//! `crate::pipeline` are the reference every kernel is tested against. Nothing here may
+//! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
+
+pub mod device;
+pub mod kernels;
+pub mod launch;
+pub mod nvrtc;
+pub mod pipeline;
+pub mod probe;
+pub mod taps;
+
+pub use device::GpuDevice;
+pub use nvrtc::Arch;
+pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
+pub use probe::{probe, GpuInfo, Probe};
+
+/// A failure in the CUDA path. The server's fault, never the client's: the caller falls
+/// back to, or stays on, the CPU path.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda.so) on this machine")]
+    NoDriver,
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("{0}")]
+    NvrtcMissing(String),
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    #[error("compiling {file} for {arch}: {log}")]
+    Compile {
+        arch: Arch,
+        file: String,
+        log: String,
+    },
+    #[error("kernel `{0}` is missing from the compiled module")]
+    MissingKernel(&'static str),
+    #[error("{what}: needs {needed} elements, the buffer holds {capacity}")]
+    BufferTooSmall {
+        what: &'static str,
+        needed: usize,
+        capacity: usize,
+    },
+    #[error("the image is {width}x{height}, over the GPU buffers' limit ({limit})")]
+    ImageTooLarge {
+        width: u32,
+        height: u32,
+        limit: String,
+    },
+    #[error("{stage}: {reason}")]
+    Stage { stage: &'static str, reason: String },
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(format!("{e:?}"))
+    }
+}

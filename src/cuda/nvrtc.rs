@@ -1,0 +1,338 @@
+//! NVRTC, the run-time CUDA C compiler, loaded from a file path (the `nvidia-cuda-nvrtc`
+//! wheel in `.venv`, `CELER_NVRTC_PATH`, or the system's `libnvrtc.so.13`). celer loads
+//! it itself rather than through cudarc, whose search is by name only and panics when the
+//! library is absent; here a missing library is an error value. Compiles to CUBIN for one
+//! real architecture (`sm_XY`), so the driver never JIT-compiles PTX.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::CudaError;
+
+/// The wheel's layout under a virtual environment's `site-packages`.
+const VENV_NVRTC: &str = "site-packages/nvidia/cu13/lib/libnvrtc.so.13";
+/// Names tried through the dynamic loader's own search when no file is found.
+const SYSTEM_NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so"];
+
+/// A real GPU architecture, `sm_{major}{minor}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Arch {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Arch {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+
+    /// The NVRTC option value, e.g. `sm_86`.
+    pub fn sm(&self) -> String {
+        format!("sm_{}{}", self.major, self.minor)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sm_{}{}", self.major, self.minor)
+    }
+}
+
+type Program = *mut c_void;
+type NvrtcResult = c_int;
+
+/// The entry points celer uses, resolved once when the library loads.
+struct Api {
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult,
+    num_supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
+    supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
+    create_program: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> NvrtcResult,
+    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
+    program_log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    program_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    destroy_program: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
+    error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
+}
+
+/// A loaded NVRTC. Process-wide: [`Nvrtc::get`] loads it once.
+pub struct Nvrtc {
+    api: Api,
+    path: String,
+    // Keeps the code behind `api` mapped; never unloaded (NVRTC keeps global state).
+    _library: libloading::Library,
+}
+
+/// One source file of a program: NVRTC compiles `source` as `name`, with `headers`
+/// resolvable by `#include "<name>"`.
+pub struct Source<'a> {
+    pub name: &'a str,
+    pub text: &'a str,
+    pub headers: &'a [(&'a str, &'a str)],
+}
+
+impl Nvrtc {
+    /// The process-wide NVRTC, loaded on first use; the error says where it looked.
+    pub fn get() -> Result<&'static Nvrtc, CudaError> {
+        static NVRTC: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
+        NVRTC
+            .get_or_init(Self::load)
+            .as_ref()
+            .map_err(|e| CudaError::NvrtcMissing(e.clone()))
+    }
+
+    fn load() -> Result<Nvrtc, String> {
+        let candidates = library_candidates();
+        let mut tried = Vec::new();
+        for candidate in &candidates {
+            // SAFETY: loading a shared library runs its initialisers; libnvrtc's only set
+            // up its own state. The library stays loaded for the life of the process.
+            match unsafe { libloading::Library::new(candidate) } {
+                Ok(library) => {
+                    let api =
+                        resolve(&library).map_err(|e| format!("{}: {e}", candidate.display()))?;
+                    return Ok(Nvrtc {
+                        api,
+                        path: candidate.display().to_string(),
+                        _library: library,
+                    });
+                }
+                Err(e) => tried.push(format!("{} ({e})", candidate.display())),
+            }
+        }
+        Err(format!(
+            "libnvrtc not found; tried {}. Run `make python` (installs the nvidia-cuda-nvrtc \
+             wheel into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13",
+            tried.join(", ")
+        ))
+    }
+
+    /// The file or name the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// NVRTC's (major, minor) version.
+    pub fn version(&self) -> Result<(i32, i32), CudaError> {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: both pointers are valid for writes of one c_int.
+        self.check(unsafe { (self.api.version)(&mut major, &mut minor) })?;
+        Ok((major, minor))
+    }
+
+    /// The real architectures this NVRTC can compile for, ascending.
+    pub fn supported_archs(&self) -> Result<Vec<Arch>, CudaError> {
+        let mut n: c_int = 0;
+        // SAFETY: `n` is valid for a write of one c_int.
+        self.check(unsafe { (self.api.num_supported_archs)(&mut n) })?;
+        let mut raw = vec![0 as c_int; n.max(0) as usize];
+        // SAFETY: `raw` holds exactly the count NVRTC just reported.
+        self.check(unsafe { (self.api.supported_archs)(raw.as_mut_ptr()) })?;
+        Ok(raw
+            .into_iter()
+            .map(|v| Arch::new(v as u32 / 10, v as u32 % 10))
+            .collect())
+    }
+
+    /// Compiles `source` to a CUBIN for `arch` with `options` (plus the architecture).
+    /// A compile error carries NVRTC's log.
+    pub fn compile_cubin(
+        &self,
+        source: &Source<'_>,
+        arch: Arch,
+        options: &[&str],
+    ) -> Result<Vec<u8>, CudaError> {
+        let cstr = |s: &str| {
+            CString::new(s).map_err(|_| CudaError::Compile {
+                arch,
+                file: source.name.to_string(),
+                log: format!("{s:?} contains a NUL byte"),
+            })
+        };
+        let text = cstr(source.text)?;
+        let name = cstr(source.name)?;
+        let header_texts = source
+            .headers
+            .iter()
+            .map(|(_, t)| cstr(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let header_names = source
+            .headers
+            .iter()
+            .map(|(n, _)| cstr(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let header_text_ptrs: Vec<*const c_char> =
+            header_texts.iter().map(|c| c.as_ptr()).collect();
+        let header_name_ptrs: Vec<*const c_char> =
+            header_names.iter().map(|c| c.as_ptr()).collect();
+        let mut all_options = vec![cstr(&format!("--gpu-architecture={}", arch.sm()))?];
+        for option in options {
+            all_options.push(cstr(option)?);
+        }
+        let option_ptrs: Vec<*const c_char> = all_options.iter().map(|c| c.as_ptr()).collect();
+
+        let mut program: Program = std::ptr::null_mut();
+        // SAFETY: every pointer is a live NUL-terminated string owned above; the header
+        // arrays have `headers.len()` entries each.
+        self.check(unsafe {
+            (self.api.create_program)(
+                &mut program,
+                text.as_ptr(),
+                name.as_ptr(),
+                header_text_ptrs.len() as c_int,
+                header_text_ptrs.as_ptr(),
+                header_name_ptrs.as_ptr(),
+            )
+        })?;
+        let program = ProgramGuard {
+            nvrtc: self,
+            program,
+        };
+        // SAFETY: `program` was created above; the options outlive the call.
+        let status = unsafe {
+            (self.api.compile_program)(
+                program.program,
+                option_ptrs.len() as c_int,
+                option_ptrs.as_ptr(),
+            )
+        };
+        if status != 0 {
+            let log = self.log(program.program).unwrap_or_default();
+            return Err(CudaError::Compile {
+                arch,
+                file: source.name.to_string(),
+                log: format!("{}: {log}", self.describe(status)),
+            });
+        }
+        let mut size = 0usize;
+        // SAFETY: the program compiled; `size` is valid for a write.
+        self.check(unsafe { (self.api.cubin_size)(program.program, &mut size) })?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: `cubin` holds the `size` bytes NVRTC reported.
+        self.check(unsafe { (self.api.cubin)(program.program, cubin.as_mut_ptr().cast()) })?;
+        Ok(cubin)
+    }
+
+    fn log(&self, program: Program) -> Option<String> {
+        let mut size = 0usize;
+        // SAFETY: `program` is live; `size` is valid for a write.
+        if unsafe { (self.api.program_log_size)(program, &mut size) } != 0 {
+            return None;
+        }
+        let mut log = vec![0u8; size.max(1)];
+        // SAFETY: `log` holds the `size` bytes NVRTC reported (NUL included).
+        if unsafe { (self.api.program_log)(program, log.as_mut_ptr().cast()) } != 0 {
+            return None;
+        }
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        Some(String::from_utf8_lossy(&log[..end]).trim().to_string())
+    }
+
+    fn describe(&self, status: NvrtcResult) -> String {
+        // SAFETY: nvrtcGetErrorString returns a static string for any status value.
+        let text = unsafe { (self.api.error_string)(status) };
+        if text.is_null() {
+            return format!("NVRTC error {status}");
+        }
+        // SAFETY: non-null, NUL-terminated, static.
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn check(&self, status: NvrtcResult) -> Result<(), CudaError> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(CudaError::Nvrtc(self.describe(status)))
+        }
+    }
+}
+
+/// Destroys the program on every path out of `compile_cubin`.
+struct ProgramGuard<'a> {
+    nvrtc: &'a Nvrtc,
+    program: Program,
+}
+
+impl Drop for ProgramGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed once.
+        // A failure here leaks a program; there is nothing better to do in a destructor.
+        let _ = unsafe { (self.nvrtc.api.destroy_program)(&mut self.program) };
+    }
+}
+
+fn resolve(library: &libloading::Library) -> Result<Api, String> {
+    // SAFETY: each symbol is looked up by its documented NVRTC name and given the
+    // signature of nvrtc.h (NVRTC 11 and later).
+    unsafe {
+        Ok(Api {
+            version: *symbol(library, b"nvrtcVersion\0")?,
+            num_supported_archs: *symbol(library, b"nvrtcGetNumSupportedArchs\0")?,
+            supported_archs: *symbol(library, b"nvrtcGetSupportedArchs\0")?,
+            create_program: *symbol(library, b"nvrtcCreateProgram\0")?,
+            compile_program: *symbol(library, b"nvrtcCompileProgram\0")?,
+            program_log_size: *symbol(library, b"nvrtcGetProgramLogSize\0")?,
+            program_log: *symbol(library, b"nvrtcGetProgramLog\0")?,
+            cubin_size: *symbol(library, b"nvrtcGetCUBINSize\0")?,
+            cubin: *symbol(library, b"nvrtcGetCUBIN\0")?,
+            destroy_program: *symbol(library, b"nvrtcDestroyProgram\0")?,
+            error_string: *symbol(library, b"nvrtcGetErrorString\0")?,
+        })
+    }
+}
+
+/// # Safety
+/// `T` must be the function pointer type of the symbol `name`.
+unsafe fn symbol<'l, T>(
+    library: &'l libloading::Library,
+    name: &[u8],
+) -> Result<libloading::Symbol<'l, T>, String> {
+    // SAFETY: forwarded to the caller.
+    unsafe { library.get::<T>(name) }.map_err(|e| {
+        format!(
+            "missing symbol {}: {e}",
+            String::from_utf8_lossy(&name[..name.len() - 1])
+        )
+    })
+}
+
+/// Where to look, in order: `CELER_NVRTC_PATH`, the `.venv` of the checkout holding the
+/// working directory or the executable, then the loader's search by name.
+fn library_candidates() -> Vec<PathBuf> {
+    if let Some(path) = std::env::var_os("CELER_NVRTC_PATH") {
+        return vec![PathBuf::from(path)];
+    }
+    let mut roots = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        roots.extend(cwd.ancestors().map(Path::to_path_buf));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    let mut candidates: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|root| find_in_venv(&root.join(".venv")))
+        .take(1)
+        .collect();
+    candidates.extend(SYSTEM_NAMES.iter().map(PathBuf::from));
+    candidates
+}
+
+fn find_in_venv(venv: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(venv.join("lib"))
+        .ok()?
+        .flatten()
+        .map(|python| python.path().join(VENV_NVRTC))
+        .find(|p| p.is_file())
+}

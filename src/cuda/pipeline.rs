@@ -1,0 +1,719 @@
+//! `GpuPipeline`: one replica's stages between decode and encode on one GPU stream. The
+//! decoded RGB8 goes up once through pinned memory, every kernel runs on the replica's
+//! stream, and alpha, trimap (and the RGBA cut-out) come down once, with one
+//! synchronisation at the end. Every device buffer is allocated at start-up for the
+//! largest accepted image and reused: the request path allocates nothing on the device.
+//!
+//! Interim model stage: until the TensorRT engines land, the models run on the CPU with
+//! ONNX Runtime. The normalised input is downloaded, the session runs, and its output is
+//! uploaded again, which costs one extra synchronisation per model. Everything around the
+//! models is already on the GPU.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use image::{GrayImage, RgbImage, RgbaImage};
+
+use super::device::GpuDevice;
+use super::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
+use super::CudaError;
+use crate::backend::ort::OrtModel;
+use crate::backend::Tensor;
+use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
+use crate::pipeline::{Matte, StageTimings};
+
+/// The largest image the GPU buffers hold. Larger images are refused with
+/// [`CudaError::ImageTooLarge`] (the caller can run them on the CPU path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuLimits {
+    pub max_pixels: u64,
+    pub max_side_px: u32,
+}
+
+impl Default for GpuLimits {
+    /// The decoder's default pixel limit; sides up to 16384 (beyond JPEG's 65535 only
+    /// in theory: no camera makes them).
+    fn default() -> Self {
+        Self {
+            max_pixels: crate::pipeline::decode::DecodeLimits::default().max_pixels,
+            max_side_px: 16_384,
+        }
+    }
+}
+
+/// The GPU stages' result: the matte, and the RGBA cut-out when it was asked for.
+#[derive(Debug, Clone)]
+pub struct GpuMatte {
+    pub matte: Matte,
+    pub cutout: Option<RgbaImage>,
+}
+
+/// A model input stage on the GPU: the resize + normalise buffers for one input size.
+struct InputStage {
+    spec: ImageInputSpec,
+    horizontal: DeviceTaps<i32>,
+    vertical: DeviceTaps<i32>,
+    tmp: CudaSlice<u8>,
+    resized: CudaSlice<u8>,
+    max_value: CudaSlice<u32>,
+    input: CudaSlice<f32>,
+}
+
+impl InputStage {
+    fn alloc(
+        stream: &Arc<CudaStream>,
+        spec: &ImageInputSpec,
+        limits: &GpuLimits,
+    ) -> Result<Self, CudaError> {
+        let (w, h) = (spec.width, spec.height);
+        let (outs_h, weights_h) = taps_capacity(limits.max_side_px, w);
+        let (outs_v, weights_v) = taps_capacity(limits.max_side_px, h);
+        let pixels = w as usize * h as usize;
+        Ok(Self {
+            spec: spec.clone(),
+            horizontal: DeviceTaps::alloc(stream, outs_h, weights_h)?,
+            vertical: DeviceTaps::alloc(stream, outs_v, weights_v)?,
+            // The horizontal pass covers at most every source row.
+            tmp: stream.alloc_zeros(w as usize * limits.max_side_px as usize * 3)?,
+            resized: stream.alloc_zeros(pixels * 3)?,
+            max_value: stream.alloc_zeros(1)?,
+            input: stream.alloc_zeros(pixels * 3)?,
+        })
+    }
+
+    /// Resize + normalise `image` (on the device, `size`) into `self.input`.
+    fn run(
+        &mut self,
+        launcher: &Launcher<'_>,
+        image: &CudaSlice<u8>,
+        size: (u32, u32),
+    ) -> Result<(), CudaError> {
+        let dst = (self.spec.width, self.spec.height);
+        self.horizontal.set_fixed(launcher.stream, size.0, dst.0)?;
+        self.vertical.set_fixed(launcher.stream, size.1, dst.1)?;
+        launcher.preprocess(
+            image,
+            size,
+            &self.horizontal,
+            &self.vertical,
+            dst,
+            &self.spec.normalize,
+            &mut self.tmp,
+            &mut self.resized,
+            &mut self.max_value,
+            ModelInput::F32(&mut self.input),
+        )
+    }
+
+    fn shape(&self, channels: usize) -> [usize; 4] {
+        [
+            1,
+            channels,
+            self.spec.height as usize,
+            self.spec.width as usize,
+        ]
+    }
+}
+
+/// The matting model and its extra buffers.
+struct MattingStage {
+    model: OrtModel,
+    input: InputStage,
+    trimap_input: String,
+    output: String,
+    trimap_nearest: DeviceNearest,
+    trimap_small: CudaSlice<u8>,
+    trimap_unit: CudaSlice<f32>,
+    host_trimap: PinnedHostSlice<f32>,
+    alpha_shape: [usize; 4],
+    alpha_small: CudaSlice<f32>,
+}
+
+/// Planes at the source size, and the resize of a small plane up to it.
+struct SourcePlanes {
+    image: CudaSlice<u8>,
+    trimap: CudaSlice<u8>,
+    alpha: CudaSlice<u8>,
+    rgba: CudaSlice<u8>,
+    luma: CudaSlice<f32>,
+    p: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    scratch: [CudaSlice<f32>; 6],
+    plane_tmp: CudaSlice<f32>,
+    plane_horizontal: DeviceTaps<f64>,
+    plane_vertical: DeviceTaps<f64>,
+    nearest: DeviceNearest,
+}
+
+/// The segmentation output and what the trimap stage makes of it.
+struct MaskStage {
+    shape: [usize; 4],
+    mask: CudaSlice<f32>,
+    lohi: CudaSlice<u32>,
+    coarse: CudaSlice<f32>,
+    trimap: CudaSlice<u8>,
+    flags: CudaSlice<u8>,
+    class_values: CudaSlice<u8>,
+}
+
+/// Events bracketing the device stages, for per-stage GPU times.
+struct StageEvents {
+    start: CudaEvent,
+    preprocessed: CudaEvent,
+    mask_uploaded: CudaEvent,
+    trimapped: CudaEvent,
+    matted: CudaEvent,
+    composited: CudaEvent,
+}
+
+/// One replica of the pipeline on one GPU.
+pub struct GpuPipeline {
+    spec: PipelineSpec,
+    device: Arc<GpuDevice>,
+    stream: Arc<CudaStream>,
+    limits: GpuLimits,
+    segmentation: OrtModel,
+    seg_input: InputStage,
+    mask: MaskStage,
+    matting: Option<MattingStage>,
+    planes: SourcePlanes,
+    host_upload: PinnedHostSlice<u8>,
+    host_download: PinnedHostSlice<u8>,
+    host_input: PinnedHostSlice<f32>,
+    events: StageEvents,
+}
+
+fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    device: &GpuDevice,
+    len: usize,
+    write_combined: bool,
+) -> Result<PinnedHostSlice<T>, CudaError> {
+    pinned_with_flags(device.context(), len, write_combined)
+}
+
+/// Page-locked host memory of `len` zeroed bytes (for staging outside `GpuPipeline`).
+pub fn pinned_zeroed(
+    context: &Arc<CudaContext>,
+    len: usize,
+) -> Result<PinnedHostSlice<u8>, CudaError> {
+    pinned_with_flags(context, len, false)
+}
+
+fn pinned_with_flags<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    context: &Arc<CudaContext>,
+    len: usize,
+    write_combined: bool,
+) -> Result<PinnedHostSlice<T>, CudaError> {
+    // Write-combined memory is fast for the host to write and the GPU to read, and very
+    // slow for the host to read: only for uploads.
+    let flags = if write_combined {
+        cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED
+    } else {
+        0
+    };
+    let len = len.max(1);
+    // SAFETY: cuMemHostAlloc returns uninitialised memory; it is zeroed through the raw
+    // pointer below before any reference to its contents exists.
+    let mut buf = unsafe { context.alloc_pinned_with_flags::<T>(len, flags) }?;
+    let ptr = buf.as_mut_ptr()?;
+    // SAFETY: `ptr` points to `len` elements of T, valid for writes; all-zero bits are a
+    // valid T (`ValidAsZeroBits`).
+    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+    Ok(buf)
+}
+
+fn need_len(what: &'static str, len: usize, capacity: usize) -> Result<(), CudaError> {
+    if len > capacity {
+        return Err(CudaError::BufferTooSmall {
+            what,
+            needed: len,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that a model output is `[1, C, H, W]` of the shape seen at start-up.
+fn same_shape(out: &Tensor, expected: &[usize; 4], model: &str) -> Result<(), CudaError> {
+    if out.shape.as_slice() != expected || out.data.len() != expected.iter().product::<usize>() {
+        return Err(CudaError::Stage {
+            stage: "model",
+            reason: format!(
+                "{model}: output shape {:?} differs from {:?} seen at start-up (the GPU buffers are sized for it)",
+                out.shape, expected
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn four_d(out: &Tensor, model: &str) -> Result<[usize; 4], CudaError> {
+    match out.shape.as_slice() {
+        &[1, c, h, w] if c >= 1 && out.data.len() == c * h * w => Ok([1, c, h, w]),
+        shape => Err(CudaError::Stage {
+            stage: "model",
+            reason: format!("{model}: expected an output of shape [1, C, H, W], got {shape:?}"),
+        }),
+    }
+}
+
+impl GpuPipeline {
+    /// Loads the models of `spec` (interim: ONNX Runtime on the CPU with `intra_threads`
+    /// threads), learns their output shapes from one warm-up run, and allocates every
+    /// device and pinned buffer for images up to `limits`.
+    pub fn load(
+        spec: &PipelineSpec,
+        device: Arc<GpuDevice>,
+        intra_threads: usize,
+        limits: GpuLimits,
+    ) -> Result<Self, CudaError> {
+        let stream = device.new_stream()?;
+        let seg = &spec.segmentation;
+        let segmentation = OrtModel::load(&seg.image.model, intra_threads)?;
+        segmentation.check_io(
+            &[(seg.image.input.as_str(), nchw(&seg.image, 3))],
+            &seg.output,
+        )?;
+        let seg_input = InputStage::alloc(&stream, &seg.image, &limits)?;
+        let mut seg_warm = segmentation;
+        let zeros = vec![0f32; 3 * seg.image.width as usize * seg.image.height as usize];
+        let warm = seg_warm.run(
+            &[(seg.image.input.as_str(), seg_input.shape(3), &zeros)],
+            &seg.output,
+        )?;
+        let shape = four_d(&warm, seg_warm.label())?;
+        let plane = shape[2] * shape[3];
+        let class_values: Vec<u8> = match &seg.mask {
+            MaskKind::Classes { class_values } => class_values.clone(),
+            MaskKind::Probability { .. } => vec![0],
+        };
+        let mut class_buf = stream.alloc_zeros::<u8>(class_values.len().max(1))?;
+        stream.memcpy_htod(&class_values, &mut class_buf)?;
+        let mask = MaskStage {
+            shape,
+            mask: stream.alloc_zeros(shape.iter().product::<usize>())?,
+            lohi: stream.alloc_zeros(2)?,
+            coarse: stream.alloc_zeros(plane)?,
+            trimap: stream.alloc_zeros(plane)?,
+            flags: stream.alloc_zeros(plane)?,
+            class_values: class_buf,
+        };
+
+        let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
+        let side = limits.max_side_px;
+        let matting = match &spec.matting {
+            MattingSpec::GuidedFilter { .. } => None,
+            MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            } => {
+                let mut model = OrtModel::load(&image.model, intra_threads)?;
+                model.check_io(
+                    &[
+                        (image.input.as_str(), nchw(image, 3)),
+                        (trimap_input.as_str(), nchw(image, 1)),
+                    ],
+                    output,
+                )?;
+                let input = InputStage::alloc(&stream, image, &limits)?;
+                let px = image.width as usize * image.height as usize;
+                let warm = model.run(
+                    &[
+                        (image.input.as_str(), input.shape(3), &vec![0f32; 3 * px]),
+                        (trimap_input.as_str(), input.shape(1), &vec![0f32; px]),
+                    ],
+                    output,
+                )?;
+                let alpha_shape = four_d(&warm, model.label())?;
+                if alpha_shape[1] != 1 {
+                    return Err(CudaError::Stage {
+                        stage: "matting",
+                        reason: format!(
+                            "expected an alpha of shape [1, 1, H, W], got {alpha_shape:?}"
+                        ),
+                    });
+                }
+                Some(MattingStage {
+                    model,
+                    trimap_input: trimap_input.clone(),
+                    output: output.clone(),
+                    trimap_nearest: DeviceNearest::alloc(&stream, image.width, image.height)?,
+                    trimap_small: stream.alloc_zeros(px)?,
+                    trimap_unit: stream.alloc_zeros(px)?,
+                    host_trimap: pinned(&device, px, false)?,
+                    alpha_small: stream.alloc_zeros(alpha_shape[2] * alpha_shape[3])?,
+                    alpha_shape,
+                    input,
+                })
+            }
+        };
+        // The plane resized to the source: the coarse mask, or the matting model's alpha.
+        let (small_w, small_h) = match &matting {
+            Some(m) => (m.alpha_shape[3] as u32, m.alpha_shape[2] as u32),
+            None => (shape[3] as u32, shape[2] as u32),
+        };
+        let (outs_h, weights_h) = taps_capacity(small_w, side);
+        let (outs_v, weights_v) = taps_capacity(small_h, side);
+        let plane_f32 = |stream: &Arc<CudaStream>| stream.alloc_zeros::<f32>(max_px);
+        let guided = matches!(spec.matting, MattingSpec::GuidedFilter { .. });
+        // Only the guided filter needs the luma and its scratch planes.
+        let gf_len = if guided { max_px } else { 1 };
+        let planes = SourcePlanes {
+            image: stream.alloc_zeros(max_px * 3)?,
+            trimap: stream.alloc_zeros(max_px)?,
+            alpha: stream.alloc_zeros(max_px)?,
+            rgba: stream.alloc_zeros(max_px * 4)?,
+            luma: stream.alloc_zeros(gf_len)?,
+            p: plane_f32(&stream)?,
+            q: stream.alloc_zeros(gf_len)?,
+            scratch: [
+                stream.alloc_zeros(gf_len)?,
+                stream.alloc_zeros(gf_len)?,
+                stream.alloc_zeros(gf_len)?,
+                stream.alloc_zeros(gf_len)?,
+                stream.alloc_zeros(gf_len)?,
+                stream.alloc_zeros(gf_len)?,
+            ],
+            plane_tmp: stream.alloc_zeros(side as usize * small_h as usize)?,
+            plane_horizontal: DeviceTaps::alloc(&stream, outs_h, weights_h)?,
+            plane_vertical: DeviceTaps::alloc(&stream, outs_v, weights_v)?,
+            nearest: DeviceNearest::alloc(&stream, side, side)?,
+        };
+        let event = || device.context().new_event(None);
+        let events = StageEvents {
+            start: event()?,
+            preprocessed: event()?,
+            mask_uploaded: event()?,
+            trimapped: event()?,
+            matted: event()?,
+            composited: event()?,
+        };
+        let input_len = seg_input
+            .input
+            .len()
+            .max(matting.as_ref().map(|m| m.input.input.len()).unwrap_or(0));
+        let pipeline = Self {
+            spec: spec.clone(),
+            host_upload: pinned(&device, max_px * 3, true)?,
+            host_download: pinned(&device, max_px * 6, false)?,
+            host_input: pinned(&device, input_len, false)?,
+            device,
+            stream,
+            limits,
+            segmentation: seg_warm,
+            seg_input,
+            mask,
+            matting,
+            planes,
+            events,
+        };
+        pipeline.stream.synchronize()?;
+        Ok(pipeline)
+    }
+
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.spec
+    }
+
+    pub fn device(&self) -> &Arc<GpuDevice> {
+        &self.device
+    }
+
+    pub fn limits(&self) -> GpuLimits {
+        self.limits
+    }
+
+    /// Runs every stage between decode and encode on `image`. With `cutout`, the RGBA
+    /// cut-out is made on the GPU too. Stage times: wall time for the host parts, GPU
+    /// event time for the kernels.
+    pub fn run(
+        &mut self,
+        image: &RgbImage,
+        cutout: bool,
+        timings: &mut StageTimings,
+    ) -> Result<GpuMatte, CudaError> {
+        let (w, h) = image.dimensions();
+        let pixels = u64::from(w) * u64::from(h);
+        if pixels > self.limits.max_pixels || w.max(h) > self.limits.max_side_px || pixels == 0 {
+            return Err(CudaError::ImageTooLarge {
+                width: w,
+                height: h,
+                limit: format!(
+                    "{} pixels, {} px a side",
+                    self.limits.max_pixels, self.limits.max_side_px
+                ),
+            });
+        }
+        let n = pixels as usize;
+        let wall = Instant::now();
+        let stream = self.stream.clone();
+        // A request that failed half-way may have left copies from the pinned staging in
+        // flight; they must finish before the staging is written again.
+        stream.synchronize()?;
+        let device = self.device.clone();
+        let kernels = device.kernels();
+        let launcher = Launcher {
+            stream: &stream,
+            kernels,
+        };
+
+        // The one upload: through pinned memory, so the copy is a DMA the host need not
+        // wait for.
+        let raw = image.as_raw();
+        need_len("upload staging", raw.len(), self.host_upload.len())?;
+        self.host_upload.as_mut_slice()?[..raw.len()].copy_from_slice(raw);
+        self.events.start.record(&stream)?;
+        {
+            let staged = &self.host_upload.as_slice()?[..raw.len()];
+            stream.memcpy_htod(staged, &mut self.planes.image)?;
+        }
+        self.seg_input.run(&launcher, &self.planes.image, (w, h))?;
+        self.events.preprocessed.record(&stream)?;
+
+        // Interim model stage on the CPU (see the module header).
+        let seg = &self.spec.segmentation;
+        let input_len = self.seg_input.input.len();
+        download(
+            &stream,
+            &self.seg_input.input,
+            input_len,
+            &mut self.host_input,
+        )?;
+        stream.synchronize()?;
+        timings.preprocess = wall.elapsed();
+        let t = Instant::now();
+        let out = self.segmentation.run(
+            &[(
+                seg.image.input.as_str(),
+                self.seg_input.shape(3),
+                &self.host_input.as_slice()?[..input_len],
+            )],
+            &seg.output,
+        )?;
+        same_shape(&out, &self.mask.shape, self.segmentation.label())?;
+        stream.memcpy_htod(&out.data, &mut self.mask.mask)?;
+        self.events.mask_uploaded.record(&stream)?;
+        timings.model = t.elapsed();
+
+        // Trimap at the output's resolution, eroded, then NEAREST to the source size.
+        let [_, classes, mh, mw] = self.mask.shape;
+        let small = (mw as u32, mh as u32);
+        match &seg.mask {
+            MaskKind::Probability { minmax } => launcher.probability_trimap(
+                &self.mask.mask,
+                small,
+                *minmax,
+                self.spec.trimap.foreground,
+                self.spec.trimap.background,
+                &mut self.mask.lohi,
+                &mut self.mask.coarse,
+                &mut self.mask.trimap,
+            )?,
+            MaskKind::Classes { class_values } => {
+                if classes != class_values.len() {
+                    return Err(CudaError::Stage {
+                        stage: "trimap",
+                        reason: format!(
+                            "the output has {classes} classes, the pipeline description maps {}",
+                            class_values.len()
+                        ),
+                    });
+                }
+                launcher.classes_trimap(
+                    &self.mask.mask,
+                    small,
+                    classes as u32,
+                    &self.mask.class_values,
+                    &mut self.mask.coarse,
+                    &mut self.mask.trimap,
+                )?
+            }
+        }
+        launcher.erode(
+            &mut self.mask.trimap,
+            small,
+            self.spec.trimap.erode_px,
+            &mut self.mask.flags,
+        )?;
+        self.planes.nearest.set(&stream, small, (w, h))?;
+        launcher.resize_nearest(
+            &self.mask.trimap,
+            &self.planes.nearest,
+            &mut self.planes.trimap,
+        )?;
+        self.events.trimapped.record(&stream)?;
+
+        // Matting: the guided filter on the GPU, or the matting model (interim: CPU).
+        let use_trimap = match &self.spec.matting {
+            &MattingSpec::GuidedFilter { radius_px, epsilon } => {
+                let p = &mut self.planes;
+                p.plane_horizontal.set_convolution(&stream, small.0, w)?;
+                p.plane_vertical.set_convolution(&stream, small.1, h)?;
+                launcher.resize_plane(
+                    &self.mask.coarse,
+                    small,
+                    &p.plane_horizontal,
+                    &p.plane_vertical,
+                    &mut p.plane_tmp,
+                    &mut p.p,
+                )?;
+                launcher.luma(&p.image, n as u32, &mut p.luma)?;
+                launcher.guided_filter(
+                    &p.luma,
+                    &p.p,
+                    (w, h),
+                    radius_px,
+                    epsilon,
+                    &mut p.scratch,
+                    &mut p.q,
+                )?;
+                true
+            }
+            MattingSpec::Model { .. } => {
+                let t = Instant::now();
+                self.run_matting_model(&launcher, small, (w, h))?;
+                timings.model += t.elapsed();
+                false
+            }
+        };
+        self.events.matted.record(&stream)?;
+        let p = &mut self.planes;
+        let refined = if use_trimap { &p.q } else { &p.p };
+        launcher.composite(
+            refined,
+            &p.trimap,
+            use_trimap,
+            n as u32,
+            &mut p.alpha,
+            cutout.then_some((&p.image, &mut p.rgba)),
+        )?;
+        self.events.composited.record(&stream)?;
+
+        // The one download: alpha, trimap, cut-out, back to back, then one sync.
+        let t = Instant::now();
+        let out_len = if cutout { 6 * n } else { 2 * n };
+        need_len("download staging", out_len, self.host_download.len())?;
+        {
+            let host = self.host_download.as_mut_slice()?;
+            let (alpha_host, rest) = host.split_at_mut(n);
+            let (trimap_host, rest) = rest.split_at_mut(n);
+            stream.memcpy_dtoh(&p.alpha.slice(..n), alpha_host)?;
+            stream.memcpy_dtoh(&p.trimap.slice(..n), trimap_host)?;
+            if cutout {
+                stream.memcpy_dtoh(&p.rgba.slice(..4 * n), &mut rest[..4 * n])?;
+            }
+        }
+        stream.synchronize()?;
+        let host = self.host_download.as_slice()?;
+        let image_err = |what: &str| CudaError::Stage {
+            stage: "download",
+            reason: format!("{what} buffer does not match {w}x{h}"),
+        };
+        let alpha =
+            GrayImage::from_raw(w, h, host[..n].to_vec()).ok_or_else(|| image_err("alpha"))?;
+        let trimap = GrayImage::from_raw(w, h, host[n..2 * n].to_vec())
+            .ok_or_else(|| image_err("trimap"))?;
+        let rgba = if cutout {
+            Some(
+                RgbaImage::from_raw(w, h, host[2 * n..6 * n].to_vec())
+                    .ok_or_else(|| image_err("cut-out"))?,
+            )
+        } else {
+            None
+        };
+        let e = &self.events;
+        let ms = |a: &CudaEvent, b: &CudaEvent| -> std::time::Duration {
+            a.elapsed_ms(b)
+                .map(|v| std::time::Duration::from_secs_f64(f64::from(v.max(0.0)) / 1e3))
+                .unwrap_or_default()
+        };
+        timings.trimap = ms(&e.mask_uploaded, &e.trimapped);
+        if use_trimap {
+            timings.matting = ms(&e.trimapped, &e.matted);
+        }
+        timings.composite = ms(&e.matted, &e.composited) + t.elapsed();
+        Ok(GpuMatte {
+            matte: Matte { alpha, trimap },
+            cutout: rgba,
+        })
+    }
+
+    /// GPU time of the last request's upload + preprocess, from the stage events.
+    pub fn last_preprocess_gpu_ms(&self) -> Option<f32> {
+        self.events.start.elapsed_ms(&self.events.preprocessed).ok()
+    }
+
+    /// The matting model on the image and the small trimap at its input size, its alpha
+    /// uploaded and resized to the source into `planes.p`.
+    fn run_matting_model(
+        &mut self,
+        launcher: &Launcher<'_>,
+        small: (u32, u32),
+        (w, h): (u32, u32),
+    ) -> Result<(), CudaError> {
+        let stream = launcher.stream;
+        let m = self.matting.as_mut().ok_or(CudaError::Stage {
+            stage: "matting",
+            reason: "matting model not loaded".into(),
+        })?;
+        m.input.run(launcher, &self.planes.image, (w, h))?;
+        let (iw, ih) = (m.input.spec.width, m.input.spec.height);
+        m.trimap_nearest.set(stream, small, (iw, ih))?;
+        launcher.resize_nearest(&self.mask.trimap, &m.trimap_nearest, &mut m.trimap_small)?;
+        let px = iw * ih;
+        launcher.trimap_to_unit(&m.trimap_small, px, ModelInput::F32(&mut m.trimap_unit))?;
+        let input_len = 3 * px as usize;
+        download(stream, &m.input.input, input_len, &mut self.host_input)?;
+        download(stream, &m.trimap_unit, px as usize, &mut m.host_trimap)?;
+        stream.synchronize()?;
+        let out = m.model.run(
+            &[
+                (
+                    m.input.spec.input.as_str(),
+                    m.input.shape(3),
+                    &self.host_input.as_slice()?[..input_len],
+                ),
+                (
+                    m.trimap_input.as_str(),
+                    m.input.shape(1),
+                    &m.host_trimap.as_slice()?[..px as usize],
+                ),
+            ],
+            &m.output,
+        )?;
+        same_shape(&out, &m.alpha_shape, m.model.label())?;
+        stream.memcpy_htod(&out.data, &mut m.alpha_small)?;
+        let (aw, ah) = (m.alpha_shape[3] as u32, m.alpha_shape[2] as u32);
+        let p = &mut self.planes;
+        p.plane_horizontal.set_convolution(stream, aw, w)?;
+        p.plane_vertical.set_convolution(stream, ah, h)?;
+        launcher.resize_plane(
+            &m.alpha_small,
+            (aw, ah),
+            &p.plane_horizontal,
+            &p.plane_vertical,
+            &mut p.plane_tmp,
+            &mut p.p,
+        )
+    }
+}
+
+/// Queues a copy of the first `len` elements of `src` into pinned `dst`.
+fn download<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<T>,
+    len: usize,
+    dst: &mut PinnedHostSlice<T>,
+) -> Result<(), CudaError> {
+    need_len("download source", len, src.len())?;
+    need_len("download staging", len, dst.len())?;
+    let host = &mut dst.as_mut_slice()?[..len];
+    stream.memcpy_dtoh(&src.slice(..len), host)?;
+    Ok(())
+}
+
+fn nchw(spec: &ImageInputSpec, channels: i64) -> [i64; 4] {
+    [1, channels, i64::from(spec.height), i64::from(spec.width)]
+}

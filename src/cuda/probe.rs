@@ -1,0 +1,199 @@
+//! The device probe: is there a CUDA driver, which GPUs does it see, and what are they
+//! (name, compute capability, memory, UUID, memory clock and bus width, hence peak memory
+//! bandwidth). It checks that the driver library exists before any CUDA call, because
+//! cudarc's dynamic loading panics on a machine without one; it creates no context.
+
+use cudarc::driver::{result, sys};
+use serde::Serialize;
+
+use super::nvrtc::Arch;
+
+/// One GPU as the driver describes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (u32, u32),
+    pub total_memory_bytes: u64,
+    pub uuid: String,
+    pub memory_clock_khz: u32,
+    pub memory_bus_width_bits: u32,
+    pub multiprocessors: u32,
+}
+
+impl GpuInfo {
+    /// Peak memory bandwidth in bytes/s: two transfers per memory clock (DDR) across the
+    /// bus. For HBM and GDDR the driver reports the clock so that this formula holds
+    /// (an H100 SXM: 2619 MHz x 5120 bit x 2 / 8 = 3.35 TB/s).
+    pub fn peak_bandwidth_bytes_per_s(&self) -> f64 {
+        2.0 * f64::from(self.memory_clock_khz) * 1e3 * f64::from(self.memory_bus_width_bits) / 8.0
+    }
+
+    pub fn arch(&self) -> Arch {
+        Arch::new(self.compute_capability.0, self.compute_capability.1)
+    }
+}
+
+/// What the probe found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Probe {
+    /// No `libcuda.so` on this machine: the CPU path is the only one.
+    NoDriver,
+    /// The driver loaded but failed (no device, a driver/kernel-module mismatch, ...).
+    DriverError { reason: String },
+    /// The driver works; `gpus` may be empty.
+    Ready {
+        /// As the driver reports it, e.g. 13000 for CUDA 13.0.
+        driver_version: i32,
+        gpus: Vec<GpuInfo>,
+    },
+}
+
+impl Probe {
+    /// The GPUs found; none unless the driver is ready.
+    pub fn gpus(&self) -> &[GpuInfo] {
+        match self {
+            Probe::Ready { gpus, .. } => gpus,
+            _ => &[],
+        }
+    }
+
+    /// One line for logs and reports.
+    pub fn summary(&self) -> String {
+        match self {
+            Probe::NoDriver => "no CUDA driver".to_string(),
+            Probe::DriverError { reason } => format!("CUDA driver error: {reason}"),
+            Probe::Ready {
+                driver_version,
+                gpus,
+            } => {
+                let list: Vec<String> = gpus
+                    .iter()
+                    .map(|g| {
+                        format!(
+                            "#{} {} (sm_{}{}, {:.1} GiB, {:.0} GB/s peak)",
+                            g.ordinal,
+                            g.name,
+                            g.compute_capability.0,
+                            g.compute_capability.1,
+                            g.total_memory_bytes as f64 / (1u64 << 30) as f64,
+                            g.peak_bandwidth_bytes_per_s() / 1e9
+                        )
+                    })
+                    .collect();
+                format!(
+                    "CUDA driver {}.{}, {} GPU(s){}{}",
+                    driver_version / 1000,
+                    (driver_version % 1000) / 10,
+                    gpus.len(),
+                    if gpus.is_empty() { "" } else { ": " },
+                    list.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// Whether `libcuda` can be loaded. The one check that must precede every CUDA call.
+pub fn driver_present() -> bool {
+    // SAFETY: cudarc's check only dlopens the driver library by name (and closes it);
+    // loading libcuda runs its initialisers, which is what every CUDA program does.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Probes the driver and every GPU. Never panics: a machine without a driver is
+/// `Probe::NoDriver`.
+pub fn probe() -> Probe {
+    if !driver_present() {
+        return Probe::NoDriver;
+    }
+    match enumerate() {
+        Ok((driver_version, gpus)) => Probe::Ready {
+            driver_version,
+            gpus,
+        },
+        Err(e) => Probe::DriverError {
+            reason: format!("{e:?}"),
+        },
+    }
+}
+
+fn enumerate() -> Result<(i32, Vec<GpuInfo>), result::DriverError> {
+    let mut driver_version = 0;
+    // SAFETY: the driver library is present (checked by the caller); the pointer is
+    // valid for one write. cuDriverGetVersion may be called before cuInit.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result()?;
+    result::init()?;
+    let count = result::device::get_count()?;
+    let gpus = (0..count)
+        .map(|ordinal| describe(ordinal as usize))
+        .collect::<Result<_, _>>()?;
+    Ok((driver_version, gpus))
+}
+
+fn describe(ordinal: usize) -> Result<GpuInfo, result::DriverError> {
+    use sys::CUdevice_attribute as A;
+    let dev = result::device::get(ordinal as i32)?;
+    // SAFETY: `dev` is a device handle the driver just returned; attributes are plain
+    // integer queries.
+    let attr = |a: A| unsafe { result::device::get_attribute(dev, a) }.map(|v| v.max(0) as u32);
+    let uuid = result::device::get_uuid(dev)?;
+    Ok(GpuInfo {
+        ordinal,
+        name: result::device::get_name(dev)?,
+        compute_capability: (
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        // SAFETY: as above.
+        total_memory_bytes: unsafe { result::device::total_mem(dev) }? as u64,
+        uuid: format_uuid(&uuid.bytes.map(|b| b as u8)),
+        memory_clock_khz: attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?,
+        memory_bus_width_bits: attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?,
+        multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+    })
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi prints it.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_prints_like_nvidia_smi() {
+        let bytes: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(
+            format_uuid(&bytes),
+            "GPU-00112233-4455-6677-8899-aabbccddeeff"
+        );
+    }
+
+    #[test]
+    fn peak_bandwidth_of_an_h100_sxm() {
+        let gpu = GpuInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: (9, 0),
+            total_memory_bytes: 80 << 30,
+            uuid: String::new(),
+            memory_clock_khz: 2_619_000,
+            memory_bus_width_bits: 5120,
+            multiprocessors: 132,
+        };
+        let tb_s = gpu.peak_bandwidth_bytes_per_s() / 1e12;
+        assert!((tb_s - 3.352).abs() < 0.001, "{tb_s}");
+    }
+}

@@ -1,0 +1,517 @@
+//! Every CUDA kernel against its CPU stage, and `GpuPipeline` against `Pipeline`, on a
+//! real GPU. Where there is none, each test prints "SKIPPED (no GPU)" straight to the
+//! terminal (past libtest's capture, so the skip is visible) and passes.
+//!
+//! Tolerances: preprocess (f32 and f16), trimap, erosion, NEAREST and composite are
+//! exact. The f32 plane resize is exact on an AVX2 host (the CPU stage's summation order)
+//! and within 1 ulp elsewhere. The guided filter is expected bit-exact (same f64 running
+//! sums, no FMA); it is asserted within 1e-5 absolute, and the alpha it gives within
+//! 1 LSB. The pipelines agree exactly on the trimap and within 1 LSB on alpha.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use celer::config::{Normalize, PipelineSpec, Scale};
+use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
+use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, Probe};
+use celer::pipeline::plane::Plane;
+use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use celer::pipeline::{Pipeline, StageTimings};
+use cudarc::driver::{CudaSlice, CudaStream};
+use fast_image_resize::Resizer;
+use image::{GrayImage, Rgb, RgbImage};
+
+/// The GPU to test on, or `None` after printing why the test is skipped.
+fn gpu(test: &str) -> Option<Arc<GpuDevice>> {
+    static DEVICE: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
+    let device = DEVICE.get_or_init(|| match probe() {
+        Probe::Ready { gpus, .. } if !gpus.is_empty() => {
+            // A GPU that is there but cannot run the kernels is a failure, not a skip.
+            Ok(GpuDevice::open(gpus[0].clone()).expect("the GPU opens and loads the kernels"))
+        }
+        other => Err(other.summary()),
+    });
+    match device {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            // Straight to the terminal: libtest captures print!/eprint! of passing tests.
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU: {why}): {test}");
+            None
+        }
+    }
+}
+
+fn up<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
+    s.clone_htod(data).unwrap()
+}
+
+fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    s: &Arc<CudaStream>,
+    n: usize,
+) -> CudaSlice<T> {
+    s.alloc_zeros(n.max(1)).unwrap()
+}
+
+fn down<T: cudarc::driver::DeviceRepr + Clone + Default>(
+    s: &Arc<CudaStream>,
+    buf: &CudaSlice<T>,
+    n: usize,
+) -> Vec<T> {
+    let v = s.clone_dtoh(buf).unwrap();
+    s.synchronize().unwrap();
+    v[..n].to_vec()
+}
+
+/// A deterministic, textured test image (no two neighbours alike, full value range).
+fn texture(w: u32, h: u32, seed: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| {
+        let v = (x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663) ^ seed)
+            .wrapping_mul(2_654_435_761);
+        Rgb([
+            (v >> 24) as u8,
+            (v >> 16) as u8,
+            ((x * 255) / w.max(1)) as u8,
+        ])
+    })
+}
+
+fn unit_pattern(n: usize, seed: u32) -> Vec<f32> {
+    (0..n as u32)
+        .map(|k| ((k.wrapping_mul(2_654_435_761) ^ seed) >> 8) as f32 / (1u32 << 24) as f32)
+        .collect()
+}
+
+/// Sizes that catch indexing mistakes: 1x1, odd, not multiples of 4, the largest photo.
+const AWKWARD: [(u32, u32); 6] = [
+    (1, 1),
+    (7, 5),
+    (333, 517),
+    (1001, 3),
+    (1918, 1077),
+    (4032, 3024),
+];
+
+fn norms() -> [Normalize; 2] {
+    [
+        Normalize {
+            scale: Scale::ImageMax,
+            mean: [0.485, 0.456, 0.406],
+            std: [0.229, 0.224, 0.225],
+        },
+        Normalize {
+            scale: Scale::Fixed(1.0 / 255.0),
+            mean: [0.5, 0.5, 0.5],
+            std: [0.5, 0.5, 0.5],
+        },
+    ]
+}
+
+#[test]
+fn preprocess_is_bit_exact_in_f32_and_f16() {
+    let Some(dev) = gpu("preprocess_is_bit_exact_in_f32_and_f16") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for (sw, sh) in AWKWARD {
+        for (dw, dh) in [(320, 320), (1024, 512), (sw, sh)] {
+            let image = texture(sw, sh, sw ^ dh);
+            let (oh, wh) = taps_capacity(sw.max(sh), dw);
+            let (ov, wv) = taps_capacity(sw.max(sh), dh);
+            let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+            let mut vt = DeviceTaps::<i32>::alloc(&s, ov, wv).unwrap();
+            ht.set_fixed(&s, sw, dw).unwrap();
+            vt.set_fixed(&s, sh, dh).unwrap();
+            let src = up(&s, image.as_raw());
+            let px = (dw * dh) as usize;
+            for norm in norms() {
+                let mut resized_cpu = Vec::new();
+                preprocess::resize_rgb(&image, dw, dh, &mut resized_cpu);
+                let mut want = vec![0f32; px * 3];
+                preprocess::normalize_into(&resized_cpu, &norm, &mut want);
+
+                let mut tmp = zeros::<u8>(&s, dw as usize * sh as usize * 3);
+                let mut resized = zeros::<u8>(&s, px * 3);
+                let mut max = zeros::<u32>(&s, 1);
+                let mut out32 = zeros::<f32>(&s, px * 3);
+                l.preprocess(
+                    &src,
+                    (sw, sh),
+                    &ht,
+                    &vt,
+                    (dw, dh),
+                    &norm,
+                    &mut tmp,
+                    &mut resized,
+                    &mut max,
+                    ModelInput::F32(&mut out32),
+                )
+                .unwrap();
+                let got = down(&s, &out32, px * 3);
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    diff, 0,
+                    "{sw}x{sh} -> {dw}x{dh} {:?}: {diff} values differ",
+                    norm.scale
+                );
+
+                let mut out16 = zeros::<half::f16>(&s, px * 3);
+                l.preprocess(
+                    &src,
+                    (sw, sh),
+                    &ht,
+                    &vt,
+                    (dw, dh),
+                    &norm,
+                    &mut tmp,
+                    &mut resized,
+                    &mut max,
+                    ModelInput::F16(&mut out16),
+                )
+                .unwrap();
+                let got16 = down(&s, &out16, px * 3);
+                let diff16 = got16
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != half::f16::from_f32(**b).to_bits())
+                    .count();
+                assert_eq!(diff16, 0, "f16 {sw}x{sh} -> {dw}x{dh} {:?}", norm.scale);
+            }
+        }
+    }
+}
+
+#[test]
+fn probability_and_class_trimaps_are_exact() {
+    let Some(dev) = gpu("probability_and_class_trimaps_are_exact") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for (w, h) in [(1, 1), (7, 5), (320, 320), (333, 17)] {
+        let n = (w * h) as usize;
+        // Values beyond [0, 1] and exact threshold hits.
+        let mut raw: Vec<f32> = unit_pattern(n, w).iter().map(|v| v * 1.4 - 0.2).collect();
+        if n > 3 {
+            raw[1] = 0.94;
+            raw[2] = 0.04;
+            raw[3] = f32::NAN;
+        }
+        let out = celer::backend::Tensor {
+            shape: vec![1, 1, h as usize, w as usize],
+            data: raw.clone(),
+        };
+        for minmax in [false, true] {
+            let mask = trimap::probability_mask(&out, minmax).unwrap();
+            let want_t = trimap::threshold(&mask, 0.94, 0.04);
+            let dmask = up(&s, &raw);
+            let (mut lohi, mut coarse, mut tri) =
+                (zeros::<u32>(&s, 2), zeros::<f32>(&s, n), zeros::<u8>(&s, n));
+            l.probability_trimap(
+                &dmask,
+                (w, h),
+                minmax,
+                0.94,
+                0.04,
+                &mut lohi,
+                &mut coarse,
+                &mut tri,
+            )
+            .unwrap();
+            let got_c = down(&s, &coarse, n);
+            let got_t = down(&s, &tri, n);
+            assert_eq!(&got_t, want_t.as_raw(), "trimap {w}x{h} minmax={minmax}");
+            for (a, b) in got_c.iter().zip(&mask.data) {
+                assert!(
+                    a == b || (a.is_nan() && b.is_nan()),
+                    "coarse {w}x{h}: {a} vs {b}"
+                );
+            }
+        }
+        // Three classes, ties included.
+        let scores: Vec<f32> = unit_pattern(3 * n, h)
+            .iter()
+            .map(|v| (v * 4.0).floor())
+            .collect();
+        let out = celer::backend::Tensor {
+            shape: vec![1, 3, h as usize, w as usize],
+            data: scores.clone(),
+        };
+        let (want_t, want_c) = trimap::classes(&out, &[0, 128, 255]).unwrap();
+        let (ds, dv) = (up(&s, &scores), up(&s, &[0u8, 128, 255]));
+        let (mut coarse, mut tri) = (zeros::<f32>(&s, n), zeros::<u8>(&s, n));
+        l.classes_trimap(&ds, (w, h), 3, &dv, &mut coarse, &mut tri)
+            .unwrap();
+        assert_eq!(&down(&s, &tri, n), want_t.as_raw(), "classes {w}x{h}");
+        assert_eq!(down(&s, &coarse, n), want_c.data, "classes coarse {w}x{h}");
+    }
+}
+
+#[test]
+fn erosion_and_nearest_resize_are_exact() {
+    let Some(dev) = gpu("erosion_and_nearest_resize_are_exact") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for (w, h) in [(1, 1), (7, 3), (320, 320), (97, 31)] {
+        let n = (w * h) as usize;
+        // Blobs of each value, so that windows are sometimes uniform.
+        let t = GrayImage::from_fn(w, h, |x, y| {
+            image::Luma([[0u8, 128, 255][((x / 5 + y / 4) % 3) as usize]])
+        });
+        for radius in [0, 1, 2, 5, 40] {
+            let mut want = t.clone();
+            trimap::erode(&mut want, radius);
+            let mut dt = up(&s, t.as_raw());
+            let mut flags = zeros::<u8>(&s, n);
+            l.erode(&mut dt, (w, h), radius, &mut flags).unwrap();
+            assert_eq!(&down(&s, &dt, n), want.as_raw(), "erode {w}x{h} r={radius}");
+        }
+        for (dw, dh) in [(1, 1), (5, 7), (4032, 3024), (w * 3 + 1, h)] {
+            let want = resample::resize_nearest(&t, dw, dh);
+            let mut idx = DeviceNearest::alloc(&s, dw, dh).unwrap();
+            idx.set(&s, (w, h), (dw, dh)).unwrap();
+            let mut dst = zeros::<u8>(&s, (dw * dh) as usize);
+            l.resize_nearest(&up(&s, t.as_raw()), &idx, &mut dst)
+                .unwrap();
+            assert_eq!(
+                &down(&s, &dst, (dw * dh) as usize),
+                want.as_raw(),
+                "nearest {w}x{h} -> {dw}x{dh}"
+            );
+        }
+    }
+}
+
+#[test]
+fn plane_resize_matches_fast_image_resize() {
+    let Some(dev) = gpu("plane_resize_matches_fast_image_resize") else {
+        return;
+    };
+    let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for ((w, h), (dw, dh)) in [
+        ((320, 320), (4032, 3024)),
+        ((320, 320), (1, 1)),
+        ((320, 320), (333, 517)),
+        ((7, 5), (3, 2)),
+        ((1, 1), (1918, 1077)),
+        ((320, 320), (320, 320)),
+    ] {
+        let src = Plane::new(w, h, unit_pattern((w * h) as usize, dw));
+        let want = resample::resize_plane(&mut Resizer::new(), &src, dw, dh).unwrap();
+        let (oh, wh) = taps_capacity(w, dw);
+        let (ov, wv) = taps_capacity(h, dh);
+        let mut ht = DeviceTaps::<f64>::alloc(&s, oh, wh).unwrap();
+        let mut vt = DeviceTaps::<f64>::alloc(&s, ov, wv).unwrap();
+        ht.set_convolution(&s, w, dw).unwrap();
+        vt.set_convolution(&s, h, dh).unwrap();
+        let mut tmp = zeros::<f32>(&s, (dw * h) as usize);
+        let mut dst = zeros::<f32>(&s, (dw * dh) as usize);
+        l.resize_plane(&up(&s, &src.data), (w, h), &ht, &vt, &mut tmp, &mut dst)
+            .unwrap();
+        let got = down(&s, &dst, (dw * dh) as usize);
+        let worst = got
+            .iter()
+            .zip(&want.data)
+            .map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            worst <= if exact { 0 } else { 1 },
+            "{w}x{h} -> {dw}x{dh}: {worst} ulp"
+        );
+    }
+}
+
+#[test]
+fn guided_filter_and_composite_match_the_cpu() {
+    let Some(dev) = gpu("guided_filter_and_composite_match_the_cpu") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for (w, h) in AWKWARD {
+        let n = (w * h) as usize;
+        let image = texture(w, h, 7);
+        let p = Plane::new(w, h, unit_pattern(n, 3));
+        for (radius, eps) in [(8, 1e-3), (1, 1e-4), (30, 1e-2)] {
+            let guide = guided_filter::luma(&image);
+            let want = guided_filter::guided_filter(&guide, &p, radius, eps);
+            let rgb = up(&s, image.as_raw());
+            let mut luma = zeros::<f32>(&s, n);
+            l.luma(&rgb, n as u32, &mut luma).unwrap();
+            assert_eq!(down(&s, &luma, n), guide.data, "luma {w}x{h}");
+            let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
+            let mut q = zeros::<f32>(&s, n);
+            l.guided_filter(
+                &luma,
+                &up(&s, &p.data),
+                (w, h),
+                radius,
+                eps,
+                &mut scratch,
+                &mut q,
+            )
+            .unwrap();
+            let got = down(&s, &q, n);
+            let identical = got.iter().zip(&want.data).filter(|(a, b)| a == b).count();
+            let worst = got
+                .iter()
+                .zip(&want.data)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let _ = writeln!(
+                std::io::stderr(),
+                "guided filter {w}x{h} r={radius}: {identical}/{n} bit-identical, max |diff| {worst:e}"
+            );
+            assert!(
+                worst <= 1e-5,
+                "guided filter {w}x{h} r={radius}: max |diff| {worst}"
+            );
+
+            // Composite on the CPU's refined plane: exact.
+            let t = GrayImage::from_fn(w, h, |x, y| {
+                image::Luma([[0u8, 128, 255][((x + y) % 3) as usize]])
+            });
+            let refined = Plane::new(w, h, want.data.iter().map(|v| v * 1.2 - 0.1).collect());
+            for use_trimap in [true, false] {
+                let want_a = composite::quantize_alpha(&refined, use_trimap.then_some(&t));
+                let want_rgba = composite::cutout(&image, &want_a);
+                let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
+                l.composite(
+                    &up(&s, &refined.data),
+                    &up(&s, t.as_raw()),
+                    use_trimap,
+                    n as u32,
+                    &mut alpha,
+                    Some((&rgb, &mut rgba)),
+                )
+                .unwrap();
+                assert_eq!(&down(&s, &alpha, n), want_a.as_raw(), "alpha {w}x{h}");
+                assert_eq!(&down(&s, &rgba, 4 * n), want_rgba.as_raw(), "rgba {w}x{h}");
+            }
+        }
+    }
+}
+
+fn repo(path: &str) -> PathBuf {
+    // The packed gpu-check folder sets CELER_REPO_ROOT; a checkout uses its own root.
+    std::env::var_os("CELER_REPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join(path)
+}
+
+fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
+    let Some(dev) = gpu(&format!("pipelines agree on {}", dir.display())) else {
+        return;
+    };
+    let spec = PipelineSpec::load_dir(dir).expect("pipeline description");
+    let mut cpu = Pipeline::load(&spec, 2).expect("CPU pipeline");
+    let mut gpu = GpuPipeline::load(
+        &spec,
+        dev,
+        2,
+        GpuLimits {
+            max_pixels: 4032 * 3024,
+            max_side_px: 4032,
+        },
+    )
+    .expect("GPU pipeline");
+    for (name, image) in images {
+        let want = cpu.run(image, &mut StageTimings::default()).unwrap();
+        let got = gpu.run(image, true, &mut StageTimings::default()).unwrap();
+        assert_eq!(got.matte.trimap, want.trimap, "{name}: trimap");
+        let worst = got
+            .matte
+            .alpha
+            .as_raw()
+            .iter()
+            .zip(want.alpha.as_raw())
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap_or(0);
+        let differ = got
+            .matte
+            .alpha
+            .as_raw()
+            .iter()
+            .zip(want.alpha.as_raw())
+            .filter(|(a, b)| a != b)
+            .count();
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name} ({}x{}): {differ} alpha values differ, max {worst}",
+            image.width(),
+            image.height()
+        );
+        assert!(worst <= 1, "{name}: alpha differs by {worst}");
+        let cut = got.cutout.expect("cut-out asked for");
+        assert_eq!(
+            cut,
+            composite::cutout(image, &got.matte.alpha),
+            "{name}: cut-out"
+        );
+    }
+}
+
+#[test]
+fn gpu_pipeline_matches_cpu_pipeline_on_the_fixtures() {
+    let images: Vec<(String, RgbImage)> = AWKWARD
+        .iter()
+        .map(|&(w, h)| (format!("texture {w}x{h}"), texture(w, h, 11)))
+        .collect();
+    compare_pipelines(&repo("onnx/fixtures/prob-guided"), &images);
+    compare_pipelines(&repo("onnx/fixtures/classes-matting"), &images);
+}
+
+#[test]
+fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
+    let model = repo("onnx/u2netp/u2netp.onnx");
+    let fetched = repo("tests/data/fetched");
+    if !model.is_file() {
+        // Not a GPU skip: the model is fetched by `make models`; say so plainly.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED (no {}: run `make models`): u2netp pipelines",
+            model.display()
+        );
+        return;
+    }
+    let images: Vec<(String, RgbImage)> = [
+        "astronaut.png",
+        "photo-1920x1080.jpg",
+        "photo-4032x3024.jpg",
+    ]
+    .iter()
+    .filter_map(|name| {
+        image::open(fetched.join(name))
+            .ok()
+            .map(|i| (name.to_string(), i.into_rgb8()))
+    })
+    .collect();
+    compare_pipelines(&repo("onnx/u2netp"), &images);
+}
