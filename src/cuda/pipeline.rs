@@ -547,7 +547,21 @@ impl GpuPipeline {
 
         // Matting: the guided filter on the GPU, or the matting model (interim: CPU).
         let use_trimap = match &self.spec.matting {
-            &MattingSpec::GuidedFilter { radius_px, epsilon } => {
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => {
+                // The kernels implement the classic filter at full size; the CPU stage
+                // fits at 1/subsample. Refuse rather than disagree with the reference.
+                if subsample != 1 {
+                    return Err(CudaError::Stage {
+                        stage: "matting",
+                        reason: format!(
+                            "the GPU guided filter runs subsample = 1 only (the pipeline asks for {subsample})"
+                        ),
+                    });
+                }
                 let p = &mut self.planes;
                 p.plane_horizontal.set_convolution(&stream, small.0, w)?;
                 p.plane_vertical.set_convolution(&stream, small.1, h)?;
