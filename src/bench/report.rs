@@ -213,7 +213,7 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("x.csv");
-        write_csv(&csv, &[point.clone()]).unwrap();
+        write_csv(&csv, std::slice::from_ref(&point)).unwrap();
         let text = std::fs::read_to_string(&csv).unwrap();
         assert_eq!(text.lines().count(), 2);
         assert!(text.lines().nth(1).unwrap().starts_with("c=4,10,9,"));
