@@ -1,9 +1,10 @@
-//! The command line: `serve`, `run`, `inspect`. Each subcommand lives in its own module
+//! The command line: `serve`, `run`, `inspect`, `sim`. Each subcommand lives in its own module
 //! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
 
 mod inspect;
 mod run;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,9 @@ enum Command {
     Run(run::RunArgs),
     /// What is inside a model directory's pipeline, or an ONNX model.
     Inspect(inspect::InspectArgs),
+    /// Capacity planning with simulated devices behind the real router: placement
+    /// policies, scaling and overload, measured in wall time.
+    Sim(sim::SimArgs),
 }
 
 impl Cli {
@@ -34,6 +38,7 @@ impl Cli {
             Command::Serve(args) => serve::serve(args),
             Command::Run(args) => run::run(args),
             Command::Inspect(args) => inspect::inspect(args),
+            Command::Sim(args) => sim::sim(args),
         }
     }
 }
