@@ -233,6 +233,12 @@ impl<E: Executor> Router<E> {
         Ok(ticket)
     }
 
+    /// The device the routing policy would give a request now, without admitting one:
+    /// the router's decision alone (round robin advances its turn).
+    pub fn choose(&self) -> Result<usize, SubmitError> {
+        self.shared.place(None)
+    }
+
     pub fn readiness(&self) -> Readiness {
         let mut loaded = 0;
         let mut of = 0;

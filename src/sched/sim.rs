@@ -211,8 +211,26 @@ pub struct LoadReport {
     pub latency: Percentiles,
     /// How long `submit` took to refuse.
     pub rejection: Percentiles,
-    /// Mean cost of one `submit` call (placement, admission, enqueue), nanoseconds.
+    /// Mean cost of one `submit` call (admission, placement, enqueue and the wake-up of
+    /// a sleeping replica), nanoseconds.
     pub submit_ns: f64,
+    /// Mean cost of the placement decision alone (`Router::choose` under the same live
+    /// load, sampled every `DECISION_SAMPLE_EVERY` requests), nanoseconds.
+    pub decision_ns: f64,
+}
+
+/// How often the load generator also times the router's decision, and how many
+/// decisions it times at once (one clock pair for several calls).
+const DECISION_SAMPLE_EVERY: usize = 32;
+const DECISIONS_PER_SAMPLE: u32 = 16;
+
+/// Mean time of one placement decision on `router` as it is now.
+fn time_decisions<E: Executor>(router: &Router<E>) -> Duration {
+    let t = Instant::now();
+    for _ in 0..DECISIONS_PER_SAMPLE {
+        let _ = std::hint::black_box(router.choose());
+    }
+    t.elapsed() / DECISIONS_PER_SAMPLE
 }
 
 struct Sample {
@@ -238,12 +256,18 @@ where
     let mut first_sent = None;
     let mut last_sent = Instant::now();
     let mut submit_total = Duration::ZERO;
+    let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
     match load.arrivals {
         Arrivals::Poisson { rate_per_s } => {
             let mut rng = fastrand::Rng::with_seed(load.seed);
             let start = Instant::now() + Duration::from_millis(5);
             let mut t = 0.0;
-            for _ in 0..load.requests {
+            for i in 0..load.requests {
+                if i % DECISION_SAMPLE_EVERY == 0 {
+                    if let Ok(mut d) = decisions.lock() {
+                        d.push(time_decisions(router));
+                    }
+                }
                 t += -(1.0 - rng.f64()).ln() / rate_per_s;
                 let at = start + Duration::from_secs_f64(t);
                 let now = Instant::now();
@@ -281,12 +305,27 @@ where
             first_sent = Some(started);
             let clients: Vec<_> = (0..concurrency.max(1))
                 .map(|_| {
-                    let (router, next, tx, refused) =
-                        (router.clone(), next.clone(), tx.clone(), refused.clone());
+                    let (router, next, tx, refused, decisions) = (
+                        router.clone(),
+                        next.clone(),
+                        tx.clone(),
+                        refused.clone(),
+                        decisions.clone(),
+                    );
                     let requests = load.requests;
                     let deadline = load.deadline;
                     runtime.spawn(async move {
-                        while next.fetch_add(1, Ordering::Relaxed) < requests {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= requests {
+                                break;
+                            }
+                            if i % DECISION_SAMPLE_EVERY == 0 {
+                                let took = time_decisions(&router);
+                                if let Ok(mut d) = decisions.lock() {
+                                    d.push(took);
+                                }
+                            }
                             let sent = Instant::now();
                             let result = router.submit((), sent + deadline);
                             let submit = sent.elapsed();
@@ -357,6 +396,10 @@ where
         ),
         rejection: Percentiles::of(rejections),
         submit_ns: submit_total.as_nanos() as f64 / submits as f64,
+        decision_ns: decisions
+            .lock()
+            .map(|d| d.iter().sum::<Duration>().as_nanos() as f64 / d.len().max(1) as f64)
+            .unwrap_or(0.0),
     }
 }
 

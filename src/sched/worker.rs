@@ -70,7 +70,7 @@ pub(crate) fn spawn<E: Executor>(
                 Err(panic) => return load_failed(&state, index, panic_message(panic.as_ref())),
             };
             state.loaded.fetch_add(1, Ordering::AcqRel);
-            tracing::info!(device = %state.name, replica = index, "replica ready");
+            tracing::debug!(device = %state.name, replica = index, "replica ready");
             Replica {
                 exec,
                 state,
