@@ -366,7 +366,7 @@ fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), BackendEr
 
 /// Splits a [N, ...] model output into N outputs of shape [1, ...].
 fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
-    if out.shape.first() != Some(&n) || n == 0 || out.data.len() % n != 0 {
+    if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
         return Err(PipelineError::Stage {
             stage: "model",
             reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),

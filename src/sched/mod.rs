@@ -24,7 +24,8 @@ pub use executor::{
 };
 pub use metrics::SchedMetrics;
 pub use router::{
-    estimated_completion, DeviceSetup, DeviceView, LoadFn, Router, RouterConfig, Routing, Ticket,
+    estimated_completion, Answer, DeviceSetup, DeviceView, LoadFn, Router, RouterConfig, Routing,
+    Ticket,
 };
 
 /// The router `celer serve` runs: the real pipeline on every device.

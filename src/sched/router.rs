@@ -552,6 +552,9 @@ fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {
     }
 }
 
+/// The future of a request's result (see `Ticket::wait`).
+pub type Answer<O> = Pin<Box<dyn Future<Output = Result<Done<O>, JobError>> + Send>>;
+
 /// An admitted request. `wait` gives its result; dropping the ticket abandons it (a
 /// queued request whose ticket is gone is skipped, not run).
 pub struct Ticket<E: Executor> {
@@ -577,7 +580,7 @@ impl<E: Executor> Ticket<E> {
     /// Boxed because rustc cannot prove an `async fn` future `Send` when it holds this
     /// one for a boxed `dyn Executor` (a higher-ranked lifetime error in handlers); the
     /// bound proven here, once, for any `E`, avoids it.
-    pub fn wait(self) -> Pin<Box<dyn Future<Output = Result<Done<E::Output>, JobError>> + Send>> {
+    pub fn wait(self) -> Answer<E::Output> {
         Box::pin(self.wait_inner())
     }
 

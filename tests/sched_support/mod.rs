@@ -90,7 +90,7 @@ impl Gate {
     }
 
     /// Enter, wait to be let through, record; `Err` while failing.
-    fn pass(&self, ids: Vec<u32>) -> Result<(), ExecError> {
+    pub fn pass(&self, ids: Vec<u32>) -> Result<(), ExecError> {
         let deadline = Instant::now() + PATIENCE;
         let mut state = self.lock();
         state.entered += 1;
