@@ -148,10 +148,16 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
     let app = router(state.clone());
     let image = png(48, 32);
 
-    // One running, two queued: the server is full.
-    let clients: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(app.clone().oneshot(invocation(image.clone()))))
-        .collect();
+    // One running, two queued: the server is full. The first is sent alone, so that
+    // the other two find its queue slot free again.
+    let mut clients = vec![tokio::spawn(app.clone().oneshot(invocation(image.clone())))];
+    let entered = gate.clone();
+    tokio::task::spawn_blocking(move || entered.wait_entered(1))
+        .await
+        .expect("the first request runs");
+    for _ in 0..2 {
+        clients.push(tokio::spawn(app.clone().oneshot(invocation(image.clone()))));
+    }
     let deadline = Instant::now() + PATIENCE;
     while state.router.in_flight() < 3 || state.router.devices()[0].queued < 2 {
         assert!(
