@@ -62,6 +62,7 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value_t = Check::All)]
     pub check: Check,
 
+    /// Seed of the arrivals and service times (each point and repeat derives its own).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
