@@ -97,6 +97,14 @@ impl From<SubmitError> for ApiError {
                     format!("the server is at capacity ({e}); retry later"),
                 )
             },
+            SubmitError::NoHealthyDevice => Self {
+                retry_after_s: Some(1),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no_healthy_device",
+                    "no device can take the request now; retry later",
+                )
+            },
             SubmitError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",
@@ -114,6 +122,7 @@ impl From<JobError> for ApiError {
                 "deadline_exceeded",
                 "the request waited past its deadline; retry later",
             ),
+            JobError::Rejected(e) => e.into(),
             other => Self::internal(other),
         }
     }

@@ -737,18 +737,26 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
     assert_ping_ok(&app).await;
 }
 
+/// One CPU replica of `spec`, returned before it has loaded.
+fn unloaded_state(spec: &celer::config::PipelineSpec) -> AppState {
+    use celer::sched::{pipeline_devices, Device, Router, RouterConfig};
+    let devices = pipeline_devices(spec, &[Device::Cpu], 1, 1).unwrap();
+    let router = Router::start(
+        devices,
+        RouterConfig {
+            queue_capacity: 4,
+            ..Default::default()
+        },
+    );
+    AppState::new(router, limits(1 << 20), spec.default_output, None, false)
+}
+
 #[tokio::test]
 async fn ping_is_503_while_loading_and_after_a_failed_load() {
     // Loading: U2NetP takes ~0.1 s to load, a ping microseconds; should the machine be
     // slow enough for the load to win, only the 200 after it is checked.
     let spec = celer::cli::load_pipeline(&model_dir("u2netp")).unwrap();
-    let state = Arc::new(AppState {
-        pool: celer::sched::WorkerPool::start(&spec, 1, 1, 4),
-        limits: limits(1 << 20),
-        default_output: spec.default_output,
-        fetcher: None,
-        server_timing: false,
-    });
+    let state = Arc::new(unloaded_state(&spec));
     let app = router(state.clone());
     let answer = send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await;
     if answer.status != StatusCode::OK {
@@ -758,7 +766,7 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
         assert_eq!(json["replicas"], 1, "{json}");
         assert_eq!(json["replicas_loaded"], 0, "{json}");
     }
-    state.pool.wait_ready().unwrap();
+    state.router.wait_ready().unwrap();
     assert_ping_ok(&app).await;
 
     // Failed: a model file that is not a model.
@@ -770,15 +778,9 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
     std::fs::write(dir.path().join("celer.toml"), toml).unwrap();
     std::fs::write(dir.path().join("bogus.onnx"), b"not a model").unwrap();
     let spec = celer::cli::load_pipeline(dir.path()).unwrap();
-    let pool = celer::sched::WorkerPool::start(&spec, 1, 1, 4);
-    assert!(pool.wait_ready().is_err());
-    let app = router(Arc::new(AppState {
-        pool,
-        limits: limits(1 << 20),
-        default_output: spec.default_output,
-        fetcher: None,
-        server_timing: false,
-    }));
+    let state = unloaded_state(&spec);
+    assert!(state.router.wait_ready().is_err());
+    let app = router(Arc::new(state));
     let answer = send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.json()["status"], "failed");

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
-use rand::Rng;
 
 use super::report::{median, Percentiles, PointReport};
 
@@ -200,7 +199,7 @@ pub async fn run_point(
                 i += 1;
                 let gap = if poisson {
                     // Exponential inter-arrival times: -ln(U) / rate.
-                    let u: f64 = rand::rng().random_range(f64::MIN_POSITIVE..1.0);
+                    let u = fastrand::f64().max(f64::MIN_POSITIVE);
                     -u.ln() / rate
                 } else {
                     1.0 / rate

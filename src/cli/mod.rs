@@ -1,10 +1,11 @@
-//! The command line: `serve`, `run`, `inspect`. Each subcommand lives in its own module
+//! The command line: `serve`, `run`, `inspect`, `bench`, `sim`. Each subcommand lives in its own module
 //! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
 
 mod bench;
 mod inspect;
 mod run;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,9 @@ enum Command {
     /// Latency benchmarking: load against a server, or in-process stage timings.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Capacity planning with simulated devices behind the real router: placement
+    /// policies, scaling and overload, measured in wall time.
+    Sim(sim::SimArgs),
 }
 
 impl Cli {
@@ -39,6 +43,7 @@ impl Cli {
             Command::Run(args) => run::run(args),
             Command::Inspect(args) => inspect::inspect(args),
             Command::Bench(command) => bench::bench(command),
+            Command::Sim(args) => sim::sim(args),
         }
     }
 }

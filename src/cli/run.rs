@@ -14,7 +14,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::config::{OutputKind, RuntimeArgs};
 use crate::pipeline::decode::{decode, DecodeLimits};
 use crate::pipeline::{render, StageTimings};
-use crate::sched::{Done, JobError, WorkerPool};
+use crate::sched::{
+    pipeline_devices, BoxedPipelineExecutor, Device, PipelineJob, PipelineRouter, Router,
+    RouterConfig, Ticket,
+};
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -50,9 +53,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     crate::backend::ort::environment()?;
     let (replicas, threads) = args.runtime.replicas_and_threads();
     let in_flight = replicas * 2;
-    let pool = WorkerPool::start(&spec, replicas, threads, in_flight);
+    let devices =
+        pipeline_devices(&spec, &[Device::Cpu], replicas, threads).map_err(anyhow::Error::msg)?;
+    let pool = Router::start(
+        devices,
+        RouterConfig {
+            queue_capacity: in_flight,
+            ..RouterConfig::default()
+        },
+    );
     pool.wait_ready()
         .map_err(|e| anyhow::anyhow!("the models failed to load: {e}"))?;
+    // Waits for answers (and their deadline timers) from this thread.
+    let waiter = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .context("starting the async runtime")?;
 
     let bar = ProgressBar::new(files.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} eta {eta} {msg}")
@@ -68,12 +84,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         if pending.len() >= in_flight {
             if let Some(p) = pending.pop_front() {
-                finish(p, &args.output_dir, output, &mut summary, &bar);
+                finish(&waiter, p, &args.output_dir, output, &mut summary, &bar);
             }
         }
     }
     while let Some(p) = pending.pop_front() {
-        finish(p, &args.output_dir, output, &mut summary, &bar);
+        finish(&waiter, p, &args.output_dir, output, &mut summary, &bar);
     }
     bar.finish_and_clear();
     summary.print(started.elapsed());
@@ -87,10 +103,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 struct Pending {
     file: PathBuf,
     image: Arc<image::RgbImage>,
-    reply: tokio::sync::oneshot::Receiver<Result<Done, JobError>>,
+    ticket: Ticket<BoxedPipelineExecutor>,
 }
 
-fn submit(pool: &WorkerPool, file: &Path) -> anyhow::Result<Pending> {
+fn submit(pool: &PipelineRouter, file: &Path) -> anyhow::Result<Pending> {
     let bytes = std::fs::read(file).context("cannot read")?;
     let t = Instant::now();
     let image = Arc::new(decode(&bytes, &DecodeLimits::default())?);
@@ -99,20 +115,20 @@ fn submit(pool: &WorkerPool, file: &Path) -> anyhow::Result<Pending> {
         ..StageTimings::default()
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
-    let reply = pool.submit(
-        pool.admit()?,
-        image.clone(),
-        Instant::now() + Duration::from_secs(3600),
+    let job = PipelineJob {
+        image: image.clone(),
         timings,
-    )?;
+    };
+    let ticket = pool.submit(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
         file: file.to_path_buf(),
         image,
-        reply,
+        ticket,
     })
 }
 
 fn finish(
+    waiter: &tokio::runtime::Runtime,
     p: Pending,
     out_dir: &Path,
     output: OutputKind,
@@ -120,12 +136,9 @@ fn finish(
     bar: &ProgressBar,
 ) {
     let result = (|| -> anyhow::Result<StageTimings> {
-        let done = p
-            .reply
-            .blocking_recv()
-            .context("the replica dropped the image")??;
-        let mut timings = done.timings;
-        let rendered = render(&p.image, &done.matte, output, &mut timings)?;
+        let done = waiter.block_on(p.ticket.wait())?;
+        let mut timings = done.output.timings;
+        let rendered = render(&p.image, &done.output.matte, output, &mut timings)?;
         let ext = if output == OutputKind::Json {
             "json"
         } else {

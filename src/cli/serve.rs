@@ -1,5 +1,5 @@
-//! `celer serve`: load the pipeline on the CPU replicas, listen, answer until SIGTERM or
-//! Ctrl-C, then drain in-flight requests within the grace period.
+//! `celer serve`: start the devices' replicas behind the router, listen, answer until
+//! SIGTERM or Ctrl-C, then drain in-flight requests within the grace period.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,12 +9,16 @@ use tokio::sync::watch;
 
 use crate::config::ServeArgs;
 use crate::http::{router, AppState, UrlFetcher};
-use crate::sched::{Readiness, WorkerPool};
+use crate::sched::{pipeline_devices, probe_gpus, Readiness, Router};
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::backend::ort::environment()?;
+    let devices = args
+        .devices
+        .resolve(&probe_gpus())
+        .map_err(anyhow::Error::msg)?;
     let (replicas, threads) = args.runtime.replicas_and_threads();
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
@@ -25,25 +29,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "GPU pipeline not yet wired into serve: serving on CPU"
         ),
     }
+    let names: Vec<String> = devices.iter().map(ToString::to_string).collect();
     tracing::info!(
         pipeline = %spec.source.display(),
+        devices = %names.join(","),
+        routing = %args.routing,
         replicas,
         threads_per_replica = threads,
-        "device: cpu (ONNX Runtime)"
+        max_batch = spec.batching.max_batch,
+        "starting the devices (ONNX Runtime on the CPU)"
     );
-    let pool = WorkerPool::start(&spec, replicas, threads, args.queue_capacity);
+    let setups =
+        pipeline_devices(&spec, &devices, replicas, threads).map_err(anyhow::Error::msg)?;
+    let pipeline_router = Router::start(setups, args.router_config());
     let fetcher = UrlFetcher::new(
         &args.fetch_allow_hosts,
         Duration::from_millis(args.fetch_timeout_ms),
         args.max_body_bytes,
     );
-    let state = Arc::new(AppState {
-        pool,
-        limits: args.limits(),
-        default_output: spec.default_output,
+    let state = Arc::new(AppState::new(
+        pipeline_router,
+        args.limits(),
+        spec.default_output,
         fetcher,
-        server_timing: args.server_timing,
-    });
+        args.server_timing,
+    ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,9 +95,15 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
 /// Logs when every replica is ready; on a load failure stops the server and returns it.
 async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> Option<String> {
     loop {
-        match state.pool.readiness() {
+        match state.router.readiness() {
             Readiness::Ready => {
-                tracing::info!(replicas = state.pool.replicas(), "ready: /ping answers 200");
+                let devices: Vec<String> = state
+                    .router
+                    .devices()
+                    .iter()
+                    .map(|d| format!("{} x{}", d.name, d.replicas))
+                    .collect();
+                tracing::info!(devices = %devices.join(", "), "ready: /ping answers 200");
                 return None;
             }
             Readiness::Failed(e) => {

@@ -7,8 +7,8 @@ mod serve;
 use std::path::PathBuf;
 
 pub use pipeline::{
-    ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec, Scale,
-    SegmentationSpec, TrimapSpec, PIPELINE_FILE,
+    BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
+    Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,
 };
 pub use serve::{RequestLimits, RuntimeArgs, ServeArgs};
 

@@ -21,6 +21,32 @@ pub struct PipelineSpec {
     pub trimap: TrimapSpec,
     pub matting: MattingSpec,
     pub default_output: OutputKind,
+    pub batching: BatchingSpec,
+}
+
+/// `[batching]`: how a device may group requests into one model run. Allowed only when
+/// the segmentation model's input has a dynamic batch dimension, which only loading the
+/// model can tell: `Pipeline::load` checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchingSpec {
+    /// Requests per model run; 1 turns batching off.
+    pub max_batch: usize,
+    /// How long a replica that already holds two or more requests waits for more before
+    /// it runs them. A lone request on an idle device never waits.
+    pub max_wait_us: u64,
+}
+
+impl BatchingSpec {
+    pub const OFF: Self = Self {
+        max_batch: 1,
+        max_wait_us: 0,
+    };
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        Self::OFF
+    }
 }
 
 /// One model input fed with the (resized, normalised) image.
@@ -129,6 +155,15 @@ struct RawPipeline {
     matting: RawMatting,
     #[serde(default)]
     output: RawOutput,
+    batching: Option<RawBatching>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBatching {
+    max_batch: usize,
+    #[serde(default)]
+    max_wait_us: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,6 +277,10 @@ impl Default for RawOutput {
     }
 }
 
+/// Beyond these a typo would hold requests for seconds or allocate batches of gigabytes.
+const MAX_BATCH: usize = 64;
+const MAX_BATCH_WAIT_US: u64 = 100_000;
+
 /// The largest model input side accepted: beyond it a typo (e.g. 32000) would allocate
 /// gigabytes per replica.
 const MAX_MODEL_SIDE: u32 = 8192;
@@ -343,6 +382,30 @@ impl PipelineSpec {
             erode_px: t.erode_px,
         };
         let matting = matting(raw.matting, base, &invalid)?;
+        let batching = match raw.batching {
+            None => BatchingSpec::OFF,
+            Some(b) => {
+                if !(1..=MAX_BATCH).contains(&b.max_batch) {
+                    return Err(invalid(
+                        "batching.max_batch",
+                        format!("1 (off) to {MAX_BATCH}, found {}", b.max_batch),
+                    ));
+                }
+                if b.max_wait_us > MAX_BATCH_WAIT_US {
+                    return Err(invalid(
+                        "batching.max_wait_us",
+                        format!(
+                            "at most {MAX_BATCH_WAIT_US} microseconds, found {}",
+                            b.max_wait_us
+                        ),
+                    ));
+                }
+                BatchingSpec {
+                    max_batch: b.max_batch,
+                    max_wait_us: b.max_wait_us,
+                }
+            }
+        };
         Ok(Self {
             source: path.to_path_buf(),
             segmentation: SegmentationSpec {
@@ -353,6 +416,7 @@ impl PipelineSpec {
             trimap,
             matting,
             default_output: raw.output.default,
+            batching,
         })
     }
 
@@ -588,6 +652,25 @@ mod tests {
         );
         let msg = parse(&text).unwrap_err().to_string();
         assert!(msg.contains("matting.image_input"), "{msg}");
+    }
+
+    #[test]
+    fn batching_is_off_unless_configured_and_bounded() {
+        assert_eq!(parse(U2NETP).unwrap().batching, BatchingSpec::OFF);
+        let on = format!("{U2NETP}\n[batching]\nmax_batch = 4\nmax_wait_us = 2000\n");
+        assert_eq!(
+            parse(&on).unwrap().batching,
+            BatchingSpec {
+                max_batch: 4,
+                max_wait_us: 2000
+            }
+        );
+        let zero = format!("{U2NETP}\n[batching]\nmax_batch = 0\n");
+        let msg = parse(&zero).unwrap_err().to_string();
+        assert!(msg.contains("batching.max_batch"), "{msg}");
+        let slow = format!("{U2NETP}\n[batching]\nmax_batch = 2\nmax_wait_us = 5000000\n");
+        let msg = parse(&slow).unwrap_err().to_string();
+        assert!(msg.contains("batching.max_wait_us"), "{msg}");
     }
 
     #[test]

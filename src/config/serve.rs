@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::pipeline::decode::DecodeLimits;
+use crate::sched::{DeviceSelection, RouterConfig, Routing};
 
 /// How many replicas, with how many ONNX Runtime threads each.
 #[derive(Debug, Clone, Args)]
@@ -59,9 +60,30 @@ pub struct ServeArgs {
     #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", default_value_t = 8080)]
     pub port: u16,
 
-    /// Requests that may wait for a replica; beyond it the server answers 503 at once.
+    /// Devices to serve on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
+    /// ordinals such as `0,1`. Each device loads the models once and runs its replicas.
+    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
+    pub devices: DeviceSelection,
+
+    /// How a request picks its device: least-busy (earliest estimated completion), or
+    /// the round-robin and random baselines.
+    #[arg(long, env = "CELER_ROUTING", value_enum, default_value_t = Routing::LeastBusy)]
+    pub routing: Routing,
+
+    /// Requests that may wait per device, beyond those its replicas run; when every
+    /// queue is full the server answers 503 at once.
     #[arg(long, env = "CELER_QUEUE_CAPACITY", default_value_t = 16)]
     pub queue_capacity: usize,
+
+    /// Requests admitted and not yet answered, over every device. Default: each device's
+    /// replicas plus its queue capacity, summed.
+    #[arg(long, env = "CELER_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+
+    /// Milliseconds between probes of an unhealthy device (one that failed repeatedly
+    /// or overran a deadline); it gets traffic again once a probe passes.
+    #[arg(long, env = "CELER_PROBE_INTERVAL_MS", default_value_t = 1000)]
+    pub probe_interval_ms: u64,
 
     /// Seconds a request may take from arrival; an expired request is not run.
     #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", default_value_t = 60)]
@@ -107,6 +129,16 @@ pub struct RequestLimits {
 }
 
 impl ServeArgs {
+    pub fn router_config(&self) -> RouterConfig {
+        RouterConfig {
+            routing: self.routing,
+            queue_capacity: self.queue_capacity.max(1),
+            max_in_flight: self.max_in_flight,
+            probe_interval: Duration::from_millis(self.probe_interval_ms.max(1)),
+            ..RouterConfig::default()
+        }
+    }
+
     pub fn limits(&self) -> RequestLimits {
         RequestLimits {
             max_body_bytes: self.max_body_bytes,

@@ -1,5 +1,5 @@
 //! `POST /invocations`: body -> image bytes -> decode (blocking pool) -> device stages
-//! (a replica) -> composite + encode (blocking pool) -> response.
+//! (the router, then a replica) -> composite + encode (blocking pool) -> response.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +16,7 @@ use super::negotiate::{body_kind, output_kind, BodyKind};
 use super::AppState;
 use crate::error::ApiError;
 use crate::pipeline::{self, decode, StageTimings};
+use crate::sched::PipelineJob;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,7 +35,7 @@ pub async fn invocations(
     let output = output_kind(&headers, state.default_output)?;
     // Admission before the body is read or decoded: under overload the answer is an
     // immediate 503, and memory stays bounded by the places, not by the arrivals.
-    let admission = state.pool.admit()?;
+    let admission = state.router.admit()?;
     let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
     let encoded = match kind {
         BodyKind::Image => bytes,
@@ -54,28 +55,22 @@ pub async fn invocations(
         decode: decode_time,
         ..StageTimings::default()
     };
-    let reply = state
-        .pool
-        .submit(admission, image.clone(), deadline, timings)?;
-    let done = tokio::time::timeout_at(deadline.into(), reply)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "deadline_exceeded",
-                "the request did not finish before its deadline",
-            )
-        })?
-        .map_err(|_| ApiError::internal("the replica dropped the request"))??;
+    let job = PipelineJob {
+        image: image.clone(),
+        timings,
+    };
+    let ticket = state.router.submit_admitted(admission, job, deadline)?;
+    let done = ticket.wait().await?;
 
     let queued = done.queued;
     let (rendered, timings) = tokio::task::spawn_blocking(move || {
-        let mut timings = done.timings;
-        pipeline::render(&image, &done.matte, output, &mut timings).map(|r| (r, timings))
+        let mut timings = done.output.timings;
+        pipeline::render(&image, &done.output.matte, output, &mut timings).map(|r| (r, timings))
     })
     .await
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
+    state.metrics.observe_stages(&timings);
 
     let mut response = (StatusCode::OK, rendered.body).into_response();
     let h = response.headers_mut();

@@ -1,9 +1,11 @@
 //! The HTTP front end: the SageMaker container contract (`GET /ping`,
-//! `POST /invocations`). Handlers parse and check requests, hand decoded images to the
-//! workers and encode answers on the blocking pool; no pixel work runs on the executor.
+//! `POST /invocations`) and `GET /metrics`. Handlers parse and check requests, hand
+//! decoded images to the router and encode answers on the blocking pool; no pixel work
+//! runs on the executor.
 
 mod fetch;
 mod invocations;
+pub mod metrics;
 mod negotiate;
 
 use std::sync::Arc;
@@ -16,25 +18,53 @@ use axum::{Json, Router};
 
 use crate::config::{OutputKind, RequestLimits};
 use crate::error::ApiError;
-use crate::sched::{Readiness, WorkerPool};
+use crate::sched::{PipelineRouter, Readiness};
 
 pub use fetch::UrlFetcher;
+pub use metrics::HttpMetrics;
 
 /// Everything a handler needs, shared by all requests.
 pub struct AppState {
-    pub pool: WorkerPool,
+    pub router: PipelineRouter,
     pub limits: RequestLimits,
     pub default_output: OutputKind,
     /// `None`: JSON bodies may not name a `url`.
     pub fetcher: Option<UrlFetcher>,
     /// Send per-stage times in a `Server-Timing` header.
     pub server_timing: bool,
+    /// The registry behind `/metrics`, holding the router's figures too.
+    pub metrics: HttpMetrics,
+}
+
+impl AppState {
+    pub fn new(
+        router: PipelineRouter,
+        limits: RequestLimits,
+        default_output: OutputKind,
+        fetcher: Option<UrlFetcher>,
+        server_timing: bool,
+    ) -> Self {
+        let metrics = HttpMetrics::new(router.metrics());
+        Self {
+            router,
+            limits,
+            default_output,
+            fetcher,
+            server_timing,
+            metrics,
+        }
+    }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations::invocations))
+        .route("/metrics", get(metrics::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -59,9 +89,9 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// 200 once every replica has loaded its models; 503 before (and if loading failed).
-/// Reads two atomics: it never waits behind inference.
+/// Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
-    match state.pool.readiness() {
+    match state.router.readiness() {
         Readiness::Ready => Json(serde_json::json!({ "status": "ok" })).into_response(),
         Readiness::Loading { loaded, of } => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -100,6 +100,8 @@ struct Buffers {
     resizer: Resizer,
     resized: Vec<u8>,
     input: Vec<f32>,
+    /// The stacked [N, 3, h, w] segmentation input of a batch.
+    batch: Vec<f32>,
 }
 
 impl Buffers {
@@ -126,6 +128,7 @@ impl Pipeline {
             &[(seg.image.input.as_str(), nchw(&seg.image, 3))],
             &seg.output,
         )?;
+        check_batching(&segmentation, spec)?;
         let matting = match &spec.matting {
             MattingSpec::GuidedFilter { .. } => None,
             MattingSpec::Model {
@@ -152,6 +155,7 @@ impl Pipeline {
                 resizer: Resizer::new(),
                 resized: Vec::new(),
                 input: Vec::new(),
+                batch: Vec::new(),
             },
         })
     }
@@ -167,7 +171,6 @@ impl Pipeline {
         image: &RgbImage,
         timings: &mut StageTimings,
     ) -> Result<Matte, PipelineError> {
-        let (width, height) = image.dimensions();
         let seg = &self.spec.segmentation;
 
         let t = Instant::now();
@@ -184,11 +187,67 @@ impl Pipeline {
             &seg.output,
         )?;
         timings.model = t.elapsed();
+        self.finish(image, &out, timings)
+    }
 
+    /// The device stages of several images with one segmentation run: their inputs are
+    /// stacked into one [N, 3, h, w] tensor (`load` checked that the model's batch
+    /// dimension is dynamic) and the output is split per image; trimap and matting then
+    /// run image by image. Each image's `timings.model` is the whole batch's model time.
+    pub fn run_batch(
+        &mut self,
+        images: &[&RgbImage],
+        timings: &mut [StageTimings],
+    ) -> Result<Vec<Matte>, PipelineError> {
+        if images.len() != timings.len() {
+            return Err(PipelineError::Stage {
+                stage: "batch",
+                reason: format!("{} images but {} timings", images.len(), timings.len()),
+            });
+        }
+        match (images, &mut *timings) {
+            ([], _) => return Ok(Vec::new()),
+            ([image], [t]) => return Ok(vec![self.run(image, t)?]),
+            _ => {}
+        }
+        let n = images.len();
+        let seg = &self.spec.segmentation;
+        self.buffers.batch.clear();
+        for (image, t) in images.iter().zip(timings.iter_mut()) {
+            let start = Instant::now();
+            self.buffers.prepare_input(image, &seg.image)?;
+            self.buffers.batch.extend_from_slice(&self.buffers.input);
+            t.preprocess = start.elapsed();
+        }
+        let start = Instant::now();
+        let [_, c, h, w] = batch_of_one(&seg.image, 3);
+        let out = self.segmentation.run(
+            &[(seg.image.input.as_str(), [n, c, h, w], &self.buffers.batch)],
+            &seg.output,
+        )?;
+        let model_time = start.elapsed();
+        let per_image = split_batch(out, n)?;
+        let mut mattes = Vec::with_capacity(n);
+        for ((image, t), out) in images.iter().zip(timings.iter_mut()).zip(per_image) {
+            t.model = model_time;
+            mattes.push(self.finish(image, &out, t)?);
+        }
+        Ok(mattes)
+    }
+
+    /// Trimap and matting of one image from its segmentation output (batch of one).
+    fn finish(
+        &mut self,
+        image: &RgbImage,
+        out: &Tensor,
+        timings: &mut StageTimings,
+    ) -> Result<Matte, PipelineError> {
+        let (width, height) = image.dimensions();
+        let seg = &self.spec.segmentation;
         let t = Instant::now();
         let (mut small_trimap, coarse) = match &seg.mask {
             MaskKind::Probability { minmax } => {
-                let mask = trimap::probability_mask(&out, *minmax).map_err(stage_err("trimap"))?;
+                let mask = trimap::probability_mask(out, *minmax).map_err(stage_err("trimap"))?;
                 let t = trimap::threshold(
                     &mask,
                     self.spec.trimap.foreground,
@@ -197,7 +256,7 @@ impl Pipeline {
                 (t, mask)
             }
             MaskKind::Classes { class_values } => {
-                trimap::classes(&out, class_values).map_err(stage_err("trimap"))?
+                trimap::classes(out, class_values).map_err(stage_err("trimap"))?
             }
         };
         trimap::erode(&mut small_trimap, self.spec.trimap.erode_px);
@@ -282,6 +341,55 @@ fn run_matting_model(
             reason: format!("expected an alpha of shape [1, 1, H, W], got {shape:?}"),
         }),
     }
+}
+
+/// `[batching]` with more than one request per run needs a dynamic batch dimension on the
+/// segmentation input; a fixed one (U2NetP's is 1) would fail at the first batch.
+fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), BackendError> {
+    let seg = &spec.segmentation;
+    if spec.batching.max_batch <= 1 {
+        return Ok(());
+    }
+    let shape = model
+        .inputs()
+        .into_iter()
+        .find(|d| d.name == seg.image.input)
+        .map(|d| d.shape)
+        .unwrap_or_default();
+    if shape.first().is_some_and(|&b| b < 0) {
+        return Ok(());
+    }
+    Err(BackendError::Mismatch {
+        model: model.label().to_string(),
+        reason: format!(
+            "{}: [batching] max_batch = {} needs a dynamic batch dimension on input `{}`, whose shape is {:?}; remove [batching] or export the model with a dynamic batch",
+            spec.source.display(),
+            spec.batching.max_batch,
+            seg.image.input,
+            shape
+        ),
+    })
+}
+
+/// Splits a [N, ...] model output into N outputs of shape [1, ...].
+fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
+    if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
+        return Err(PipelineError::Stage {
+            stage: "model",
+            reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),
+        });
+    }
+    let per_image = out.data.len() / n;
+    let mut shape = out.shape.clone();
+    shape[0] = 1;
+    Ok(out
+        .data
+        .chunks_exact(per_image)
+        .map(|chunk| Tensor {
+            shape: shape.clone(),
+            data: chunk.to_vec(),
+        })
+        .collect())
 }
 
 fn nchw(spec: &ImageInputSpec, channels: i64) -> [i64; 4] {

@@ -1,256 +1,110 @@
-//! Per-device workers: R replicas of the pipeline, each on its own OS thread with its own
-//! sessions, fed from one bounded queue (any idle replica takes the next request).
-//! Admission is `try_send`: a full queue is an immediate `Overloaded`, never a wait.
-//! Model and ONNX Runtime calls never run on the async executor.
+//! Scheduling: devices, each with R replicas on their own OS threads fed by one bounded
+//! queue; the router that places each request on the device expected to finish it first;
+//! the per-device batcher; health, fail-over and admission. Model and ONNX Runtime calls
+//! never run on the async executor, and nothing here knows HTTP.
+//!
+//! Everything is generic over `Executor` (what one replica runs), so the simulated
+//! devices of `sim` go through the same queues, threads and router as real ones.
 
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+mod batcher;
+pub mod device;
+mod executor;
+pub mod metrics;
+mod router;
+pub mod sim;
+mod state;
+mod worker;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
-use image::RgbImage;
-use tokio::sync::oneshot;
+use std::time::Duration;
 
-use crate::config::PipelineSpec;
-use crate::pipeline::{Matte, Pipeline, PipelineError, StageTimings};
+pub use device::{gpu_replicas, probe_gpus, Device, DeviceSelection, GPU_MEMORY_HEADROOM};
+pub use executor::{
+    pipeline_devices, BoxedPipelineExecutor, ExecError, Executor, PipelineExecutor, PipelineJob,
+    PipelineOutput,
+};
+pub use metrics::SchedMetrics;
+pub use router::{
+    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, Router, RouterConfig,
+    Routing, Ticket,
+};
 
-/// A place among the requests this pool holds (queued or running), taken before any work
-/// is done for the request (reading, decoding) so that an overloaded server refuses at
-/// once instead of decoding images it will not run. Freed when dropped.
+/// The router `celer serve` runs: the real pipeline on every device.
+pub type PipelineRouter = Router<BoxedPipelineExecutor>;
+
+/// A finished request: the executor's output and where and how it ran.
 #[derive(Debug)]
-pub struct Admission {
-    held: Arc<AtomicUsize>,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        self.held.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A request for the device stages of one image.
-struct Job {
-    _admission: Admission,
-    image: Arc<RgbImage>,
-    enqueued: Instant,
-    deadline: Instant,
-    timings: StageTimings,
-    reply: oneshot::Sender<Result<Done, JobError>>,
-}
-
-/// A finished job: the matte, the stage times so far, and how long it queued.
-#[derive(Debug)]
-pub struct Done {
-    pub matte: Matte,
-    pub timings: StageTimings,
+pub struct Done<O> {
+    pub output: O,
+    /// Index of the device that ran it.
+    pub device: usize,
+    /// Time between entering the device's queue and starting to run.
     pub queued: Duration,
+    /// Wall time of the model run (the whole batch's, when batched).
+    pub compute: Duration,
+    pub batch_size: usize,
+    /// Whether it ran on a second device after the first failed.
+    pub failed_over: bool,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Why a request was not admitted. Answered at once, before any work is queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
     #[error("all {capacity} queue slots are taken")]
     Overloaded { capacity: usize },
+    #[error("no device is healthy")]
+    NoHealthyDevice,
     #[error("the workers have stopped")]
     Stopped,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Why an admitted request did not produce a result.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum JobError {
-    #[error("the request's deadline passed before a replica was free")]
+    #[error("the request's deadline passed before it finished")]
     DeadlineExceeded,
-    #[error(transparent)]
-    Pipeline(#[from] PipelineError),
-    #[error("the replica failed unexpectedly: {0}")]
-    Panicked(String),
+    #[error("device {device}: {reason}")]
+    Failed { device: String, reason: String },
+    #[error("device {device}: the replica failed unexpectedly: {what}")]
+    Panicked { device: String, what: String },
+    #[error("device {device} was marked unhealthy while it held the request")]
+    DeviceUnhealthy { device: String },
+    #[error("device {device}: the replica dropped the request")]
+    Dropped { device: String },
+    /// The first device failed and no other could take the request.
+    #[error("fail-over refused: {0}")]
+    Rejected(SubmitError),
 }
 
-/// The state of the replicas' model loading.
+impl JobError {
+    /// A fault of the device rather than of the request's timing: worth one more try on
+    /// another device.
+    fn is_device_fault(&self) -> bool {
+        matches!(
+            self,
+            Self::Failed { .. }
+                | Self::Panicked { .. }
+                | Self::DeviceUnhealthy { .. }
+                | Self::Dropped { .. }
+        )
+    }
+
+    /// A short stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::DeadlineExceeded => "deadline",
+            Self::Failed { .. } => "backend",
+            Self::Panicked { .. } => "panic",
+            Self::DeviceUnhealthy { .. } => "unhealthy",
+            Self::Dropped { .. } => "dropped",
+            Self::Rejected(_) => "failover_rejected",
+        }
+    }
+}
+
+/// The state of the replicas' model loading, over every device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
     Loading { loaded: usize, of: usize },
     Ready,
     Failed(String),
-}
-
-pub struct WorkerPool {
-    queue: Sender<Job>,
-    capacity: usize,
-    /// Requests admitted and not yet finished; at most `capacity + replicas`.
-    admitted: Arc<AtomicUsize>,
-    replicas: usize,
-    loaded: Arc<AtomicUsize>,
-    load_error: Arc<Mutex<Option<String>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl WorkerPool {
-    /// Starts `replicas` threads that each load `spec` (with `intra_threads` ONNX
-    /// Runtime threads) and then serve the queue. Returns at once: see `readiness`.
-    pub fn start(
-        spec: &PipelineSpec,
-        replicas: usize,
-        intra_threads: usize,
-        queue_capacity: usize,
-    ) -> Self {
-        let (queue, jobs) = crossbeam_channel::bounded(queue_capacity);
-        let loaded = Arc::new(AtomicUsize::new(0));
-        let load_error = Arc::new(Mutex::new(None));
-        let threads = (0..replicas)
-            .map(|index| {
-                let (spec, jobs) = (spec.clone(), jobs.clone());
-                let (loaded, load_error) = (loaded.clone(), load_error.clone());
-                std::thread::Builder::new()
-                    .name(format!("celer-cpu-{index}"))
-                    .spawn(move || match Pipeline::load(&spec, intra_threads) {
-                        Ok(pipeline) => {
-                            loaded.fetch_add(1, Ordering::SeqCst);
-                            tracing::info!(replica = index, "replica ready");
-                            serve_queue(pipeline, &jobs);
-                        }
-                        Err(e) => {
-                            tracing::error!(replica = index, error = %e, "replica failed to load");
-                            let mut slot = load_error.lock().unwrap_or_else(|p| p.into_inner());
-                            slot.get_or_insert(e.to_string());
-                        }
-                    })
-                    .expect("spawning a replica thread")
-            })
-            .collect();
-        Self {
-            queue,
-            capacity: queue_capacity,
-            admitted: Arc::new(AtomicUsize::new(0)),
-            replicas,
-            loaded,
-            load_error,
-            threads: Mutex::new(threads),
-        }
-    }
-
-    pub fn replicas(&self) -> usize {
-        self.replicas
-    }
-
-    pub fn readiness(&self) -> Readiness {
-        if let Some(e) = self
-            .load_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Readiness::Failed(e);
-        }
-        match self.loaded.load(Ordering::SeqCst) {
-            n if n >= self.replicas => Readiness::Ready,
-            n => Readiness::Loading {
-                loaded: n,
-                of: self.replicas,
-            },
-        }
-    }
-
-    /// Waits (blocking) until every replica has loaded or one has failed.
-    pub fn wait_ready(&self) -> Result<(), String> {
-        loop {
-            match self.readiness() {
-                Readiness::Ready => return Ok(()),
-                Readiness::Failed(e) => return Err(e),
-                Readiness::Loading { .. } => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-    }
-
-    /// Takes a place for one request: one per replica plus the queue's capacity. Fails
-    /// at once when every place is taken.
-    pub fn admit(&self) -> Result<Admission, SubmitError> {
-        let limit = self.capacity + self.replicas;
-        let before = self.admitted.fetch_add(1, Ordering::SeqCst);
-        let admission = Admission {
-            held: self.admitted.clone(),
-        };
-        if before >= limit {
-            return Err(SubmitError::Overloaded {
-                capacity: self.capacity,
-            });
-        }
-        Ok(admission)
-    }
-
-    /// Queues `image` for the device stages. Fails at once when the queue is full.
-    pub fn submit(
-        &self,
-        admission: Admission,
-        image: Arc<RgbImage>,
-        deadline: Instant,
-        timings: StageTimings,
-    ) -> Result<oneshot::Receiver<Result<Done, JobError>>, SubmitError> {
-        let (reply, receiver) = oneshot::channel();
-        let job = Job {
-            _admission: admission,
-            image,
-            enqueued: Instant::now(),
-            deadline,
-            timings,
-            reply,
-        };
-        match self.queue.try_send(job) {
-            Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_)) => Err(SubmitError::Overloaded {
-                capacity: self.capacity,
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
-        }
-    }
-
-    /// Requests waiting for a replica.
-    pub fn queue_depth(&self) -> usize {
-        self.queue.len()
-    }
-
-    /// Closes the queue and waits for the replicas to finish what they hold.
-    pub fn shutdown(self) {
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        drop(self.queue);
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve_queue(mut pipeline: Pipeline, jobs: &Receiver<Job>) {
-    while let Ok(job) = jobs.recv() {
-        // The client went away (its handler was dropped): nothing is waiting.
-        if job.reply.is_closed() {
-            continue;
-        }
-        let queued = job.enqueued.elapsed();
-        if Instant::now() >= job.deadline {
-            let _ = job.reply.send(Err(JobError::DeadlineExceeded));
-            continue;
-        }
-        let mut timings = job.timings;
-        // A panic in a stage is a bug, but it must cost one request, not the replica.
-        let result =
-            std::panic::catch_unwind(AssertUnwindSafe(|| pipeline.run(&job.image, &mut timings)));
-        let reply = match result {
-            Ok(Ok(matte)) => Ok(Done {
-                matte,
-                timings,
-                queued,
-            }),
-            Ok(Err(e)) => Err(JobError::Pipeline(e)),
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into());
-                tracing::error!(error = %what, "pipeline panicked");
-                Err(JobError::Panicked(what))
-            }
-        };
-        let _ = job.reply.send(reply);
-    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use celer::config::{OutputKind, RequestLimits};
 use celer::http::{AppState, UrlFetcher};
 use celer::pipeline::decode::DecodeLimits;
-use celer::sched::WorkerPool;
+use celer::sched::{pipeline_devices, Device, Router, RouterConfig};
 use image::{ImageEncoder, Rgb, RgbImage};
 
 /// `path` relative to the crate root.
@@ -91,21 +91,25 @@ impl Default for StateOptions {
 pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
     let spec = celer::cli::load_pipeline(model_dir)
         .unwrap_or_else(|e| panic!("{}: {e:#}", model_dir.display()));
-    let pool = WorkerPool::start(
-        &spec,
-        options.replicas,
-        options.threads,
-        options.queue_capacity,
+    let devices =
+        pipeline_devices(&spec, &[Device::Cpu], options.replicas, options.threads).unwrap();
+    let router = Router::start(
+        devices,
+        RouterConfig {
+            queue_capacity: options.queue_capacity,
+            ..Default::default()
+        },
     );
-    pool.wait_ready()
+    router
+        .wait_ready()
         .unwrap_or_else(|e| panic!("{}: the replicas failed to load: {e}", model_dir.display()));
-    AppState {
-        pool,
-        limits: options.limits,
-        default_output: options.default_output.unwrap_or(spec.default_output),
-        fetcher: options.fetcher,
-        server_timing: options.server_timing,
-    }
+    AppState::new(
+        router,
+        options.limits,
+        options.default_output.unwrap_or(spec.default_output),
+        options.fetcher,
+        options.server_timing,
+    )
 }
 
 /// A `width` x `height` dark image (value 20) with a bright (235) rectangle covering

@@ -1,0 +1,150 @@
+//! The dynamic batcher of one device: after a replica takes a request, it adds what is
+//! already waiting, up to `max_batch`. An idle device (nothing else queued) runs the lone
+//! request at once; only when a second request was already there does it wait up to
+//! `max_wait_us` for more. It never holds a probe or a stop behind a batch.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+
+use super::worker::{Job, Work};
+use super::Executor;
+use crate::config::BatchingSpec;
+
+/// Builds a batch starting with `first`. `admit` filters each added job (cancelled or
+/// expired ones are answered and dropped there). Returns the batch and a non-job message
+/// met on the way, which the caller handles next.
+pub(crate) fn gather<E: Executor>(
+    first: Job<E>,
+    jobs: &Receiver<Work<E>>,
+    spec: &BatchingSpec,
+    mut admit: impl FnMut(Job<E>) -> Option<Job<E>>,
+) -> (Vec<Job<E>>, Option<Work<E>>) {
+    let mut batch = vec![first];
+    if spec.max_batch <= 1 {
+        return (batch, None);
+    }
+    // Set once the queue runs dry with two or more in hand: the device is under load.
+    let mut wait_until: Option<Instant> = None;
+    while batch.len() < spec.max_batch {
+        let next = match wait_until {
+            None => jobs.try_recv().ok(),
+            Some(until) => jobs.recv_deadline(until).ok(),
+        };
+        match next {
+            Some(Work::Job(job)) => batch.extend(admit(job)),
+            Some(other) => return (batch, Some(other)),
+            None if wait_until.is_none() && batch.len() > 1 && spec.max_wait_us > 0 => {
+                wait_until = Some(Instant::now() + Duration::from_micros(spec.max_wait_us));
+            }
+            None => break,
+        }
+    }
+    (batch, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::sched::metrics::SchedMetrics;
+    use crate::sched::state::{DeviceState, Outstanding};
+    use crate::sched::ExecError;
+
+    struct Nothing;
+    impl Executor for Nothing {
+        type Input = u32;
+        type Output = u32;
+        fn run_batch(&mut self, inputs: &[&u32]) -> Result<Vec<u32>, ExecError> {
+            Ok(inputs.iter().map(|&&i| i).collect())
+        }
+        fn probe(&mut self) -> Result<(), ExecError> {
+            Ok(())
+        }
+    }
+
+    fn job(state: &Arc<DeviceState>, input: u32) -> Job<Nothing> {
+        // The receiver is dropped: `gather` does not look at it, `admit` would.
+        let (reply, _) = tokio::sync::oneshot::channel();
+        Job {
+            input,
+            enqueued: Instant::now(),
+            deadline: Instant::now() + Duration::from_secs(60),
+            reply,
+            _outstanding: Outstanding::new(state),
+        }
+    }
+
+    fn state() -> Arc<DeviceState> {
+        let metrics = SchedMetrics::default().for_device("test");
+        Arc::new(DeviceState::new(
+            0,
+            "test".into(),
+            1,
+            metrics,
+            Instant::now(),
+        ))
+    }
+
+    const SPEC: BatchingSpec = BatchingSpec {
+        max_batch: 3,
+        // Long enough that a test would notice a wait, never reached when idle.
+        max_wait_us: 50_000,
+    };
+
+    #[test]
+    fn a_lone_request_runs_alone() {
+        let state = state();
+        let (_tx, rx) = crossbeam_channel::bounded::<Work<Nothing>>(8);
+        let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
+        assert_eq!(batch.len(), 1);
+        assert!(deferred.is_none());
+    }
+
+    #[test]
+    fn waiting_requests_join_up_to_max_batch() {
+        let state = state();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        for i in 2..=5 {
+            assert!(tx.try_send(Work::Job(job(&state, i))).is_ok());
+        }
+        let (batch, _) = gather(job(&state, 1), &rx, &SPEC, Some);
+        let inputs: Vec<u32> = batch.iter().map(|j| j.input).collect();
+        assert_eq!(inputs, [1, 2, 3]);
+        assert_eq!(rx.len(), 2);
+    }
+
+    #[test]
+    fn a_probe_ends_the_batch_and_is_handed_back() {
+        let state = state();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        assert!(tx.try_send(Work::Job(job(&state, 2))).is_ok());
+        assert!(tx.try_send(Work::Probe).is_ok());
+        assert!(tx.try_send(Work::Job(job(&state, 3))).is_ok());
+        let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
+        assert_eq!(batch.len(), 2);
+        assert!(matches!(deferred, Some(Work::Probe)));
+    }
+
+    #[test]
+    fn refused_jobs_are_left_out() {
+        let state = state();
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        for i in 2..=4 {
+            assert!(tx.try_send(Work::Job(job(&state, i))).is_ok());
+        }
+        let (batch, _) = gather(job(&state, 1), &rx, &SPEC, |j: Job<Nothing>| {
+            (j.input != 2).then_some(j)
+        });
+        let inputs: Vec<u32> = batch.iter().map(|j| j.input).collect();
+        assert_eq!(inputs, [1, 3, 4]);
+        // Dropped jobs give their count back.
+        drop(batch);
+        assert_eq!(
+            state.outstanding.load(std::sync::atomic::Ordering::Acquire),
+            0
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Which devices a server runs on (`--devices auto|cpu|0,1,...`) and how many replicas
+//! each gets. Resolving `auto` asks the GPU probe; until the GPU layer is merged it finds
+//! none, so `auto` is the CPU. Simulated devices are not devices here: see `sim`.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One place a pipeline can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The host CPU through ONNX Runtime: replicas split the cores.
+    Cpu,
+    /// A GPU by CUDA ordinal.
+    Gpu(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Gpu(n) => write!(f, "gpu{n}"),
+        }
+    }
+}
+
+/// What `--devices` asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSelection {
+    /// Every GPU the probe finds, else the CPU.
+    Auto,
+    Cpu,
+    /// These CUDA ordinals, in this order, without repeats.
+    Gpus(Vec<u32>),
+}
+
+impl FromStr for DeviceSelection {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            t if t.starts_with("sim:") => Err(
+                "simulated devices are for `celer sim` (capacity planning) only; serve takes auto, cpu or GPU ordinals"
+                    .into(),
+            ),
+            t => {
+                let mut ordinals = Vec::new();
+                for part in t.split(',') {
+                    let n: u32 = part.trim().parse().map_err(|_| {
+                        format!("`{text}`: expected auto, cpu, or GPU ordinals like 0,1,2")
+                    })?;
+                    if ordinals.contains(&n) {
+                        return Err(format!("`{text}`: GPU {n} is named twice"));
+                    }
+                    ordinals.push(n);
+                }
+                Ok(Self::Gpus(ordinals))
+            }
+        }
+    }
+}
+
+impl DeviceSelection {
+    /// The devices to run on, given the GPU ordinals a probe found.
+    pub fn resolve(&self, gpus_found: &[u32]) -> Result<Vec<Device>, String> {
+        match self {
+            Self::Auto if gpus_found.is_empty() => Ok(vec![Device::Cpu]),
+            Self::Auto => Ok(gpus_found.iter().map(|&n| Device::Gpu(n)).collect()),
+            Self::Cpu => Ok(vec![Device::Cpu]),
+            Self::Gpus(asked) => {
+                let missing: Vec<String> = asked
+                    .iter()
+                    .filter(|n| !gpus_found.contains(n))
+                    .map(u32::to_string)
+                    .collect();
+                if missing.is_empty() {
+                    Ok(asked.iter().map(|&n| Device::Gpu(n)).collect())
+                } else {
+                    Err(format!(
+                        "GPU {} not found (the probe found {}); use --devices cpu or auto",
+                        missing.join(", "),
+                        if gpus_found.is_empty() {
+                            "none: this build has no GPU backend yet".to_string()
+                        } else {
+                            format!("{gpus_found:?}")
+                        }
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// GPU ordinals usable by this build. None until the CUDA layer is merged; it will
+/// return what `cuda::probe` finds.
+pub fn probe_gpus() -> Vec<u32> {
+    Vec::new()
+}
+
+/// The share of a GPU's free memory left unused: room for CUDA's own allocations,
+/// fragmentation and workspace growth.
+pub const GPU_MEMORY_HEADROOM: f64 = 0.3;
+
+/// Replicas that fit a GPU: `floor(free x (1 - headroom) / per_replica)`. Zero when not
+/// even one fits (the caller reports it); `per_replica_bytes` is the engine's activation
+/// and I/O memory per execution context, the weights being shared by the replicas.
+pub fn gpu_replicas(free_bytes: u64, per_replica_bytes: u64, headroom: f64) -> usize {
+    if per_replica_bytes == 0 {
+        return 0;
+    }
+    let usable = free_bytes as f64 * (1.0 - headroom.clamp(0.0, 1.0));
+    (usable / per_replica_bytes as f64).floor() as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_parses_the_three_forms() {
+        assert_eq!("auto".parse(), Ok(DeviceSelection::Auto));
+        assert_eq!("cpu".parse(), Ok(DeviceSelection::Cpu));
+        assert_eq!("0, 2".parse(), Ok(DeviceSelection::Gpus(vec![0, 2])));
+        assert!("0,0"
+            .parse::<DeviceSelection>()
+            .unwrap_err()
+            .contains("twice"));
+        assert!("gpu".parse::<DeviceSelection>().is_err());
+        let sim = "sim:1,1".parse::<DeviceSelection>().unwrap_err();
+        assert!(sim.contains("celer sim"), "{sim}");
+    }
+
+    #[test]
+    fn auto_is_every_gpu_found_else_the_cpu() {
+        assert_eq!(DeviceSelection::Auto.resolve(&[]), Ok(vec![Device::Cpu]));
+        assert_eq!(
+            DeviceSelection::Auto.resolve(&[0, 1]),
+            Ok(vec![Device::Gpu(0), Device::Gpu(1)])
+        );
+        let err = DeviceSelection::Gpus(vec![1]).resolve(&[0]).unwrap_err();
+        assert!(err.contains("GPU 1 not found"), "{err}");
+        assert_eq!(Device::Gpu(3).to_string(), "gpu3");
+    }
+
+    #[test]
+    fn gpu_replicas_keep_the_headroom() {
+        const GIB: u64 = 1 << 30;
+        // 10 GiB free, 70 % usable = 7 GiB, 2 GiB each: 3 replicas.
+        assert_eq!(gpu_replicas(10 * GIB, 2 * GIB, GPU_MEMORY_HEADROOM), 3);
+        assert_eq!(gpu_replicas(10 * GIB, 6 * GIB, 0.3), 1);
+        assert_eq!(gpu_replicas(10 * GIB, 8 * GIB, 0.3), 0);
+        assert_eq!(gpu_replicas(10 * GIB, 0, 0.3), 0);
+        assert_eq!(gpu_replicas(10 * GIB, GIB, 0.0), 10);
+    }
+}

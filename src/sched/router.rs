@@ -1,0 +1,718 @@
+//! The router: one bounded queue per device, placement of each request (least busy by
+//! estimated completion, or the round-robin and random baselines), admission (queue
+//! bounds and a global in-flight limit, refused at once), device health with a watchdog
+//! and probes, and one fail-over per request. It never runs a model itself.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use tokio::sync::{oneshot, watch};
+
+use super::metrics::{us, ReasonLabel, SchedMetrics};
+use super::state::{DeviceState, Outstanding};
+use super::worker::{self, Job, ReplicaConfig, Work};
+use super::{Done, ExecError, Executor, JobError, Readiness, SubmitError};
+use crate::config::BatchingSpec;
+
+/// How a request picks its device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Routing {
+    /// The device with the earliest estimated completion.
+    #[default]
+    LeastBusy,
+    /// Each device in turn (baseline).
+    RoundRobin,
+    /// A uniformly random device per request (baseline).
+    Random,
+}
+
+impl fmt::Display for Routing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::LeastBusy => "least-busy",
+            Self::RoundRobin => "round-robin",
+            Self::Random => "random",
+        })
+    }
+}
+
+/// Loads one replica's executor; called on that replica's own thread with its index.
+pub type LoadFn<E> = Arc<dyn Fn(usize) -> Result<E, ExecError> + Send + Sync>;
+
+/// One device to start.
+pub struct DeviceSetup<E> {
+    pub name: String,
+    pub replicas: usize,
+    pub batching: BatchingSpec,
+    pub load: LoadFn<E>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub routing: Routing,
+    /// Requests that may wait per device, besides those its replicas run.
+    pub queue_capacity: usize,
+    /// Admitted requests not yet answered, over every device. `None`: each device's
+    /// replicas plus queue, summed.
+    pub max_in_flight: Option<usize>,
+    /// Failed runs in a row that make a device unhealthy.
+    pub unhealthy_after_failures: u32,
+    /// How often an unhealthy device is probed.
+    pub probe_interval: Duration,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            routing: Routing::LeastBusy,
+            queue_capacity: 16,
+            max_in_flight: None,
+            unhealthy_after_failures: 3,
+            probe_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The expected time until a new request on a device finishes, in units of
+/// `service_s`: it waits for the requests ahead of it beyond the free replicas, shared
+/// out over the replicas, then runs. That is (queued + in flight) / replicas x service
+/// time, counting the new request itself, so an idle fast device beats an idle slow one.
+pub fn estimated_completion(outstanding: usize, replicas: usize, service_s: f64) -> f64 {
+    let replicas = replicas.max(1);
+    let ahead = (outstanding + 1).saturating_sub(replicas);
+    service_s * (1.0 + ahead as f64 / replicas as f64)
+}
+
+/// A device as the router sees it now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceView {
+    pub name: String,
+    pub replicas: usize,
+    pub healthy: bool,
+    /// Queued plus running.
+    pub outstanding: usize,
+    pub queued: usize,
+    pub running: usize,
+    /// Moving average of service time per request; `None` before the first.
+    pub service_s: Option<f64>,
+}
+
+pub struct Router<E: Executor> {
+    shared: Arc<Shared<E>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct Shared<E: Executor> {
+    devices: Vec<DeviceSlot<E>>,
+    routing: Routing,
+    queue_capacity: usize,
+    max_in_flight: usize,
+    /// Shared with each `Admission`, which holds a slot before it becomes a ticket.
+    in_flight: Arc<AtomicUsize>,
+    /// Round robin's turn, and least busy's starting point (so ties rotate).
+    cursor: AtomicUsize,
+    stopped: AtomicBool,
+    probe_interval: Duration,
+    metrics: SchedMetrics,
+}
+
+struct DeviceSlot<E: Executor> {
+    state: Arc<DeviceState>,
+    queue: Sender<Work<E>>,
+    /// The same queue's far end, for the watchdog to move requests off a failed device.
+    drain: Receiver<Work<E>>,
+}
+
+impl<E: Executor> Router<E> {
+    /// Starts every device's replicas (each loads on its own thread; see `readiness`)
+    /// and the health watchdog. Returns at once.
+    pub fn start(devices: Vec<DeviceSetup<E>>, config: RouterConfig) -> Self {
+        let epoch = Instant::now();
+        let metrics = SchedMetrics::default();
+        let queue_capacity = config.queue_capacity.max(1);
+        let mut threads = Vec::new();
+        let mut slots = Vec::new();
+        for (index, setup) in devices.into_iter().enumerate() {
+            let replicas = setup.replicas.max(1);
+            let state = Arc::new(DeviceState::new(
+                index,
+                setup.name.clone(),
+                replicas,
+                metrics.for_device(&setup.name),
+                epoch,
+            ));
+            let (queue, jobs) = crossbeam_channel::bounded(queue_capacity);
+            for replica in 0..replicas {
+                let config = ReplicaConfig {
+                    index: replica,
+                    load: setup.load.clone(),
+                    batching: setup.batching,
+                    unhealthy_after_failures: config.unhealthy_after_failures,
+                };
+                match worker::spawn(state.clone(), config, jobs.clone()) {
+                    Ok(thread) => threads.push(thread),
+                    Err(e) => {
+                        let mut slot = state.load_error.lock().unwrap_or_else(|p| p.into_inner());
+                        slot.get_or_insert(format!("cannot start a replica thread: {e}"));
+                    }
+                }
+            }
+            slots.push(DeviceSlot {
+                state,
+                queue,
+                drain: jobs,
+            });
+        }
+        let max_in_flight = config.max_in_flight.unwrap_or_else(|| {
+            slots
+                .iter()
+                .map(|s| s.state.replicas + queue_capacity)
+                .sum()
+        });
+        let shared = Arc::new(Shared {
+            devices: slots,
+            routing: config.routing,
+            queue_capacity,
+            max_in_flight: max_in_flight.max(1),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            cursor: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+            probe_interval: config.probe_interval,
+            metrics,
+        });
+        let tick =
+            (config.probe_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let weak = Arc::downgrade(&shared);
+        match std::thread::Builder::new()
+            .name("celer-watchdog".into())
+            .spawn(move || watchdog(weak, tick))
+        {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the health watchdog: failed devices will not be probed")
+            }
+        }
+        Self {
+            shared,
+            threads: Mutex::new(threads),
+        }
+    }
+
+    /// Admits `input` and queues it on a device, or refuses at once: `Overloaded` when
+    /// the in-flight limit or the chosen queue is full, `NoHealthyDevice`, `Stopped`.
+    pub fn submit(&self, input: E::Input, deadline: Instant) -> Result<Ticket<E>, SubmitError> {
+        self.submit_admitted(self.admit()?, input, deadline)
+    }
+
+    /// Queues `input` on a device with the slot `admission` holds, or refuses at once
+    /// (`Overloaded` when the chosen queue is full, `NoHealthyDevice`, `Stopped`),
+    /// giving the slot back.
+    pub fn submit_admitted(
+        &self,
+        mut admission: Admission,
+        input: E::Input,
+        deadline: Instant,
+    ) -> Result<Ticket<E>, SubmitError> {
+        // From here the ticket owns the in-flight slot; dropping it gives the slot back.
+        admission.holds_slot = false;
+        let mut ticket = Ticket {
+            shared: self.shared.clone(),
+            input,
+            deadline,
+            admitted: admission.admitted,
+            placed: None,
+            failed_over: false,
+        };
+        let placed = self.shared.enqueue(ticket.input.clone(), deadline, None)?;
+        ticket.placed = Some(placed);
+        Ok(ticket)
+    }
+
+    /// Takes an in-flight slot before any work is done for a request (reading its body,
+    /// decoding it), or refuses at once. An overloaded server then costs a refused
+    /// request nothing, and memory stays bounded by the slots, not by the arrivals.
+    pub fn admit(&self) -> Result<Admission, SubmitError> {
+        let shared = &self.shared;
+        if shared.stopped.load(Ordering::Acquire) {
+            return Err(SubmitError::Stopped);
+        }
+        if shared.in_flight.fetch_add(1, Ordering::AcqRel) >= shared.max_in_flight {
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let e = SubmitError::Overloaded {
+                capacity: shared.max_in_flight,
+            };
+            shared.count_rejection(&e);
+            return Err(e);
+        }
+        Ok(Admission {
+            in_flight: shared.in_flight.clone(),
+            admitted: Instant::now(),
+            holds_slot: true,
+        })
+    }
+
+    /// The device the routing policy would give a request now, without admitting one:
+    /// the router's decision alone (round robin advances its turn).
+    pub fn choose(&self) -> Result<usize, SubmitError> {
+        self.shared.place(None)
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        let mut loaded = 0;
+        let mut of = 0;
+        for slot in &self.shared.devices {
+            let state = &slot.state;
+            if let Some(e) = state
+                .load_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            {
+                return Readiness::Failed(format!("{}: {e}", state.name));
+            }
+            loaded += state.loaded.load(Ordering::Acquire).min(state.replicas);
+            of += state.replicas;
+        }
+        if loaded >= of {
+            Readiness::Ready
+        } else {
+            Readiness::Loading { loaded, of }
+        }
+    }
+
+    /// Waits (blocking) until every replica has loaded or one has failed.
+    pub fn wait_ready(&self) -> Result<(), String> {
+        loop {
+            match self.readiness() {
+                Readiness::Ready => return Ok(()),
+                Readiness::Failed(e) => return Err(e),
+                Readiness::Loading { .. } => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
+    pub fn devices(&self) -> Vec<DeviceView> {
+        self.shared
+            .devices
+            .iter()
+            .map(|slot| {
+                let s = &slot.state;
+                DeviceView {
+                    name: s.name.clone(),
+                    replicas: s.replicas,
+                    healthy: s.is_healthy(),
+                    outstanding: s.outstanding.load(Ordering::Acquire),
+                    queued: slot.queue.len(),
+                    running: s.running.load(Ordering::Acquire),
+                    service_s: s.service_s(),
+                }
+            })
+            .collect()
+    }
+
+    /// Sets a device's service time before (or instead of) measuring it, e.g. from a
+    /// warm-up run, so that the first placements are informed.
+    pub fn seed_service_time(&self, device: usize, per_request: Duration) {
+        if let Some(slot) = self.shared.devices.get(device) {
+            slot.state.seed_service_time(per_request);
+        }
+    }
+
+    pub fn routing(&self) -> Routing {
+        self.shared.routing
+    }
+
+    /// Admitted requests not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight
+    }
+
+    pub fn metrics(&self) -> &SchedMetrics {
+        &self.shared.metrics
+    }
+
+    /// Brings the gauges (queue depth, in flight, health, service time) up to date;
+    /// called before each scrape so that the request path never touches them.
+    pub fn refresh_gauges(&self) {
+        for slot in &self.shared.devices {
+            let s = &slot.state;
+            s.metrics.pending.set(slot.queue.len() as i64);
+            s.metrics
+                .in_flight
+                .set(s.running.load(Ordering::Acquire) as i64);
+            s.metrics.healthy.set(i64::from(s.is_healthy()));
+            s.metrics
+                .service_ewma_us
+                .set(s.service_s().unwrap_or(0.0) * 1e6);
+        }
+    }
+
+    /// Stops admitting, lets the replicas finish what is queued, and joins them.
+    pub fn shutdown(&self) {
+        self.shared.stopped.store(true, Ordering::Release);
+        for slot in &self.shared.devices {
+            for _ in 0..slot.state.replicas {
+                let _ = slot.queue.send_timeout(Work::Stop, Duration::from_secs(30));
+            }
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<E: Executor> Drop for Router<E> {
+    fn drop(&mut self) {
+        // The replicas end when the last ticket lets go of the queues; the watchdog
+        // ends at its next tick.
+        self.shared.stopped.store(true, Ordering::Release);
+    }
+}
+
+/// Where a request waits for its answer.
+struct Placed<O> {
+    device: usize,
+    reply: oneshot::Receiver<Result<Done<O>, JobError>>,
+    health: watch::Receiver<bool>,
+}
+
+impl<E: Executor> Shared<E> {
+    fn count_rejection(&self, e: &SubmitError) {
+        let reason = match e {
+            SubmitError::Overloaded { .. } => "overloaded",
+            SubmitError::NoHealthyDevice => "no_healthy_device",
+            SubmitError::Stopped => "stopped",
+        };
+        self.metrics
+            .rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    fn enqueue(
+        &self,
+        input: E::Input,
+        deadline: Instant,
+        exclude: Option<usize>,
+    ) -> Result<Placed<E::Output>, SubmitError> {
+        let result = self
+            .place(exclude)
+            .and_then(|device| self.send_to(device, input, deadline));
+        if let Err(e) = &result {
+            self.count_rejection(e);
+        }
+        result
+    }
+
+    fn usable(&self, device: usize, exclude: Option<usize>) -> bool {
+        Some(device) != exclude && self.devices[device].state.is_healthy()
+    }
+
+    /// The device for the next request under the routing policy.
+    fn place(&self, exclude: Option<usize>) -> Result<usize, SubmitError> {
+        let n = self.devices.len();
+        match self.routing {
+            Routing::LeastBusy => {
+                // A device not measured yet counts as fast as the fastest measured one,
+                // so that it gets tried and measured.
+                let fastest = (0..n)
+                    .filter(|&i| self.usable(i, exclude))
+                    .filter_map(|i| self.devices[i].state.service_s())
+                    .fold(f64::INFINITY, f64::min);
+                let fallback = if fastest.is_finite() { fastest } else { 1.0 };
+                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+                let mut best: Option<(usize, f64)> = None;
+                let mut any_healthy = false;
+                for k in 0..n {
+                    let i = (start + k) % n;
+                    if !self.usable(i, exclude) {
+                        continue;
+                    }
+                    any_healthy = true;
+                    let slot = &self.devices[i];
+                    if slot.queue.len() >= self.queue_capacity {
+                        continue;
+                    }
+                    let s = &slot.state;
+                    let estimate = estimated_completion(
+                        s.outstanding.load(Ordering::Acquire),
+                        s.replicas,
+                        s.service_s().unwrap_or(fallback),
+                    );
+                    if best.is_none_or(|(_, b)| estimate < b) {
+                        best = Some((i, estimate));
+                    }
+                }
+                match best {
+                    Some((i, _)) => Ok(i),
+                    None if any_healthy => Err(SubmitError::Overloaded {
+                        capacity: self.queue_capacity,
+                    }),
+                    None => Err(SubmitError::NoHealthyDevice),
+                }
+            }
+            Routing::RoundRobin => {
+                for _ in 0..n {
+                    let i = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
+                    if self.usable(i, exclude) {
+                        return Ok(i);
+                    }
+                }
+                Err(SubmitError::NoHealthyDevice)
+            }
+            Routing::Random => {
+                let healthy = (0..n).filter(|&i| self.usable(i, exclude)).count();
+                if healthy == 0 {
+                    return Err(SubmitError::NoHealthyDevice);
+                }
+                let pick = fastrand::usize(..healthy);
+                (0..n)
+                    .filter(|&i| self.usable(i, exclude))
+                    .nth(pick)
+                    .ok_or(SubmitError::NoHealthyDevice)
+            }
+        }
+    }
+
+    fn send_to(
+        &self,
+        device: usize,
+        input: E::Input,
+        deadline: Instant,
+    ) -> Result<Placed<E::Output>, SubmitError> {
+        let slot = &self.devices[device];
+        let (reply, receiver) = oneshot::channel();
+        let health = slot.state.watch_health();
+        let job = Job {
+            input,
+            enqueued: Instant::now(),
+            deadline,
+            reply,
+            _outstanding: Outstanding::new(&slot.state),
+        };
+        match slot.queue.try_send(Work::Job(job)) {
+            Ok(()) => Ok(Placed {
+                device,
+                reply: receiver,
+                health,
+            }),
+            Err(TrySendError::Full(_)) => Err(SubmitError::Overloaded {
+                capacity: self.queue_capacity,
+            }),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
+    }
+
+    /// One watchdog round: catch runs past their deadline, move queued requests off
+    /// unhealthy devices, and probe those devices.
+    fn check_health(&self) {
+        for slot in &self.devices {
+            let s = &slot.state;
+            let now = s.now_ns();
+            for running in &s.running_deadline_ns {
+                let deadline = running.load(Ordering::Acquire);
+                // Cleared once reported, so that a stuck run is reported once.
+                if deadline != 0
+                    && now > deadline
+                    && running
+                        .compare_exchange(deadline, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    s.mark_unhealthy("a request ran past its deadline");
+                }
+            }
+            if s.is_healthy() {
+                continue;
+            }
+            let mut probe_drained = false;
+            while let Ok(work) = slot.drain.try_recv() {
+                match work {
+                    Work::Job(job) => job.fail(JobError::DeviceUnhealthy {
+                        device: s.name.clone(),
+                    }),
+                    Work::Probe => probe_drained = true,
+                    Work::Stop => {
+                        let _ = slot.queue.try_send(Work::Stop);
+                        break;
+                    }
+                }
+            }
+            let due = now.saturating_sub(s.last_probe_ns.load(Ordering::Acquire))
+                >= self.probe_interval.as_nanos() as u64;
+            if probe_drained || (due && !s.probe_pending.load(Ordering::Acquire)) {
+                let sent = slot.queue.try_send(Work::Probe).is_ok();
+                s.probe_pending.store(sent, Ordering::Release);
+                if sent && !probe_drained {
+                    s.last_probe_ns.store(now, Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {
+    loop {
+        std::thread::sleep(tick);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        shared.check_health();
+    }
+}
+
+/// An in-flight slot taken by `Router::admit`; `Router::submit_admitted` turns it into
+/// a `Ticket`. Dropping it gives the slot back. Not generic over the executor, so that
+/// a handler can hold it across awaits (reading and decoding the body).
+#[derive(Debug)]
+pub struct Admission {
+    in_flight: Arc<AtomicUsize>,
+    admitted: Instant,
+    /// False once a ticket owns the slot.
+    holds_slot: bool,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.holds_slot {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The future of a request's result (see `Ticket::wait`).
+pub type Answer<O> = Pin<Box<dyn Future<Output = Result<Done<O>, JobError>> + Send>>;
+
+/// An admitted request. `wait` gives its result; dropping the ticket abandons it (a
+/// queued request whose ticket is gone is skipped, not run).
+pub struct Ticket<E: Executor> {
+    shared: Arc<Shared<E>>,
+    input: E::Input,
+    deadline: Instant,
+    admitted: Instant,
+    /// `None` only while `submit` builds it.
+    placed: Option<Placed<E::Output>>,
+    failed_over: bool,
+}
+
+impl<E: Executor> Ticket<E> {
+    /// The device the request is queued on now.
+    pub fn device(&self) -> Option<usize> {
+        self.placed.as_ref().map(|p| p.device)
+    }
+
+    /// Waits for the result until the deadline. A device fault (a failed run, a device
+    /// marked unhealthy while it holds the request) moves the request once to another
+    /// device.
+    ///
+    /// Boxed because rustc cannot prove an `async fn` future `Send` when it holds this
+    /// one for a boxed `dyn Executor` (a higher-ranked lifetime error in handlers); the
+    /// bound proven here, once, for any `E`, avoids it.
+    pub fn wait(self) -> Answer<E::Output> {
+        Box::pin(self.wait_inner())
+    }
+
+    async fn wait_inner(mut self) -> Result<Done<E::Output>, JobError> {
+        loop {
+            let Some(placed) = self.placed.as_mut() else {
+                return Err(JobError::Rejected(SubmitError::Stopped));
+            };
+            let device = placed.device;
+            let state = self.shared.devices[device].state.clone();
+            let outcome = tokio::select! {
+                biased;
+                reply = &mut placed.reply => reply.unwrap_or_else(|_| Err(JobError::Dropped {
+                    device: state.name.clone(),
+                })),
+                () = health_lost(&mut placed.health) => Err(JobError::DeviceUnhealthy {
+                    device: state.name.clone(),
+                }),
+                () = tokio::time::sleep_until(self.deadline.into()) => Err(JobError::DeadlineExceeded),
+            };
+            let m = &state.metrics;
+            match outcome {
+                Ok(mut done) => {
+                    done.failed_over = self.failed_over;
+                    m.success.inc();
+                    m.request_us.observe(us(self.admitted.elapsed()));
+                    return Ok(done);
+                }
+                Err(e)
+                    if e.is_device_fault()
+                        && !self.failed_over
+                        && Instant::now() < self.deadline =>
+                {
+                    self.failed_over = true;
+                    m.failover.inc();
+                    tracing::warn!(device = %state.name, error = %e, "failing the request over to another device");
+                    match self
+                        .shared
+                        .enqueue(self.input.clone(), self.deadline, Some(device))
+                    {
+                        Ok(next) => self.placed = Some(next),
+                        Err(refused) => return Err(JobError::Rejected(refused)),
+                    }
+                }
+                Err(e) => {
+                    m.failure(e.reason());
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once the watched device is unhealthy (at once if it already is).
+async fn health_lost(health: &mut watch::Receiver<bool>) {
+    loop {
+        let healthy = *health.borrow_and_update();
+        if !healthy {
+            return;
+        }
+        if health.changed().await.is_err() {
+            // The device is gone with its router: the reply channel says so instead.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl<E: Executor> Drop for Ticket<E> {
+    fn drop(&mut self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::estimated_completion;
+
+    #[test]
+    fn estimate_counts_the_request_and_the_free_replicas() {
+        // Idle: just its own service time.
+        assert_eq!(estimated_completion(0, 1, 2.0), 2.0);
+        // One ahead on one replica: wait one, then run.
+        assert_eq!(estimated_completion(1, 1, 2.0), 4.0);
+        // A free replica among two: no wait.
+        assert_eq!(estimated_completion(1, 2, 2.0), 2.0);
+        // Two busy replicas: half a service time of waiting on average.
+        assert_eq!(estimated_completion(2, 2, 2.0), 3.0);
+        // A fast busy device can beat a slow idle one, and not when it is busier.
+        assert!(estimated_completion(1, 1, 1.0) < estimated_completion(0, 1, 2.5));
+        assert!(estimated_completion(3, 1, 1.0) > estimated_completion(0, 1, 2.5));
+    }
+}

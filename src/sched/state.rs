@@ -1,0 +1,159 @@
+//! The live figures of one device, shared by the router (placement), its replica threads
+//! (which update them) and the watchdog (health). Only atomics on the request path; the
+//! health flag is mirrored in a watch channel so waiting requests learn of a failure.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::metrics::DeviceMetrics;
+
+/// Weight of the newest observation in the moving average of service time. 0.1 follows a
+/// change of speed within a few tens of requests and smooths single slow ones.
+pub(crate) const EWMA_WEIGHT: f64 = 0.1;
+
+pub(crate) struct DeviceState {
+    pub index: usize,
+    pub name: String,
+    pub replicas: usize,
+    /// Requests queued or running: incremented before a request is queued, decremented
+    /// when it is dropped, whoever drops it (see `Outstanding`).
+    pub outstanding: AtomicUsize,
+    pub running: AtomicUsize,
+    /// Seconds per request, as f64 bits; 0 until the first observation.
+    service_s: AtomicU64,
+    healthy: AtomicBool,
+    health: watch::Sender<bool>,
+    consecutive_failures: AtomicU32,
+    pub probe_pending: AtomicBool,
+    pub last_probe_ns: AtomicU64,
+    /// Per replica: the deadline of the batch it runs (ns since `epoch`), 0 when idle.
+    pub running_deadline_ns: Vec<AtomicU64>,
+    pub loaded: AtomicUsize,
+    pub load_error: Mutex<Option<String>>,
+    pub metrics: DeviceMetrics,
+    pub epoch: Instant,
+}
+
+impl DeviceState {
+    pub fn new(
+        index: usize,
+        name: String,
+        replicas: usize,
+        metrics: DeviceMetrics,
+        epoch: Instant,
+    ) -> Self {
+        metrics.healthy.set(1);
+        metrics.replicas.set(replicas as i64);
+        Self {
+            index,
+            name,
+            replicas,
+            outstanding: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            service_s: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            health: watch::channel(true).0,
+            consecutive_failures: AtomicU32::new(0),
+            probe_pending: AtomicBool::new(false),
+            last_probe_ns: AtomicU64::new(0),
+            running_deadline_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
+            loaded: AtomicUsize::new(0),
+            load_error: Mutex::new(None),
+            metrics,
+            epoch,
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Receives `false` when the device is marked unhealthy.
+    pub fn watch_health(&self) -> watch::Receiver<bool> {
+        self.health.subscribe()
+    }
+
+    pub fn mark_unhealthy(&self, why: &str) {
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            tracing::warn!(device = %self.name, reason = why, "device marked unhealthy: no traffic until a probe passes");
+            self.metrics.healthy.set(0);
+            self.health.send_replace(false);
+        }
+    }
+
+    pub fn mark_healthy(&self) {
+        self.consecutive_failures.store(0, Ordering::Release);
+        if !self.healthy.swap(true, Ordering::AcqRel) {
+            tracing::info!(device = %self.name, "probe passed: device healthy again");
+            self.metrics.healthy.set(1);
+            self.health.send_replace(true);
+        }
+    }
+
+    /// A run that failed; `threshold` in a row make the device unhealthy.
+    pub fn record_failure(&self, threshold: u32) {
+        let n = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= threshold.max(1) {
+            self.mark_unhealthy("the backend failed repeatedly");
+        }
+    }
+
+    /// A run that succeeded in `per_request` per request.
+    pub fn record_success(&self, per_request: Duration) {
+        self.consecutive_failures.store(0, Ordering::Release);
+        let x = per_request.as_secs_f64();
+        // Replicas update concurrently: a CAS loop keeps every observation.
+        let _ = self
+            .service_s
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                let old = f64::from_bits(bits);
+                let new = if old > 0.0 {
+                    old + EWMA_WEIGHT * (x - old)
+                } else {
+                    x
+                };
+                Some(new.to_bits())
+            });
+    }
+
+    /// The moving average of service time per request, if any has been measured.
+    pub fn service_s(&self) -> Option<f64> {
+        let s = f64::from_bits(self.service_s.load(Ordering::Acquire));
+        (s > 0.0).then_some(s)
+    }
+
+    pub fn seed_service_time(&self, per_request: Duration) {
+        self.service_s
+            .store(per_request.as_secs_f64().to_bits(), Ordering::Release);
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn instant_ns(&self, at: Instant) -> u64 {
+        // Never 0, which means "idle".
+        (at.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
+    }
+}
+
+/// One request counted in `outstanding` for as long as it exists: dropping it (run,
+/// skipped, drained or refused by a full queue) gives the count back, so the estimate can
+/// never drift.
+pub(crate) struct Outstanding(Arc<DeviceState>);
+
+impl Outstanding {
+    pub fn new(state: &Arc<DeviceState>) -> Self {
+        state.outstanding.fetch_add(1, Ordering::AcqRel);
+        Self(state.clone())
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+}

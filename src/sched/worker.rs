@@ -1,0 +1,236 @@
+//! One replica: an OS thread that loads its executor, then takes work from its device's
+//! queue (any idle replica takes the next request), skips what nobody waits for or what
+//! expired, batches under load, runs, replies through oneshot channels and updates the
+//! device's figures. A panic costs the batch, never the thread.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::Receiver;
+use tokio::sync::oneshot;
+
+use super::batcher::gather;
+use super::metrics::us;
+use super::router::LoadFn;
+use super::state::{DeviceState, Outstanding};
+use super::{Done, Executor, JobError};
+use crate::config::BatchingSpec;
+
+/// What a device's queue carries.
+pub(crate) enum Work<E: Executor> {
+    Job(Job<E>),
+    /// Run the executor's probe; a pass makes the device healthy.
+    Probe,
+    /// One per replica at shutdown, behind the work already queued.
+    Stop,
+}
+
+pub(crate) type Reply<O> = oneshot::Sender<Result<Done<O>, JobError>>;
+
+pub(crate) struct Job<E: Executor> {
+    pub input: E::Input,
+    pub enqueued: Instant,
+    pub deadline: Instant,
+    pub reply: Reply<E::Output>,
+    /// Held, not read: counts the job in its device's estimate while it exists.
+    pub _outstanding: Outstanding,
+}
+
+impl<E: Executor> Job<E> {
+    pub fn fail(self, error: JobError) {
+        // The requester may have gone: nothing to tell then.
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+pub(crate) struct ReplicaConfig<E> {
+    pub index: usize,
+    pub load: LoadFn<E>,
+    pub batching: BatchingSpec,
+    pub unhealthy_after_failures: u32,
+}
+
+/// Starts replica `config.index` of `state`'s device on its own thread.
+pub(crate) fn spawn<E: Executor>(
+    state: Arc<DeviceState>,
+    config: ReplicaConfig<E>,
+    jobs: Receiver<Work<E>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("celer-{}-{}", state.name, config.index))
+        .spawn(move || {
+            let index = config.index;
+            let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| (config.load)(index)));
+            let exec = match loaded {
+                Ok(Ok(exec)) => exec,
+                Ok(Err(e)) => return load_failed(&state, index, e.to_string()),
+                Err(panic) => return load_failed(&state, index, panic_message(panic.as_ref())),
+            };
+            state.loaded.fetch_add(1, Ordering::AcqRel);
+            tracing::debug!(device = %state.name, replica = index, "replica ready");
+            Replica {
+                exec,
+                state,
+                index,
+                batching: config.batching,
+                unhealthy_after_failures: config.unhealthy_after_failures,
+            }
+            .serve(&jobs);
+        })
+}
+
+fn load_failed(state: &DeviceState, replica: usize, error: String) {
+    tracing::error!(device = %state.name, replica, error = %error, "replica failed to load");
+    let mut slot = state.load_error.lock().unwrap_or_else(|p| p.into_inner());
+    slot.get_or_insert(error);
+}
+
+struct Replica<E: Executor> {
+    exec: E,
+    state: Arc<DeviceState>,
+    index: usize,
+    batching: BatchingSpec,
+    unhealthy_after_failures: u32,
+}
+
+impl<E: Executor> Replica<E> {
+    fn serve(mut self, jobs: &Receiver<Work<E>>) {
+        let mut next: Option<Work<E>> = None;
+        loop {
+            let work = match next.take() {
+                Some(work) => work,
+                None => match jobs.recv() {
+                    Ok(work) => work,
+                    // Every sender is gone: the router was dropped.
+                    Err(_) => return,
+                },
+            };
+            match work {
+                Work::Stop => return,
+                Work::Probe => self.probe(),
+                Work::Job(job) => {
+                    let Some(first) = self.admit(job) else {
+                        continue;
+                    };
+                    let (batch, deferred) = gather(first, jobs, &self.batching, |j| self.admit(j));
+                    next = deferred;
+                    self.execute(batch);
+                }
+            }
+        }
+    }
+
+    /// The job if it should run: not when its client went away (its handler was
+    /// dropped), its deadline passed, or the device was marked unhealthy meanwhile.
+    fn admit(&self, job: Job<E>) -> Option<Job<E>> {
+        if job.reply.is_closed() {
+            self.state.metrics.cancelled.inc();
+            return None;
+        }
+        if Instant::now() >= job.deadline {
+            job.fail(JobError::DeadlineExceeded);
+            return None;
+        }
+        if !self.state.is_healthy() {
+            job.fail(JobError::DeviceUnhealthy {
+                device: self.state.name.clone(),
+            });
+            return None;
+        }
+        Some(job)
+    }
+
+    fn execute(&mut self, batch: Vec<Job<E>>) {
+        let n = batch.len();
+        let state = self.state.clone();
+        let m = &state.metrics;
+        let started = Instant::now();
+        let Some(earliest) = batch.iter().map(|j| j.deadline).min() else {
+            return;
+        };
+        for job in &batch {
+            m.queue_us.observe(us(started - job.enqueued));
+        }
+        // The watchdog reads this to catch a run that overruns its deadline.
+        let running = &state.running_deadline_ns[self.index];
+        running.store(state.instant_ns(earliest), Ordering::Release);
+        state.running.fetch_add(n, Ordering::AcqRel);
+
+        let inputs: Vec<&E::Input> = batch.iter().map(|j| &j.input).collect();
+        let exec = &mut self.exec;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| exec.run_batch(&inputs)));
+        drop(inputs);
+        let compute = started.elapsed();
+
+        state.running.fetch_sub(n, Ordering::AcqRel);
+        running.store(0, Ordering::Release);
+        m.compute_us.observe(us(compute));
+        m.batch_size.observe(n as f64);
+        m.exec_count.inc();
+
+        let error = match result {
+            Ok(Ok(outputs)) if outputs.len() == n => {
+                state.record_success(compute / n as u32);
+                for (job, output) in batch.into_iter().zip(outputs) {
+                    let _ = job.reply.send(Ok(Done {
+                        output,
+                        device: state.index,
+                        queued: started - job.enqueued,
+                        compute,
+                        batch_size: n,
+                        failed_over: false,
+                    }));
+                }
+                return;
+            }
+            Ok(Ok(outputs)) => JobError::Failed {
+                device: state.name.clone(),
+                reason: format!(
+                    "the executor returned {} outputs for {n} inputs",
+                    outputs.len()
+                ),
+            },
+            Ok(Err(e)) => JobError::Failed {
+                device: state.name.clone(),
+                reason: e.to_string(),
+            },
+            Err(panic) => JobError::Panicked {
+                device: state.name.clone(),
+                what: panic_message(panic.as_ref()),
+            },
+        };
+        tracing::warn!(device = %state.name, replica = self.index, batch = n, error = %error, "batch failed");
+        state.record_failure(self.unhealthy_after_failures);
+        for job in batch {
+            job.fail(error.clone());
+        }
+    }
+
+    fn probe(&mut self) {
+        let exec = &mut self.exec;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| exec.probe()));
+        self.state.probe_pending.store(false, Ordering::Release);
+        match result {
+            Ok(Ok(())) => self.state.mark_healthy(),
+            Ok(Err(e)) => {
+                tracing::warn!(device = %self.state.name, error = %e, "probe failed; device stays unhealthy")
+            }
+            Err(panic) => tracing::warn!(
+                device = %self.state.name,
+                error = %panic_message(panic.as_ref()),
+                "probe panicked; device stays unhealthy"
+            ),
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}

@@ -1,0 +1,294 @@
+//! The router behind the HTTP front end: `/ping` answers while every queue is full, a
+//! full server answers 503 with Retry-After and a JSON body at once, `/metrics` shows the
+//! figures; and the real pipeline (a fixture on the CPU, batched) served through the
+//! router.
+
+mod sched_support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use celer::config::{BatchingSpec, OutputKind, PipelineSpec, RequestLimits};
+use celer::http::{router, AppState};
+use celer::pipeline::decode::DecodeLimits;
+use celer::pipeline::Matte;
+use celer::sched::{
+    pipeline_devices, BoxedPipelineExecutor, Device, DeviceSetup, ExecError, Executor, PipelineJob,
+    PipelineOutput, Router, RouterConfig,
+};
+use http_body_util::BodyExt;
+use image::{GrayImage, Luma, Rgb, RgbImage};
+use sched_support::{Gate, PATIENCE};
+use tower::ServiceExt;
+
+/// The device stages as a gate: answers an opaque matte once let through.
+struct GatedPipeline(Arc<Gate>);
+
+impl Executor for GatedPipeline {
+    type Input = PipelineJob;
+    type Output = PipelineOutput;
+
+    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+        self.0.pass(vec![inputs.len() as u32])?;
+        Ok(inputs
+            .iter()
+            .map(|job| {
+                let (w, h) = job.image.dimensions();
+                PipelineOutput {
+                    matte: Matte {
+                        alpha: GrayImage::from_pixel(w, h, Luma([255])),
+                        trimap: GrayImage::from_pixel(w, h, Luma([255])),
+                    },
+                    timings: job.timings,
+                }
+            })
+            .collect())
+    }
+
+    fn probe(&mut self) -> Result<(), ExecError> {
+        Ok(())
+    }
+}
+
+fn limits() -> RequestLimits {
+    RequestLimits {
+        max_body_bytes: 1 << 20,
+        decode: DecodeLimits::default(),
+        deadline: Duration::from_secs(60),
+    }
+}
+
+fn png(width: u32, height: u32) -> Vec<u8> {
+    let image = RgbImage::from_fn(width, height, |x, y| {
+        if (width / 4..3 * width / 4).contains(&x) && (height / 4..3 * height / 4).contains(&y) {
+            Rgb([235, 235, 235])
+        } else {
+            Rgb([20, 20, 20])
+        }
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    image
+        .write_to(&mut out, image::ImageFormat::Png)
+        .expect("encode png");
+    out.into_inner()
+}
+
+fn invocation(body: Vec<u8>) -> Request<Body> {
+    Request::post("/invocations")
+        .header(header::CONTENT_TYPE, "image/png")
+        .body(Body::from(body))
+        .expect("request")
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).expect("request")
+}
+
+async fn text(response: axum::response::Response) -> String {
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+async fn metrics(app: &axum::Router) -> String {
+    let response = app.clone().oneshot(get("/metrics")).await.expect("answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    text(response).await
+}
+
+fn assert_has(metrics: &str, line: &str) {
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "no line `{line}` in /metrics:\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
+    let gate = Gate::closed();
+    let held = gate.clone();
+    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+        name: "gated".into(),
+        replicas: 1,
+        batching: BatchingSpec::OFF,
+        load: Arc::new(move |_| Ok(Box::new(GatedPipeline(held.clone())) as BoxedPipelineExecutor)),
+    };
+    let pipeline_router = Router::start(
+        vec![device],
+        RouterConfig {
+            queue_capacity: 2,
+            ..RouterConfig::default()
+        },
+    );
+    pipeline_router.wait_ready().expect("ready");
+    let state = Arc::new(AppState::new(
+        pipeline_router,
+        limits(),
+        OutputKind::Alpha,
+        None,
+        false,
+    ));
+    let app = router(state.clone());
+    let image = png(48, 32);
+
+    // One running, two queued: the server is full. The first is sent alone, so that
+    // the other two find its queue slot free again.
+    let mut clients = vec![tokio::spawn(app.clone().oneshot(invocation(image.clone())))];
+    let entered = gate.clone();
+    tokio::task::spawn_blocking(move || entered.wait_entered(1))
+        .await
+        .expect("the first request runs");
+    for _ in 0..2 {
+        clients.push(tokio::spawn(app.clone().oneshot(invocation(image.clone()))));
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while state.router.in_flight() < 3 || state.router.devices()[0].queued < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the requests never filled the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
+    assert_eq!(ping.status(), StatusCode::OK);
+
+    let refused = app
+        .clone()
+        .oneshot(invocation(image.clone()))
+        .await
+        .expect("answer");
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        refused
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value = serde_json::from_str(&text(refused).await).expect("a JSON body");
+    assert_eq!(body["code"], "overloaded");
+
+    let full = metrics(&app).await;
+    assert_has(
+        &full,
+        r#"celer_inference_request_rejected_total{reason="overloaded"} 1"#,
+    );
+    assert_has(
+        &full,
+        r#"celer_inference_pending_request_count{device="gated"} 2"#,
+    );
+    assert_has(&full, r#"celer_inference_exec_in_flight{device="gated"} 1"#);
+    assert_has(&full, r#"celer_device_healthy{device="gated"} 1"#);
+    assert_has(&full, r#"celer_device_replicas{device="gated"} 1"#);
+    assert_has(
+        &full,
+        r#"celer_http_requests_total{path="/invocations",status="503",outcome="rejected"} 1"#,
+    );
+    assert_has(
+        &full,
+        r#"celer_http_requests_total{path="/ping",status="200",outcome="success"} 1"#,
+    );
+
+    gate.set_open(true);
+    for client in clients {
+        let response = client.await.expect("client task").expect("answer");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let after = metrics(&app).await;
+    assert_has(
+        &after,
+        r#"celer_inference_request_success_total{device="gated"} 3"#,
+    );
+    assert_has(
+        &after,
+        r#"celer_inference_queue_duration_us_count{device="gated"} 3"#,
+    );
+    assert_has(
+        &after,
+        r#"celer_inference_compute_infer_duration_us_count{device="gated"} 3"#,
+    );
+    assert_has(
+        &after,
+        r#"celer_inference_batch_size_count{device="gated"} 3"#,
+    );
+    assert_has(
+        &after,
+        r#"celer_inference_stage_duration_us_count{stage="decode"} 3"#,
+    );
+    assert_has(
+        &after,
+        r#"celer_http_requests_total{path="/invocations",status="200",outcome="success"} 3"#,
+    );
+    state.router.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx/fixtures/prob-guided");
+    let mut spec = PipelineSpec::load_dir(&dir).expect("fixture description");
+    // The fixture's batch dimension is dynamic: batching is allowed.
+    spec.batching = BatchingSpec {
+        max_batch: 4,
+        max_wait_us: 1_000,
+    };
+    let devices = pipeline_devices(&spec, &[Device::Cpu], 2, 1).expect("cpu devices");
+    let pipeline_router = Router::start(devices, RouterConfig::default());
+    let loaded = tokio::task::block_in_place(|| pipeline_router.wait_ready());
+    loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");
+    let state = Arc::new(AppState::new(
+        pipeline_router,
+        limits(),
+        OutputKind::Cutout,
+        None,
+        false,
+    ));
+    let app = router(state.clone());
+
+    let answers: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(app.clone().oneshot(invocation(png(96, 64)))))
+        .collect();
+    for answer in answers {
+        let response = answer.await.expect("client task").expect("answer");
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let cutout = image::load_from_memory(&body).expect("a PNG").into_rgba8();
+        assert_eq!(cutout.dimensions(), (96, 64));
+        // Bright middle kept, dark border cut away.
+        assert!(cutout.get_pixel(48, 32)[3] > 200);
+        assert!(cutout.get_pixel(2, 2)[3] < 50);
+    }
+    let figures = metrics(&app).await;
+    assert_has(
+        &figures,
+        r#"celer_inference_request_success_total{device="cpu"} 6"#,
+    );
+    assert_has(&figures, r#"celer_device_replicas{device="cpu"} 2"#);
+    assert_has(
+        &figures,
+        r#"celer_inference_stage_duration_us_count{stage="model"} 6"#,
+    );
+    state.router.shutdown();
+}

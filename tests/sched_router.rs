@@ -1,0 +1,485 @@
+//! The router through its public API, on gated test devices (see `sched_support`): the
+//! test decides when each run finishes and whether it fails, so every assertion is about
+//! order and counts, never about how long something took.
+
+mod sched_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use celer::config::BatchingSpec;
+use celer::sched::metrics::DeviceLabel;
+use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime};
+use celer::sched::{Done, JobError, Router, RouterConfig, Routing, SubmitError, Ticket};
+use sched_support::{eventually, gated, Gate, GateExecutor};
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(600)
+}
+
+fn answer(ticket: Ticket<GateExecutor>) -> Result<Done<u32>, JobError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime")
+        .block_on(ticket.wait())
+}
+
+/// Waits for `ticket` on its own thread, so that fail-over can proceed meanwhile.
+fn answer_later(
+    ticket: Ticket<GateExecutor>,
+) -> std::thread::JoinHandle<Result<Done<u32>, JobError>> {
+    std::thread::spawn(move || answer(ticket))
+}
+
+fn start(
+    devices: Vec<celer::sched::DeviceSetup<GateExecutor>>,
+    config: RouterConfig,
+) -> Router<GateExecutor> {
+    let router = Router::start(devices, config);
+    router.wait_ready().expect("gate devices load");
+    router
+}
+
+const OFF: BatchingSpec = BatchingSpec::OFF;
+
+#[test]
+fn least_busy_places_by_estimated_completion() {
+    let (fast, slow) = (Gate::closed(), Gate::closed());
+    let router = start(
+        vec![gated("fast", 1, OFF, &fast), gated("slow", 1, OFF, &slow)],
+        RouterConfig::default(),
+    );
+    router.seed_service_time(0, Duration::from_millis(10));
+    router.seed_service_time(1, Duration::from_millis(25));
+    // Nothing finishes: each request adds one service time to its device's estimate.
+    // fast: 10, 20, 30, 40 ms; slow: 25, 50 ms.
+    let tickets: Vec<_> = (0..5)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    let placed: Vec<usize> = tickets.iter().filter_map(Ticket::device).collect();
+    assert_eq!(placed, [0, 0, 1, 0, 0]);
+    assert_eq!(router.devices()[0].outstanding, 4);
+    assert_eq!(router.devices()[1].outstanding, 1);
+
+    fast.set_open(true);
+    slow.set_open(true);
+    for t in tickets {
+        assert!(answer(t).is_ok());
+    }
+    router.shutdown();
+}
+
+#[test]
+fn an_unmeasured_device_is_tried_before_a_busy_measured_one() {
+    let (a, b) = (Gate::closed(), Gate::closed());
+    let router = start(
+        vec![gated("a", 1, OFF, &a), gated("b", 1, OFF, &b)],
+        RouterConfig::default(),
+    );
+    router.seed_service_time(0, Duration::from_millis(10));
+    let first = router.submit(0, far()).expect("admitted");
+    let second = router.submit(1, far()).expect("admitted");
+    assert_eq!(first.device(), Some(0));
+    // b counts as fast as a: idle b (10 ms) beats busy a (20 ms).
+    assert_eq!(second.device(), Some(1));
+    a.set_open(true);
+    b.set_open(true);
+    assert!(answer(first).is_ok() && answer(second).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn round_robin_and_random_are_the_baselines() {
+    let gates = [Gate::closed(), Gate::closed(), Gate::closed()];
+    let devices = |gates: &[Arc<Gate>; 3]| {
+        gates
+            .iter()
+            .enumerate()
+            .map(|(i, g)| gated(&format!("d{i}"), 1, OFF, g))
+            .collect::<Vec<_>>()
+    };
+    let rr = start(
+        devices(&gates),
+        RouterConfig {
+            routing: Routing::RoundRobin,
+            // Seeded so that least busy would send everything to d2.
+            ..RouterConfig::default()
+        },
+    );
+    rr.seed_service_time(2, Duration::from_nanos(1));
+    let tickets: Vec<_> = (0..6)
+        .map(|id| rr.submit(id, far()).expect("admitted"))
+        .collect();
+    let placed: Vec<usize> = tickets.iter().filter_map(Ticket::device).collect();
+    assert_eq!(placed, [0, 1, 2, 0, 1, 2]);
+
+    let random = start(
+        devices(&gates),
+        RouterConfig {
+            routing: Routing::Random,
+            queue_capacity: 100,
+            ..RouterConfig::default()
+        },
+    );
+    random.seed_service_time(2, Duration::from_nanos(1));
+    let more: Vec<_> = (0..150)
+        .map(|id| random.submit(id, far()).expect("admitted"))
+        .collect();
+    let mut per_device = [0; 3];
+    for t in &more {
+        per_device[t.device().expect("placed")] += 1;
+    }
+    // Uniform placement reaches every device (missing one has probability ~1e-26).
+    assert!(per_device.iter().all(|&n| n > 0), "{per_device:?}");
+
+    for g in &gates {
+        g.set_open(true);
+    }
+    for t in tickets.into_iter().chain(more) {
+        assert!(answer(t).is_ok());
+    }
+    rr.shutdown();
+    random.shutdown();
+}
+
+#[test]
+fn a_failing_device_is_avoided_until_a_probe_passes() {
+    let (bad, good) = (Gate::open(), Gate::open());
+    bad.set_failing(true);
+    let router = start(
+        vec![gated("bad", 1, OFF, &bad), gated("good", 1, OFF, &good)],
+        RouterConfig {
+            unhealthy_after_failures: 2,
+            probe_interval: Duration::from_millis(20),
+            ..RouterConfig::default()
+        },
+    );
+    // bad looks fastest, so it gets every request while it is healthy.
+    router.seed_service_time(0, Duration::from_nanos(1));
+    for id in 0..2 {
+        let ticket = router.submit(id, far()).expect("admitted");
+        assert_eq!(ticket.device(), Some(0));
+        let done = answer(ticket).expect("failed over to the good device");
+        assert_eq!((done.device, done.failed_over), (1, true));
+    }
+    assert!(!router.devices()[0].healthy, "two failures in a row");
+    for id in 2..10 {
+        let ticket = router.submit(id, far()).expect("admitted");
+        assert_eq!(
+            ticket.device(),
+            Some(1),
+            "no traffic to an unhealthy device"
+        );
+        let done = answer(ticket).expect("served");
+        assert!(!done.failed_over);
+    }
+    assert_eq!(bad.ran().len(), 2);
+
+    bad.set_failing(false);
+    eventually("a probe passes", || router.devices()[0].healthy);
+    assert!(bad.probes() >= 1);
+    router.seed_service_time(0, Duration::from_nanos(1));
+    let ticket = router.submit(10, far()).expect("admitted");
+    assert_eq!(ticket.device(), Some(0), "traffic again after the probe");
+    assert_eq!(answer(ticket).expect("served").device, 0);
+    router.shutdown();
+}
+
+#[test]
+fn in_flight_work_fails_over_once() {
+    let (first, second) = (Gate::closed(), Gate::open());
+    let router = start(
+        vec![
+            gated("first", 1, OFF, &first),
+            gated("second", 1, OFF, &second),
+        ],
+        RouterConfig {
+            unhealthy_after_failures: 1,
+            probe_interval: Duration::from_secs(600),
+            ..RouterConfig::default()
+        },
+    );
+    router.seed_service_time(0, Duration::from_nanos(1));
+    router.seed_service_time(1, Duration::from_secs(1));
+    let running = router.submit(0, far()).expect("admitted");
+    first.wait_entered(1);
+    let queued = router.submit(1, far()).expect("admitted");
+    assert_eq!((running.device(), queued.device()), (Some(0), Some(0)));
+    let (running, queued) = (answer_later(running), answer_later(queued));
+
+    // The running request fails; the device turns unhealthy; both move to `second`.
+    first.set_failing(true);
+    first.allow(1);
+    for handle in [running, queued] {
+        let done = handle
+            .join()
+            .expect("waiter")
+            .expect("served after fail-over");
+        assert_eq!((done.device, done.failed_over), (1, true));
+    }
+    assert_eq!(
+        first.ran(),
+        [vec![0]],
+        "the queued request never ran on the failed device"
+    );
+
+    // Once only: when the second device fails too, the request fails.
+    second.set_failing(true);
+    router.seed_service_time(1, Duration::from_nanos(1));
+    let ticket = router.submit(2, far()).expect("admitted");
+    let error = answer(ticket).expect_err("nowhere left");
+    assert!(
+        matches!(error, JobError::Failed { .. } | JobError::Rejected(_)),
+        "{error}"
+    );
+    first.set_open(true);
+    router.shutdown();
+}
+
+#[test]
+fn a_run_past_its_deadline_marks_the_device_unhealthy_and_moves_its_queue() {
+    let (stuck, spare) = (Gate::closed(), Gate::open());
+    let router = start(
+        vec![
+            gated("stuck", 1, OFF, &stuck),
+            gated("spare", 1, OFF, &spare),
+        ],
+        RouterConfig {
+            probe_interval: Duration::from_millis(10),
+            ..RouterConfig::default()
+        },
+    );
+    router.seed_service_time(0, Duration::from_nanos(1));
+    router.seed_service_time(1, Duration::from_secs(1));
+    let hung = router
+        .submit(0, Instant::now() + Duration::from_millis(100))
+        .expect("admitted");
+    stuck.wait_entered(1);
+    let behind = answer_later(router.submit(1, far()).expect("admitted"));
+
+    assert!(matches!(answer(hung), Err(JobError::DeadlineExceeded)));
+    let done = behind.join().expect("waiter").expect("moved to the spare");
+    assert_eq!((done.device, done.failed_over), (1, true));
+    assert!(!router.devices()[0].healthy);
+
+    // The stuck run ends; the next probe passes.
+    stuck.set_open(true);
+    eventually("the stuck device recovers", || router.devices()[0].healthy);
+    router.shutdown();
+}
+
+#[test]
+fn overload_is_refused_at_once_and_memory_stays_bounded() {
+    let gate = Gate::closed();
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        RouterConfig {
+            queue_capacity: 2,
+            ..RouterConfig::default()
+        },
+    );
+    let running = router.submit(0, far()).expect("admitted");
+    gate.wait_entered(1);
+    let queued: Vec<_> = (1..3)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    for id in 3..10_003 {
+        match router.submit(id, far()) {
+            Err(SubmitError::Overloaded { .. }) => {}
+            other => panic!(
+                "request {id}: expected Overloaded, got {:?}",
+                other.map(|t| t.device())
+            ),
+        }
+    }
+    // One running, two queued: nothing else was kept.
+    assert_eq!(router.in_flight(), 3);
+    assert_eq!(router.devices()[0].outstanding, 3);
+    assert_eq!(router.devices()[0].queued, 2);
+
+    gate.set_open(true);
+    assert!(answer(running).is_ok());
+    for t in queued {
+        assert!(answer(t).is_ok());
+    }
+    assert_eq!(router.in_flight(), 0);
+    router.shutdown();
+}
+
+#[test]
+fn the_global_in_flight_limit_refuses_before_any_queue_is_full() {
+    let (a, b) = (Gate::closed(), Gate::closed());
+    let router = start(
+        vec![gated("a", 1, OFF, &a), gated("b", 1, OFF, &b)],
+        RouterConfig {
+            queue_capacity: 16,
+            max_in_flight: Some(3),
+            ..RouterConfig::default()
+        },
+    );
+    let held: Vec<_> = (0..3)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    assert!(matches!(
+        router.submit(3, far()),
+        Err(SubmitError::Overloaded { capacity: 3 })
+    ));
+    a.set_open(true);
+    b.set_open(true);
+    for t in held {
+        assert!(answer(t).is_ok());
+    }
+    assert!(router.submit(4, far()).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn expired_requests_are_dropped_before_they_run() {
+    let gate = Gate::closed();
+    let router = start(vec![gated("only", 1, OFF, &gate)], RouterConfig::default());
+    let running = router.submit(0, far()).expect("admitted");
+    gate.wait_entered(1);
+    let expiring = router
+        .submit(1, Instant::now() + Duration::from_millis(30))
+        .expect("admitted");
+    let after = router.submit(2, far()).expect("admitted");
+    assert!(matches!(answer(expiring), Err(JobError::DeadlineExceeded)));
+
+    gate.set_open(true);
+    assert!(answer(running).is_ok());
+    assert_eq!(answer(after).expect("served").output, 2);
+    assert_eq!(gate.ran(), [vec![0], vec![2]]);
+    router.shutdown();
+}
+
+#[test]
+fn requests_whose_client_left_are_not_run() {
+    let gate = Gate::closed();
+    let router = start(vec![gated("only", 1, OFF, &gate)], RouterConfig::default());
+    let running = router.submit(0, far()).expect("admitted");
+    gate.wait_entered(1);
+    let abandoned = router.submit(1, far()).expect("admitted");
+    let after = router.submit(2, far()).expect("admitted");
+    drop(abandoned);
+
+    gate.set_open(true);
+    assert!(answer(running).is_ok());
+    assert!(answer(after).is_ok());
+    assert_eq!(gate.ran(), [vec![0], vec![2]]);
+    let cancelled = router
+        .metrics()
+        .cancelled
+        .get_or_create(&DeviceLabel {
+            device: "only".into(),
+        })
+        .get();
+    assert_eq!(cancelled, 1);
+    router.shutdown();
+}
+
+#[test]
+fn batches_form_under_load_and_not_when_idle() {
+    let gate = Gate::open();
+    let batching = BatchingSpec {
+        max_batch: 4,
+        max_wait_us: 2_000,
+    };
+    let router = start(
+        vec![gated("batched", 1, batching, &gate)],
+        RouterConfig::default(),
+    );
+
+    // Idle: a lone request runs alone, at once.
+    let done = answer(router.submit(0, far()).expect("admitted")).expect("served");
+    assert_eq!(done.batch_size, 1);
+
+    // Under load: five wait behind a running one; four go in one run, then the last.
+    gate.set_open(false);
+    let running = router.submit(1, far()).expect("admitted");
+    gate.wait_entered(2);
+    let waiting: Vec<_> = (2..7)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    gate.set_open(true);
+    assert_eq!(answer(running).expect("served").batch_size, 1);
+    let sizes: Vec<usize> = waiting
+        .into_iter()
+        .map(|t| answer(t).expect("served").batch_size)
+        .collect();
+    assert_eq!(sizes, [4, 4, 4, 4, 1]);
+    assert_eq!(gate.ran(), [vec![0], vec![1], vec![2, 3, 4, 5], vec![6]]);
+    router.shutdown();
+}
+
+#[test]
+fn with_no_healthy_device_requests_are_refused() {
+    let gate = Gate::open();
+    gate.set_failing(true);
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        RouterConfig {
+            unhealthy_after_failures: 1,
+            probe_interval: Duration::from_secs(600),
+            ..RouterConfig::default()
+        },
+    );
+    let error = answer(router.submit(0, far()).expect("admitted")).expect_err("failed");
+    assert!(
+        matches!(error, JobError::Rejected(SubmitError::NoHealthyDevice)),
+        "{error}"
+    );
+    assert!(matches!(
+        router.submit(1, far()),
+        Err(SubmitError::NoHealthyDevice)
+    ));
+    router.shutdown();
+}
+
+#[test]
+fn simulated_devices_run_through_the_same_router() {
+    let (setups, controls) = sim_devices(
+        &[1.0, 0.5],
+        ServiceTime {
+            median: Duration::from_micros(200),
+            sigma: 0.2,
+        },
+        1,
+        BatchingSpec::OFF,
+        0.0,
+        3,
+    );
+    let router = Arc::new(Router::start(
+        setups,
+        RouterConfig {
+            queue_capacity: 512,
+            ..RouterConfig::default()
+        },
+    ));
+    router.wait_ready().expect("simulated devices load");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = drive(
+        &router,
+        &runtime,
+        &LoadSpec {
+            arrivals: Arrivals::Poisson { rate_per_s: 1000.0 },
+            requests: 300,
+            deadline: Duration::from_secs(600),
+            seed: 5,
+        },
+    );
+    assert_eq!(
+        (report.completed, report.rejected, report.failed),
+        (300, 0, 0)
+    );
+    let runs: usize = controls
+        .iter()
+        .map(|c| c.runs.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    assert_eq!(runs, 300);
+    router.shutdown();
+}
