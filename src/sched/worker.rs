@@ -84,8 +84,14 @@ pub(crate) fn spawn<E: Executor>(
 
 fn load_failed(state: &DeviceState, replica: usize, error: String) {
     tracing::error!(device = %state.name, replica, error = %error, "replica failed to load");
-    let mut slot = state.load_error.lock().unwrap_or_else(|p| p.into_inner());
-    slot.get_or_insert(error);
+    state
+        .load_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(error);
+    // No traffic to a device that cannot run it: requests get a 503 at once instead of
+    // waiting in a queue no replica serves until their deadline.
+    state.mark_unhealthy("a replica failed to load its models");
 }
 
 struct Replica<E: Executor> {
