@@ -1,6 +1,7 @@
-//! The command line: `serve`, `run`, `inspect`. Each subcommand lives in its own module
+//! The command line: `serve`, `run`, `build`, `inspect`. Each subcommand lives in its own module
 //! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
 
+mod build;
 mod inspect;
 mod run;
 mod serve;
@@ -24,7 +25,10 @@ enum Command {
     Serve(crate::config::ServeArgs),
     /// Offline inference on files or folders.
     Run(run::RunArgs),
-    /// What is inside a model directory's pipeline, or an ONNX model.
+    /// TensorRT engines for each GPU model of this machine (on a CPU-only machine:
+    /// validates the models with ONNX Runtime).
+    Build(build::BuildArgs),
+    /// What is inside a model directory's pipeline, an ONNX model, or an engine.
     Inspect(inspect::InspectArgs),
 }
 
@@ -33,6 +37,7 @@ impl Cli {
         match self.command {
             Command::Serve(args) => serve::serve(args),
             Command::Run(args) => run::run(args),
+            Command::Build(args) => build::build(args),
             Command::Inspect(args) => inspect::inspect(args),
         }
     }
