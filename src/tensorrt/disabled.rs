@@ -51,6 +51,10 @@ impl TensorRt {
         None
     }
 
+    pub fn compiled_parser_version() -> Option<TrtVersion> {
+        None
+    }
+
     pub fn load_runtime() -> Result<Self, TrtError> {
         Err(TrtError::NotBuilt)
     }

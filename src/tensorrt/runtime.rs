@@ -100,6 +100,15 @@ impl TensorRt {
         compiled_version()
     }
 
+    /// The ONNX parser interface version of the headers (NV_ONNX_PARSER_VERSION); a
+    /// parser library must have its major and at least its minor.
+    pub fn compiled_parser_version() -> Option<TrtVersion> {
+        // SAFETY: returns a constant; no preconditions.
+        Some(TrtVersion::from_encoded(unsafe {
+            sys::celer_trt_compiled_parser_version()
+        }))
+    }
+
     /// libnvinfer only, for running engines ([`LibraryPaths::from_env`]).
     pub fn load_runtime() -> Result<Self, TrtError> {
         Self::load(&LibraryPaths::from_env(), false)
@@ -121,7 +130,7 @@ impl TensorRt {
             sys::celer_trt_library_open(nvinfer.as_ptr(), Some(result::log_message), &mut raw)
         };
         check(status, "celer_trt_library_open")
-            .map_err(|e| library_error(e, "CELER_NVINFER_PATH", &paths.nvinfer))?;
+            .map_err(|e| library_error(e, "CELER_NVINFER_PATH"))?;
         let raw = NonNull::new(raw)
             .ok_or_else(|| TrtError::Library("the shim returned no library".into()))?;
         // SAFETY: `raw` is the open library.
@@ -145,7 +154,7 @@ impl TensorRt {
             let status =
                 unsafe { sys::celer_trt_library_open_parser(lib.raw.as_ptr(), parser.as_ptr()) };
             check(status, "celer_trt_library_open_parser")
-                .map_err(|e| library_error(e, "CELER_NVONNXPARSER_PATH", &paths.nvonnxparser))?;
+                .map_err(|e| library_error(e, "CELER_NVONNXPARSER_PATH"))?;
             lib.has_parser = true;
         }
         tracing::info!(version = %lib.version, library = %lib.file.display(), "TensorRT loaded");
@@ -185,13 +194,12 @@ impl TensorRt {
 }
 
 /// Adds what to do to a failure to open a library.
-fn library_error(e: TrtError, variable: &str, path: &Path) -> TrtError {
+fn library_error(e: TrtError, variable: &str) -> TrtError {
     let major = compiled_version().map_or(0, |v| v.major);
     match e {
         TrtError::LibraryNotFound(message) => TrtError::LibraryNotFound(format!(
             "{message}. Install TensorRT {major}.x and put its lib directory on LD_LIBRARY_PATH, \
-             or set {variable} to the library file (looked for {})",
-            path.display()
+             or set {variable} to the library file"
         )),
         TrtError::Call { message, .. } => TrtError::Library(message),
         other => other,

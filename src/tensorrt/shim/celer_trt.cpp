@@ -216,8 +216,14 @@ void* open_library(char const* path)
     void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (handle == nullptr)
     {
-        char const* reason = dlerror();
-        throw NotFound(std::string("cannot open ") + path + ": " + (reason != nullptr ? reason : "unknown error"));
+        char const* error = dlerror();
+        std::string reason = error != nullptr ? error : "unknown error";
+        // glibc's message usually starts with the name already.
+        if (reason.find(path) == std::string::npos)
+        {
+            reason = std::string(path) + ": " + reason;
+        }
+        throw NotFound("cannot open " + reason);
     }
     return handle;
 }
@@ -479,11 +485,14 @@ celer_trt_status celer_trt_library_open_parser(celer_trt_library* lib, char cons
         dlerror();
         void* its_version_fn = dlsym(handle, "getInferLibVersion");
         void* our_version_fn = dlsym(lib->nvinfer, "getInferLibVersion");
+        if (its_version_fn == nullptr)
+        {
+            throw Failure(resolved + " does not link libnvinfer: it is not TensorRT's ONNX parser");
+        }
         if (its_version_fn != our_version_fn)
         {
-            std::string its = its_version_fn != nullptr ? resolved_path(its_version_fn, "?") : "none";
-            throw Failure(resolved + " is linked with libnvinfer " + its + ", not with the opened " + lib->resolved
-                + "; use the ONNX parser of the same TensorRT installation");
+            throw Failure(resolved + " is linked with " + resolved_path(its_version_fn, "another libnvinfer")
+                + ", not with the opened " + lib->resolved + "; use the ONNX parser of the same TensorRT installation");
         }
         lib->nvonnxparser = guard.release();
         lib->parser_version = version;
