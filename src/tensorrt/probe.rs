@@ -83,7 +83,7 @@ fn driver() -> Result<&'static Driver, String> {
             // driver's user-space library, loaded as every CUDA program loads it.
             let library = unsafe { libloading::Library::new(&path) }.map_err(|e| {
                 format!(
-                    "no NVIDIA driver ({} cannot be loaded: {})",
+                    "no NVIDIA driver: {} cannot be loaded: {}",
                     path.to_string_lossy(),
                     with_source(&e)
                 )
