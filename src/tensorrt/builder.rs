@@ -20,8 +20,9 @@ pub struct Network {
     _lib: Arc<Library>,
 }
 
-// SAFETY: TensorRT's builder may be used by one thread at a time, from any thread;
-// `Network` is not Sync and `build` takes `&mut self`, so Rust enforces that.
+/// # Safety
+/// TensorRT's builder may be used by one thread at a time, from any thread;
+/// `Network` is not Sync and `build` takes `&mut self`, so Rust enforces that.
 unsafe impl Send for Network {}
 
 impl Drop for Network {

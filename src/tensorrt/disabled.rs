@@ -135,7 +135,6 @@ impl Engine {
 
     /// # Safety
     /// As with the `tensorrt` feature; unreachable here.
-    #[allow(unsafe_code)]
     pub unsafe fn create_context_with_memory(
         self: &Arc<Self>,
         _memory: DevicePtr,
@@ -173,7 +172,6 @@ impl ExecutionContext {
 
     /// # Safety
     /// As with the `tensorrt` feature; unreachable here.
-    #[allow(unsafe_code)]
     pub unsafe fn set_tensor_address(
         &mut self,
         _name: &str,
@@ -184,7 +182,6 @@ impl ExecutionContext {
 
     /// # Safety
     /// As with the `tensorrt` feature; unreachable here.
-    #[allow(unsafe_code)]
     pub unsafe fn enqueue(&mut self, _stream: CudaStream) -> Result<(), TrtError> {
         match self.never {}
     }

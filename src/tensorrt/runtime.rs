@@ -64,11 +64,13 @@ pub(super) struct Library {
     pub(super) has_parser: bool,
 }
 
-// SAFETY: the shim's library object is immutable after `celer_trt_library_open(_parser)`
-// (both done before it is shared) and holds process-wide dlopen handles, usable from
-// any thread.
+/// # Safety
+/// The shim's library object is immutable after `celer_trt_library_open(_parser)`
+/// (both done before it is shared) and holds process-wide dlopen handles, usable from
+/// any thread.
 unsafe impl Send for Library {}
-// SAFETY: as for Send; shared access only reads it.
+/// # Safety
+/// As for Send; shared access only reads it.
 unsafe impl Sync for Library {}
 
 impl Drop for Library {
@@ -221,11 +223,13 @@ struct RuntimeInner {
     _lib: Arc<Library>,
 }
 
-// SAFETY: TensorRT objects are not bound to the thread that created them; the only call
-// into the IRuntime (`deserialize`) is serialised by the mutex, and engines keep the
-// runtime alive only through this Arc.
+/// # Safety
+/// TensorRT objects are not bound to the thread that created them; the only call
+/// into the IRuntime (`deserialize`) is serialised by the mutex, and engines keep the
+/// runtime alive only through this Arc.
 unsafe impl Send for RuntimeInner {}
-// SAFETY: as for Send.
+/// # Safety
+/// As for Send.
 unsafe impl Sync for RuntimeInner {}
 
 impl Drop for RuntimeInner {
@@ -289,12 +293,14 @@ pub struct Engine {
     _runtime: Arc<RuntimeInner>,
 }
 
-// SAFETY: TensorRT objects are not thread-affine, and every call into the ICudaEngine
-// goes through `calls`; execution contexts, the part TensorRT says must not be shared
-// between threads, are separate objects (`ExecutionContext`, not Sync).
+/// # Safety
+/// TensorRT objects are not thread-affine, and every call into the ICudaEngine
+/// goes through `calls`; execution contexts, the part TensorRT says must not be shared
+/// between threads, are separate objects (`ExecutionContext`, not Sync).
 unsafe impl Send for Engine {}
-// SAFETY: as for Send: shared access either reads Rust-side copies (`io`) or takes
-// the `calls` lock.
+/// # Safety
+/// As for Send: shared access either reads Rust-side copies (`io`) or takes
+/// the `calls` lock.
 unsafe impl Sync for Engine {}
 
 impl Drop for Engine {
@@ -477,14 +483,17 @@ pub struct ExecutionContext {
     engine: Arc<Engine>,
 }
 
-// SAFETY: TensorRT allows a context to be used from any thread as long as no two use it
-// at once ("the runtime can be used by multiple threads simultaneously, so long as each
-// object uses a different execution context"); without Sync, and with every mutating
-// call on `&mut self`, Rust enforces exactly that.
+/// # Safety
+/// TensorRT allows a context to be used from any thread as long as no two use it
+/// at once ("the runtime can be used by multiple threads simultaneously, so long as each
+/// object uses a different execution context"); without Sync, and with every mutating
+/// call on `&mut self`, Rust enforces exactly that.
 unsafe impl Send for ExecutionContext {}
 
 impl Drop for ExecutionContext {
     fn drop(&mut self) {
+        // Destroying a context touches its engine; serialised like every engine call.
+        let _guard = self.engine.lock();
         // SAFETY: created by celer_trt_context_create and destroyed once, before the
         // engine (`engine` field, dropped after this).
         unsafe { sys::celer_trt_context_destroy(self.raw.as_ptr()) }

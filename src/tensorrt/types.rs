@@ -238,12 +238,12 @@ impl CudaStream {
     }
 }
 
-// SAFETY: a stream handle is an opaque token that the CUDA driver accepts from any host
-// thread (the driver API is thread-safe); `CudaStream` never dereferences it.
-#[allow(unsafe_code)]
+/// # Safety
+/// A stream handle is an opaque token that the CUDA driver accepts from any host
+/// thread (the driver API is thread-safe); `CudaStream` never dereferences it.
 unsafe impl Send for CudaStream {}
-// SAFETY: as for Send; sharing the token gives no access beyond copying it.
-#[allow(unsafe_code)]
+/// # Safety
+/// As for Send; sharing the token gives no access beyond copying it.
 unsafe impl Sync for CudaStream {}
 
 /// An address in device memory (a `CUdeviceptr` as a pointer), owned by the caller.
@@ -265,12 +265,12 @@ impl DevicePtr {
     }
 }
 
-// SAFETY: a device address is a number that host code never dereferences; the CUDA
-// driver accepts it from any host thread.
-#[allow(unsafe_code)]
+/// # Safety
+/// A device address is a number that host code never dereferences; the CUDA
+/// driver accepts it from any host thread.
 unsafe impl Send for DevicePtr {}
-// SAFETY: as for Send.
-#[allow(unsafe_code)]
+/// # Safety
+/// As for Send.
 unsafe impl Sync for DevicePtr {}
 
 /// A build-progress event from TensorRT's builder (IProgressMonitor).
