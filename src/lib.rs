@@ -16,3 +16,7 @@ pub mod error;
 pub mod http;
 pub mod pipeline;
 pub mod sched;
+// FFI: the TensorRT shim (only compiled with the `tensorrt` feature) and the CUDA driver
+// probe. Every unsafe block there carries a SAFETY comment.
+#[allow(unsafe_code)]
+pub mod tensorrt;

@@ -1,20 +1,31 @@
-//! `celer inspect`: what a model directory's pipeline runs, or what an ONNX model takes
-//! and returns.
+//! `celer inspect`: what a model directory's pipeline runs (and which engines it has),
+//! what an ONNX model takes and returns, or what an engine was built for (its manifest,
+//! and its I/O as TensorRT reports it where TensorRT and that GPU are available).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::Args;
 
 use crate::backend::ort::OrtModel;
 use crate::config::PIPELINE_FILE;
+use crate::tensorrt::manifest::{list_manifests, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
+use crate::tensorrt::probe;
+use crate::tensorrt::profile::shape_string;
+use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
 #[derive(Debug, Clone, Args)]
 pub struct InspectArgs {
-    /// A model directory (with celer.toml) or an .onnx file.
+    /// A model directory (with celer.toml), an .onnx file, or an engine (its .plan, its
+    /// manifest.json, or its folder).
     pub path: PathBuf,
 }
 
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+    if let Some(dir) = engine_folder(&args.path) {
+        return inspect_engine(&dir);
+    }
+    let mut engines = None;
     let models = if args.path.is_dir() || args.path.ends_with(PIPELINE_FILE) {
         let dir = if args.path.is_dir() {
             args.path.clone()
@@ -22,6 +33,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
             args.path.parent().map(PathBuf::from).unwrap_or_default()
         };
         let spec = super::load_pipeline(&dir)?;
+        engines = Some(dir.join(ENGINES_DIR));
         println!("pipeline {}", spec.source.display());
         println!("  segmentation: {:?}", spec.segmentation);
         println!("  trimap:       {:?}", spec.trimap);
@@ -46,5 +58,153 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(engines) = engines {
+        let found = list_manifests(&engines);
+        if found.is_empty() {
+            println!(
+                "engines: none in {} (`celer build` makes them)",
+                engines.display()
+            );
+        }
+        for path in found {
+            match EngineManifest::read(&path) {
+                Ok(m) => println!(
+                    "engine {}: {} for {} (compute capability {}), TensorRT {}, {}",
+                    path.parent().unwrap_or(&path).display(),
+                    m.model,
+                    m.gpu.name,
+                    m.gpu.compute_capability,
+                    m.tensorrt_version,
+                    m.precision
+                ),
+                Err(e) => println!("engine {}: {e}", path.display()),
+            }
+        }
+    }
     Ok(())
+}
+
+/// The engine folder `path` names: a .plan, a manifest.json, or a folder holding one.
+fn engine_folder(path: &Path) -> Option<PathBuf> {
+    let is_plan = path.extension().is_some_and(|e| e == "plan");
+    let is_manifest = path.file_name().is_some_and(|n| n == MANIFEST_FILE);
+    if is_plan || is_manifest {
+        return Some(path.parent().map(Path::to_path_buf).unwrap_or_default());
+    }
+    (path.is_dir() && path.join(MANIFEST_FILE).is_file()).then(|| path.to_path_buf())
+}
+
+fn inspect_engine(dir: &Path) -> anyhow::Result<()> {
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let m = EngineManifest::read(&manifest_path)
+        .with_context(|| format!("an engine is inspected through the {MANIFEST_FILE} that `celer build` writes next to it"))?;
+    let plan = dir.join(&m.plan_file);
+    println!(
+        "engine {} ({} bytes, sha256 {})",
+        plan.display(),
+        m.plan_bytes,
+        short(&m.plan_sha256)
+    );
+    println!(
+        "  model        {} ({}, sha256 {})",
+        m.model,
+        m.onnx_file,
+        short(&m.onnx_sha256)
+    );
+    println!(
+        "  gpu          {} (compute capability {})",
+        m.gpu.name, m.gpu.compute_capability
+    );
+    println!("  tensorrt     {}", m.tensorrt_version);
+    println!(
+        "  cuda driver  {}",
+        m.cuda_driver_version.as_deref().unwrap_or("?")
+    );
+    println!("  precision    {}", m.precision);
+    println!(
+        "  built        by celer {} in {:.1} s, workspace {}, timing cache {}",
+        m.build.celer_version,
+        m.build.build_seconds,
+        m.build
+            .workspace_mib
+            .map_or("default".to_string(), |w| format!("{w} MiB")),
+        m.build.timing_cache.as_deref().unwrap_or("none")
+    );
+    print_tensors(&m.inputs, &m.outputs);
+    print_profiles(&m.profile);
+    match engine_io(&plan, &m) {
+        Ok((io, profiles)) => {
+            println!("as TensorRT loads it:");
+            let (inputs, outputs): (Vec<_>, Vec<_>) = io.into_iter().partition(|t| t.is_input);
+            print_tensors(&inputs, &outputs);
+            print_profiles(&profiles);
+        }
+        Err(reason) => println!("engine I/O from TensorRT: not shown ({reason:#})"),
+    }
+    Ok(())
+}
+
+/// Deserialises the plan on a GPU of the kind it was built for, to list its I/O.
+fn engine_io(
+    plan: &Path,
+    m: &EngineManifest,
+) -> anyhow::Result<(Vec<TensorDesc>, Vec<InputProfile>)> {
+    let trt = TensorRt::load_runtime()?;
+    let inventory = probe::probe();
+    let device = inventory
+        .devices
+        .iter()
+        .find(|d| d.identity == m.gpu)
+        .with_context(|| {
+            format!(
+                "no {} (compute capability {}) on this machine{}",
+                m.gpu.name,
+                m.gpu.compute_capability,
+                inventory
+                    .absent
+                    .as_deref()
+                    .map(|a| format!(": {a}"))
+                    .unwrap_or_default()
+            )
+        })?;
+    let _current = probe::bind_device(device.ordinal).map_err(anyhow::Error::msg)?;
+    let bytes = std::fs::read(plan).with_context(|| format!("cannot read {}", plan.display()))?;
+    let engine = trt.runtime()?.deserialize(&bytes)?;
+    let mut profiles = Vec::new();
+    for index in 0..engine.profile_count()? {
+        for input in engine.inputs() {
+            if input.shape.iter().any(|d| *d < 0) {
+                profiles.push(engine.profile(&input.name, index)?);
+            }
+        }
+    }
+    Ok((engine.io_tensors().to_vec(), profiles))
+}
+
+fn print_tensors(inputs: &[TensorDesc], outputs: &[TensorDesc]) {
+    for t in inputs.iter().chain(outputs) {
+        let kind = if t.is_input { "input " } else { "output" };
+        println!(
+            "  {kind} {:<12} {:<8} {}",
+            t.name,
+            t.data_type.to_string(),
+            shape_string(&t.shape)
+        );
+    }
+}
+
+fn print_profiles(profiles: &[InputProfile]) {
+    for p in profiles {
+        println!(
+            "  profile {}: min {} opt {} max {}",
+            p.name,
+            shape_string(&p.min),
+            shape_string(&p.opt),
+            shape_string(&p.max)
+        );
+    }
+}
+
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
 }

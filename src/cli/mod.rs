@@ -1,7 +1,9 @@
-//! The command line: `serve`, `run`, `inspect`, `bench`, `sim`. Each subcommand lives in its own module
-//! and returns `anyhow::Result` (the binary's boundary; the library uses typed errors).
+//! The command line: `serve`, `run`, `build`, `inspect`, `bench`, `sim`. Each subcommand
+//! lives in its own module and returns `anyhow::Result` (the binary's boundary; the
+//! library uses typed errors).
 
 mod bench;
+mod build;
 mod inspect;
 mod run;
 mod serve;
@@ -26,7 +28,10 @@ enum Command {
     Serve(crate::config::ServeArgs),
     /// Offline inference on files or folders.
     Run(run::RunArgs),
-    /// What is inside a model directory's pipeline, or an ONNX model.
+    /// TensorRT engines for each GPU model of this machine (on a CPU-only machine:
+    /// validates the models with ONNX Runtime).
+    Build(build::BuildArgs),
+    /// What is inside a model directory's pipeline, an ONNX model, or an engine.
     Inspect(inspect::InspectArgs),
     /// Latency benchmarking: load against a server, or in-process stage timings.
     #[command(subcommand)]
@@ -41,6 +46,7 @@ impl Cli {
         match self.command {
             Command::Serve(args) => serve::serve(args),
             Command::Run(args) => run::run(args),
+            Command::Build(args) => build::build(args),
             Command::Inspect(args) => inspect::inspect(args),
             Command::Bench(command) => bench::bench(command),
             Command::Sim(args) => sim::sim(args),

@@ -1,0 +1,123 @@
+# syntax=docker/dockerfile:1.7
+#
+# celer for Amazon SageMaker "bring your own container" (real-time endpoints and batch
+# transform). SageMaker runs the image as `docker run IMAGE serve`, mounts the model
+# archive at /opt/ml/model and sends traffic to port 8080 (or SAGEMAKER_BIND_TO_PORT).
+#
+# Two targets:
+#   docker build -t celer:gpu .               TensorRT engines on NVIDIA GPUs, ONNX Runtime
+#                                             on the CPU as fallback (the default target)
+#   docker build --target cpu -t celer:cpu .  ONNX Runtime on the CPU only, no CUDA at all
+#
+# The NVIDIA driver is not in the image: on GPU instances the NVIDIA container toolkit
+# mounts the host's driver (libcuda.so.1) at run time. Engines are specific to the GPU
+# model and the TensorRT version, so build them with this image on the instance type you
+# deploy to: `docker run --gpus all -v $PWD/model:/opt/ml/model celer:gpu build`.
+#
+# celer is PID 1 on purpose (exec-form ENTRYPOINT, no init wrapper): it receives
+# SageMaker's SIGTERM itself and drains in-flight requests before exiting.
+
+# ---- pinned versions --------------------------------------------------------------
+# NGC TensorRT image: TensorRT 10.8 with CUDA 12.8 on Ubuntu 24.04. The shim is compiled
+# against its headers, and the runtime stage copies its libraries, so the two always
+# agree; celer refuses a libnvinfer of another major version or an older minor at start.
+ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.01-py3
+# CUDA runtime (cudart, NVRTC for celer's kernels) of the same CUDA and Ubuntu release.
+ARG CUDA_RUNTIME_IMAGE=nvcr.io/nvidia/cuda:12.8.0-runtime-ubuntu24.04
+ARG RUST_VERSION=1.95.0
+# The ONNX Runtime wheel whose libonnxruntime.so celer loads (the one scripts/
+# requirements.txt pins for development).
+ARG ONNXRUNTIME_VERSION=1.31.1
+
+# ---- ONNX Runtime's shared library, from the PyPI wheel ---------------------------
+FROM python:3.12-slim-bookworm AS onnxruntime
+ARG ONNXRUNTIME_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip download --no-deps --only-binary=:all: --dest /tmp/wheel \
+        --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
+        --python-version 3.12 "onnxruntime==${ONNXRUNTIME_VERSION}" \
+ && python -m zipfile -e /tmp/wheel/onnxruntime-*.whl /tmp/ort \
+ && mkdir -p /opt/celer/onnxruntime \
+ && cp /tmp/ort/onnxruntime/capi/libonnxruntime.so.* /opt/celer/onnxruntime/ \
+ && ln -s "$(cd /opt/celer/onnxruntime && ls libonnxruntime.so.* | head -1)" /opt/celer/onnxruntime/libonnxruntime.so \
+ && ls -l /opt/celer/onnxruntime
+
+# ---- GPU build: celer with --features tensorrt, in NVIDIA's TensorRT image -----------
+FROM ${TENSORRT_IMAGE} AS build-gpu
+ARG RUST_VERSION
+ENV DEBIAN_FRONTEND=noninteractive
+# libclang: bindgen generates the shim's Rust bindings.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl libclang-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo PATH=/usr/local/cargo/bin:$PATH
+RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+    | sh -s -- -y --no-modify-path --profile minimal --default-toolchain "${RUST_VERSION}"
+# Where this image keeps TensorRT: found rather than assumed, and checked.
+RUN set -eu; \
+    header="$(find /usr/include /usr/local /opt -name NvInfer.h -print -quit 2>/dev/null)"; \
+    lib="$(find /usr/lib /usr/local /opt -name 'libnvinfer.so.[0-9]*' -print -quit 2>/dev/null)"; \
+    [ -n "$header" ] && [ -n "$lib" ] || { echo "TensorRT headers or libraries not found" >&2; exit 1; }; \
+    incdir="$(dirname "$header")"; libdir="$(dirname "$lib")"; \
+    [ -f "$incdir/NvOnnxParser.h" ] || { echo "NvOnnxParser.h not next to $header" >&2; exit 1; }; \
+    mkdir -p /opt/celer/tensorrt/lib; \
+    echo "$incdir" > /opt/celer/tensorrt/include-dir; \
+    cp -a "$libdir"/libnvinfer.so.[0-9]* "$libdir"/libnvonnxparser.so.[0-9]* /opt/celer/tensorrt/lib/; \
+    cp -a "$libdir"/libnvinfer_builder_resource* /opt/celer/tensorrt/lib/ 2>/dev/null || true; \
+    ls -l /opt/celer/tensorrt/lib
+# The pinned toolchain, not rust-toolchain.toml's moving "stable".
+ENV RUSTUP_TOOLCHAIN=${RUST_VERSION}
+WORKDIR /src
+COPY . .
+# Cache mounts keep the registry and target/ between builds; the binary is copied out
+# of the mount. --locked: exactly the dependencies of Cargo.lock.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=celer-target-gpu \
+    TENSORRT_INCLUDE_DIR="$(cat /opt/celer/tensorrt/include-dir)" \
+    CUDA_INCLUDE_DIR=/usr/local/cuda/include \
+    cargo build --release --locked --features tensorrt \
+ && install -D target/release/celer /opt/celer/bin/celer
+
+# ---- CPU build: the default features, for a plain Debian runtime --------------------
+FROM rust:${RUST_VERSION}-slim-bookworm AS build-cpu
+ARG RUST_VERSION
+ENV RUSTUP_TOOLCHAIN=${RUST_VERSION}
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=celer-target-cpu \
+    cargo build --release --locked \
+ && install -D target/release/celer /opt/celer/bin/celer
+
+# ---- CPU runtime ---------------------------------------------------------------------
+FROM debian:bookworm-slim AS cpu
+COPY --from=build-cpu /opt/celer/bin/celer /usr/local/bin/celer
+COPY --from=onnxruntime /opt/celer/onnxruntime /opt/celer/onnxruntime
+ENV ORT_DYLIB_PATH=/opt/celer/onnxruntime/libonnxruntime.so \
+    CELER_MODEL_DIR=/opt/ml/model \
+    CELER_LOG=info,ort=warn
+# Fail the image build, not the endpoint, if a shared library is missing.
+RUN ! ldd /usr/local/bin/celer /opt/celer/onnxruntime/libonnxruntime.so | grep "not found"
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+EXPOSE 8080
+ENTRYPOINT ["celer"]
+CMD ["serve"]
+
+# ---- GPU runtime (default target) ----------------------------------------------------
+FROM ${CUDA_RUNTIME_IMAGE} AS gpu
+COPY --from=build-gpu /opt/celer/bin/celer /usr/local/bin/celer
+COPY --from=build-gpu /opt/celer/tensorrt/lib /opt/celer/tensorrt/lib
+COPY --from=onnxruntime /opt/celer/onnxruntime /opt/celer/onnxruntime
+# celer opens libnvinfer.so.<major> / libnvonnxparser.so.<major> by soname at run time;
+# the loader cache finds them (and the builder resource library next to them).
+RUN echo /opt/celer/tensorrt/lib > /etc/ld.so.conf.d/celer-tensorrt.conf && ldconfig \
+ && ! ldd /usr/local/bin/celer /opt/celer/onnxruntime/libonnxruntime.so \
+        /opt/celer/tensorrt/lib/libnvinfer.so.[0-9]* /opt/celer/tensorrt/lib/libnvonnxparser.so.[0-9]* \
+      | grep "not found"
+ENV ORT_DYLIB_PATH=/opt/celer/onnxruntime/libonnxruntime.so \
+    CELER_MODEL_DIR=/opt/ml/model \
+    CELER_LOG=info,ort=warn
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+EXPOSE 8080
+ENTRYPOINT ["celer"]
+CMD ["serve"]
