@@ -54,6 +54,15 @@ pub struct DeviceModel<'a> {
     pub mean_b: &'a CudaSlice<f32>,
 }
 
+/// The most pixels the guide's horizontal pass writes, `ceil(W/s) * H`, for
+/// `W * H <= max_pixels`, sides at most `max_side`: at most `W * H / s + H`.
+pub fn horizontal_capacity(max_pixels: u64, max_side: u32, subsample: u32) -> usize {
+    let s = u64::from(subsample.max(1));
+    let side = u64::from(max_side);
+    let bound = (max_pixels / s + side).min(side.div_ceil(s) * side);
+    usize::try_from(bound).unwrap_or(usize::MAX)
+}
+
 /// One replica's fast guided filter: buffers for sources up to the limits given at
 /// allocation, masks up to `mask_max` a side, one subsample.
 pub struct FastGuidedFilter {
@@ -96,7 +105,7 @@ impl FastGuidedFilter {
         // With subsample 1 the guide is the source's luma: no RGB resize buffers.
         let (rgb_tmp, rgb_small, guide_side) = if s > 1 {
             (
-                low_side as usize * max_side as usize * 3,
+                horizontal_capacity(max_pixels, max_side, s) * 3,
                 low_px * 3,
                 max_side,
             )
@@ -299,7 +308,12 @@ mod tests {
 
     #[test]
     fn low_capacity_bounds_every_shape_within_the_limits() {
-        for (max_px, side) in [(100u64, 40u32), (5000, 97), (4032 * 3024, 4032)] {
+        for (max_px, side) in [
+            (100u64, 40u32),
+            (5000, 97),
+            (4032 * 3024, 4032),
+            (50_000_000, 16_384),
+        ] {
             for s in 1..=5u32 {
                 let cap = low_capacity(max_px, side, s) as u64;
                 let mut worst = 0u64;
