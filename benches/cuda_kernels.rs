@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use celer::config::{Normalize, Scale};
+use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
 use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
 use celer::pipeline::plane::Plane;
@@ -191,13 +192,23 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
     let mut pvt = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
     pht.set_convolution(&s, 320, w).unwrap();
     pvt.set_convolution(&s, 320, h).unwrap();
-    let (mut ptmp, mut p, mut luma, mut q) = (
+    let (mut ptmp, mut p, mut luma) = (
         zeros::<f32>(&s, w as usize * 320),
         zeros::<f32>(&s, n),
         zeros::<f32>(&s, n),
-        zeros::<f32>(&s, n),
     );
-    let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
+    // The fast guided filter as served (radius 8, subsample 4), and the classic one.
+    let served = GuidedParams {
+        radius: 8,
+        epsilon: 1e-3,
+        subsample: 4,
+    };
+    let classic = GuidedParams {
+        subsample: 1,
+        ..served
+    };
+    let mut fast = FastGuidedFilter::alloc(&s, served, n as u64, w, (320, 320)).unwrap();
+    let mut full = FastGuidedFilter::alloc(&s, classic, n as u64, w, (320, 320)).unwrap();
     let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
     // Prime the buffers the later stages read.
     l.probability_trimap(
@@ -213,8 +224,21 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
     .unwrap();
     l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
         .unwrap();
+    fast.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap();
+    full.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap();
+    s.synchronize().unwrap();
+    // The share of unknown pixels, which the alpha pass evaluates the model at.
+    let band = s
+        .clone_dtoh(&trimap_full)
+        .map(|t| t[..n].iter().filter(|&&v| v != 0 && v != 255).count())
+        .unwrap_or(0) as f64;
+    println!(
+        "trimap: {:.1}% of the 4032x3024 pixels unknown",
+        100.0 * band / n as f64
+    );
 
     let nb = n as f64;
+    let low = 1008.0 * 756.0;
     // (name, bytes read + written, GPU ms)
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     rows.push((
@@ -275,20 +299,50 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         nb * 7.0,
         gpu_ms(dev, &s, || l.luma(&rgb, n as u32, &mut luma).unwrap()),
     ));
+    // Fit at 1/4: guide resize (read the source, write 1/16), mask resize, luma, and
+    // the four box passes over 1/16 of the pixels.
+    let fit_bytes = nb * 3.0
+        + w as f64 * 3024.0 * 3.0 * 2.0 / 4.0
+        + low * (3.0 + 3.0 + 4.0 + 4.0)
+        + 4.0 * low * (4.0 + 2.0 + 4.0 + 4.0 + 2.0 + 2.0 + 2.0 + 2.0);
     rows.push((
-        "guided filter r=8 4032x3024 (4 passes)",
-        nb * 4.0 * (4.0 + 2.0 + 4.0 + 4.0 + 2.0 + 2.0 + 2.0 + 3.0),
+        "fast guided filter fit r=8 s=4 (at 1008x756)",
+        fit_bytes,
         gpu_ms(dev, &s, || {
-            l.guided_filter(&luma, &p, (w, h), 8, 1e-3, &mut scratch, &mut q)
+            fast.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap()
+        }),
+    ));
+    // Apply: trimap everywhere; RGB and the model only in the band; alpha + RGBA out.
+    let apply_bytes = nb * (1.0 + 1.0 + 4.0) + band * 3.0 + low * 8.0;
+    rows.push((
+        "fast guided filter apply s=4: alpha + RGBA cut-out",
+        apply_bytes,
+        gpu_ms(dev, &s, || {
+            fast.alpha(&l, &rgb, (w, h), &trimap_full, &mut alpha, Some(&mut rgba))
                 .unwrap()
         }),
     ));
     rows.push((
-        "composite: alpha + RGBA cut-out 4032x3024",
+        "guided filter fit r=8 s=1 (classic, full size)",
+        nb * 3.0 + nb * 4.0 + 4.0 * nb * (4.0 + 2.0 + 4.0 + 4.0 + 2.0 + 2.0 + 2.0 + 2.0),
+        gpu_ms(dev, &s, || {
+            full.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap()
+        }),
+    ));
+    rows.push((
+        "guided filter apply s=1: alpha + RGBA cut-out",
+        nb * (1.0 + 1.0 + 4.0) + band * 3.0 + band * 8.0,
+        gpu_ms(dev, &s, || {
+            full.alpha(&l, &rgb, (w, h), &trimap_full, &mut alpha, Some(&mut rgba))
+                .unwrap()
+        }),
+    ));
+    rows.push((
+        "composite of a plane: alpha + RGBA cut-out 4032x3024",
         nb * (4.0 + 1.0 + 3.0 + 1.0 + 4.0),
         gpu_ms(dev, &s, || {
             l.composite(
-                &q,
+                &p,
                 &trimap_full,
                 true,
                 n as u32,
@@ -377,19 +431,13 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     );
     let mut nearest = DeviceNearest::alloc(&s, w, h).unwrap();
     nearest.set(&s, (320, 320), (w, h)).unwrap();
-    let (ch, cwh) = taps_capacity(320, w);
-    let mut pht = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
-    let mut pvt = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
-    pht.set_convolution(&s, 320, w).unwrap();
-    pvt.set_convolution(&s, 320, h).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
-    let (mut ptmp, mut p, mut luma, mut q) = (
-        zeros::<f32>(&s, w as usize * 320),
-        zeros::<f32>(&s, n),
-        zeros::<f32>(&s, n),
-        zeros::<f32>(&s, n),
-    );
-    let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
+    let params = GuidedParams {
+        radius,
+        epsilon: eps,
+        subsample: 4,
+    };
+    let mut filter = FastGuidedFilter::alloc(&s, params, n as u64, w, (320, 320)).unwrap();
     let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
 
     let gpu_pre = cpu_ms(|| {
@@ -430,20 +478,10 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
             .unwrap();
         l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
             .unwrap();
-        l.resize_plane(&coarse, (320, 320), &pht, &pvt, &mut ptmp, &mut p)
+        filter.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap();
+        filter
+            .alpha(&l, &rgb, (w, h), &trimap_full, &mut alpha, Some(&mut rgba))
             .unwrap();
-        l.luma(&rgb, n as u32, &mut luma).unwrap();
-        l.guided_filter(&luma, &p, (w, h), radius, eps, &mut scratch, &mut q)
-            .unwrap();
-        l.composite(
-            &q,
-            &trimap_full,
-            true,
-            n as u32,
-            &mut alpha,
-            Some((&rgb, &mut rgba)),
-        )
-        .unwrap();
         let host = down_host.as_mut_slice().unwrap();
         let (a, rest) = host.split_at_mut(n);
         let (t, rest) = rest.split_at_mut(n);
@@ -460,7 +498,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     for (name, c, g) in [
         ("preprocess (+ upload, + input download)", cpu_pre, gpu_pre),
         (
-            "post: trimap, guided filter, composite (+ download)",
+            "post: trimap, fast guided filter s=4, cut-out (+ download)",
             cpu_post,
             gpu_post,
         ),

@@ -4,15 +4,19 @@
 //!
 //! Tolerances: preprocess (f32 and f16), trimap, erosion, NEAREST and composite are
 //! exact. The f32 plane resize is exact on an AVX2 host (the CPU stage's summation order)
-//! and within 1 ulp elsewhere. The guided filter is expected bit-exact (same f64 running
-//! sums, no FMA); it is asserted within 1e-5 absolute, and the alpha it gives within
-//! 1 LSB. The pipelines agree exactly on the trimap and within 1 LSB on alpha.
+//! and within 1 ulp elsewhere. The fast guided filter's fit (mask resize, guide resize,
+//! box means in the CPU's f64 running-sum order, no FMA) is asserted bit-exact on an AVX2
+//! host; its alpha step on the CPU's own model is asserted exact everywhere; the alpha
+//! of fit + apply within 1 LSB. The pipelines agree exactly on the trimap and within
+//! 1 LSB on alpha.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use celer::config::MattingSpec;
 use celer::config::{Normalize, PipelineSpec, Scale};
+use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
 use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, Probe};
 use celer::pipeline::plane::Plane;
@@ -343,9 +347,178 @@ fn plane_resize_matches_fast_image_resize() {
     }
 }
 
+/// A trimap with all three values in runs, so every branch of the alpha step is taken.
+fn banded_trimap(w: u32, h: u32) -> GrayImage {
+    GrayImage::from_fn(w, h, |x, y| {
+        image::Luma([[0u8, 128, 255, 128][((x / 3 + y / 2) % 4) as usize]])
+    })
+}
+
 #[test]
-fn guided_filter_and_composite_match_the_cpu() {
-    let Some(dev) = gpu("guided_filter_and_composite_match_the_cpu") else {
+fn guided_alpha_applies_the_cpu_model_exactly() {
+    let Some(dev) = gpu("guided_alpha_applies_the_cpu_model_exactly") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    for (w, h) in AWKWARD {
+        let n = (w * h) as usize;
+        let image = texture(w, h, 5);
+        let mask = Plane::new(97, 61, unit_pattern(97 * 61, w));
+        let trimap = banded_trimap(w, h);
+        let rgb = up(&s, image.as_raw());
+        for subsample in [1, 2, 4] {
+            let model =
+                guided_filter::fit(&mut Resizer::new(), &image, &mask, 8, 1e-3, subsample).unwrap();
+            let want = model.alpha(&image, &trimap);
+            let (lw, lh) = (model.mean_a.width, model.mean_a.height);
+            let (ox, wx) = taps_capacity(lw, w);
+            let (oy, wy) = taps_capacity(lh, h);
+            let mut xs = DeviceTaps::<f32>::alloc(&s, ox, wx).unwrap();
+            let mut ys = DeviceTaps::<f32>::alloc(&s, oy, wy).unwrap();
+            xs.set_upsample(&s, lw, w).unwrap();
+            ys.set_upsample(&s, lh, h).unwrap();
+            let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
+            l.guided_alpha(
+                &up(&s, &model.mean_a.data),
+                &up(&s, &model.mean_b.data),
+                (lw, lh),
+                &xs,
+                &ys,
+                &rgb,
+                &up(&s, trimap.as_raw()),
+                (w, h),
+                &mut alpha,
+                Some(&mut rgba),
+            )
+            .unwrap();
+            let got = down(&s, &alpha, n);
+            assert_eq!(&got, want.as_raw(), "alpha {w}x{h} subsample {subsample}");
+            let want_rgba = composite::cutout(&image, &want);
+            assert_eq!(&down(&s, &rgba, 4 * n), want_rgba.as_raw(), "rgba {w}x{h}");
+            let mut alpha_only = zeros::<u8>(&s, n);
+            l.guided_alpha(
+                &up(&s, &model.mean_a.data),
+                &up(&s, &model.mean_b.data),
+                (lw, lh),
+                &xs,
+                &ys,
+                &rgb,
+                &up(&s, trimap.as_raw()),
+                (w, h),
+                &mut alpha_only,
+                None,
+            )
+            .unwrap();
+            assert_eq!(down(&s, &alpha_only, n), got, "alpha-only {w}x{h}");
+        }
+    }
+}
+
+#[test]
+fn fast_guided_filter_matches_the_cpu_stage() {
+    let Some(dev) = gpu("fast_guided_filter_matches_the_cpu_stage") else {
+        return;
+    };
+    let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    let (mw, mh) = (320u32, 320u32);
+    for subsample in [1, 2, 4] {
+        for (radius, eps) in [(8, 1e-3), (1, 1e-4), (30, 1e-2)] {
+            let params = GuidedParams {
+                radius,
+                epsilon: eps,
+                subsample,
+            };
+            // One allocation for every size, as GpuPipeline does for its limits.
+            let mut filter = FastGuidedFilter::alloc(&s, params, 4032 * 3024, 4032, (mw, mh))
+                .expect("guided filter buffers");
+            for (w, h) in AWKWARD {
+                let n = (w * h) as usize;
+                let image = texture(w, h, 7);
+                // Values beyond [0, 1] too: the fit clamps them.
+                let mask = Plane::new(
+                    mw,
+                    mh,
+                    unit_pattern((mw * mh) as usize, 3)
+                        .iter()
+                        .map(|v| v * 1.4 - 0.2)
+                        .collect(),
+                );
+                let trimap = banded_trimap(w, h);
+                let model =
+                    guided_filter::fit(&mut Resizer::new(), &image, &mask, radius, eps, subsample)
+                        .unwrap();
+                let want = model.alpha(&image, &trimap);
+
+                let rgb = up(&s, image.as_raw());
+                filter
+                    .fit(&l, &rgb, (w, h), &up(&s, &mask.data), (mw, mh))
+                    .unwrap();
+                let fitted = filter.model().expect("fitted");
+                let (lw, lh) = fitted.size;
+                assert_eq!((lw, lh), (model.mean_a.width, model.mean_a.height));
+                let low = (lw * lh) as usize;
+                let (ga, gb) = (down(&s, fitted.mean_a, low), down(&s, fitted.mean_b, low));
+                let same = |got: &[f32], want: &[f32]| {
+                    got.iter()
+                        .zip(want)
+                        .filter(|(a, b)| a.to_bits() == b.to_bits())
+                        .count()
+                };
+                let (same_a, same_b) =
+                    (same(&ga, &model.mean_a.data), same(&gb, &model.mean_b.data));
+                let mut alpha = zeros::<u8>(&s, n);
+                let mut rgba = zeros::<u8>(&s, 4 * n);
+                let tri = up(&s, trimap.as_raw());
+                filter
+                    .alpha(&l, &rgb, (w, h), &tri, &mut alpha, Some(&mut rgba))
+                    .unwrap();
+                let got = down(&s, &alpha, n);
+                let worst = got
+                    .iter()
+                    .zip(want.as_raw())
+                    .map(|(a, b)| a.abs_diff(*b))
+                    .max()
+                    .unwrap_or(0);
+                let differ = got
+                    .iter()
+                    .zip(want.as_raw())
+                    .filter(|(a, b)| a != b)
+                    .count();
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "fast guided filter {w}x{h} s={subsample} r={radius}: mean_a {same_a}/{low}, mean_b {same_b}/{low} bit-identical; alpha: {differ}/{n} differ, max {worst}"
+                );
+                if exact {
+                    assert_eq!(same_a, low, "mean_a {w}x{h} s={subsample} r={radius}");
+                    assert_eq!(same_b, low, "mean_b {w}x{h} s={subsample} r={radius}");
+                }
+                assert!(
+                    worst <= 1,
+                    "alpha {w}x{h} s={subsample} r={radius}: {worst} LSB"
+                );
+                let got_image = GrayImage::from_raw(w, h, got).unwrap();
+                assert_eq!(
+                    &down(&s, &rgba, 4 * n),
+                    composite::cutout(&image, &got_image).as_raw(),
+                    "rgba {w}x{h}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn luma_and_composite_match_the_cpu() {
+    let Some(dev) = gpu("luma_and_composite_match_the_cpu") else {
         return;
     };
     let s = dev.new_stream().unwrap();
@@ -356,73 +529,46 @@ fn guided_filter_and_composite_match_the_cpu() {
     for (w, h) in AWKWARD {
         let n = (w * h) as usize;
         let image = texture(w, h, 7);
-        let p = Plane::new(w, h, unit_pattern(n, 3));
-        for (radius, eps) in [(8, 1e-3), (1, 1e-4), (30, 1e-2)] {
-            let guide = guided_filter::luma(image.as_raw(), w, h);
-            let want = guided_filter::guided_filter(&guide, &p, radius, eps);
-            let rgb = up(&s, image.as_raw());
-            let mut luma = zeros::<f32>(&s, n);
-            l.luma(&rgb, n as u32, &mut luma).unwrap();
-            assert_eq!(down(&s, &luma, n), guide.data, "luma {w}x{h}");
-            let mut scratch: [CudaSlice<f32>; 6] = std::array::from_fn(|_| zeros::<f32>(&s, n));
-            let mut q = zeros::<f32>(&s, n);
-            l.guided_filter(
-                &luma,
-                &up(&s, &p.data),
-                (w, h),
-                radius,
-                eps,
-                &mut scratch,
-                &mut q,
+        let rgb = up(&s, image.as_raw());
+        let mut luma = zeros::<f32>(&s, n);
+        l.luma(&rgb, n as u32, &mut luma).unwrap();
+        let guide = guided_filter::luma(image.as_raw(), w, h);
+        assert_eq!(down(&s, &luma, n), guide.data, "luma {w}x{h}");
+
+        // Composite of a refined plane (the matting model's path): exact.
+        let t = GrayImage::from_fn(w, h, |x, y| {
+            image::Luma([[0u8, 128, 255][((x + y) % 3) as usize]])
+        });
+        let refined = Plane::new(
+            w,
+            h,
+            unit_pattern(n, 9).iter().map(|v| v * 1.2 - 0.1).collect(),
+        );
+        for use_trimap in [true, false] {
+            let mut want_a = composite::quantize_alpha(&refined);
+            if use_trimap {
+                // Certain trimap pixels override the refinement.
+                for (a, &tv) in want_a.iter_mut().zip(t.as_raw()) {
+                    *a = match tv {
+                        255 => 255,
+                        0 => 0,
+                        _ => *a,
+                    };
+                }
+            }
+            let want_rgba = composite::cutout(&image, &want_a);
+            let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
+            l.composite(
+                &up(&s, &refined.data),
+                &up(&s, t.as_raw()),
+                use_trimap,
+                n as u32,
+                &mut alpha,
+                Some((&rgb, &mut rgba)),
             )
             .unwrap();
-            let got = down(&s, &q, n);
-            let identical = got.iter().zip(&want.data).filter(|(a, b)| a == b).count();
-            let worst = got
-                .iter()
-                .zip(&want.data)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            let _ = writeln!(
-                std::io::stderr(),
-                "guided filter {w}x{h} r={radius}: {identical}/{n} bit-identical, max |diff| {worst:e}"
-            );
-            assert!(
-                worst <= 1e-5,
-                "guided filter {w}x{h} r={radius}: max |diff| {worst}"
-            );
-
-            // Composite on the CPU's refined plane: exact.
-            let t = GrayImage::from_fn(w, h, |x, y| {
-                image::Luma([[0u8, 128, 255][((x + y) % 3) as usize]])
-            });
-            let refined = Plane::new(w, h, want.data.iter().map(|v| v * 1.2 - 0.1).collect());
-            for use_trimap in [true, false] {
-                let mut want_a = composite::quantize_alpha(&refined);
-                if use_trimap {
-                    // Certain trimap pixels override the refinement.
-                    for (a, &tv) in want_a.iter_mut().zip(t.as_raw()) {
-                        *a = match tv {
-                            255 => 255,
-                            0 => 0,
-                            _ => *a,
-                        };
-                    }
-                }
-                let want_rgba = composite::cutout(&image, &want_a);
-                let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
-                l.composite(
-                    &up(&s, &refined.data),
-                    &up(&s, t.as_raw()),
-                    use_trimap,
-                    n as u32,
-                    &mut alpha,
-                    Some((&rgb, &mut rgba)),
-                )
-                .unwrap();
-                assert_eq!(&down(&s, &alpha, n), want_a.as_raw(), "alpha {w}x{h}");
-                assert_eq!(&down(&s, &rgba, 4 * n), want_rgba.as_raw(), "rgba {w}x{h}");
-            }
+            assert_eq!(&down(&s, &alpha, n), want_a.as_raw(), "alpha {w}x{h}");
+            assert_eq!(&down(&s, &rgba, 4 * n), want_rgba.as_raw(), "rgba {w}x{h}");
         }
     }
 }
@@ -436,13 +582,21 @@ fn repo(path: &str) -> PathBuf {
 }
 
 fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
-    let Some(dev) = gpu(&format!("pipelines agree on {}", dir.display())) else {
+    let spec = PipelineSpec::load_dir(dir).expect("pipeline description");
+    compare_pipelines_on(&spec, images);
+}
+
+fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
+    let Some(dev) = gpu(&format!(
+        "pipelines agree on {} ({:?})",
+        spec.source.display(),
+        spec.matting
+    )) else {
         return;
     };
-    let spec = PipelineSpec::load_dir(dir).expect("pipeline description");
-    let mut cpu = Pipeline::load(&spec, 2).expect("CPU pipeline");
+    let mut cpu = Pipeline::load(spec, 2).expect("CPU pipeline");
     let mut gpu = GpuPipeline::load(
-        &spec,
+        spec,
         dev,
         2,
         GpuLimits {
@@ -494,8 +648,17 @@ fn gpu_pipeline_matches_cpu_pipeline_on_the_fixtures() {
         .iter()
         .map(|&(w, h)| (format!("texture {w}x{h}"), texture(w, h, 11)))
         .collect();
-    compare_pipelines(&repo("onnx/fixtures/prob-guided"), &images);
     compare_pipelines(&repo("onnx/fixtures/classes-matting"), &images);
+    // The guided filter at the fixture's settings and at every subsample served.
+    let guided = PipelineSpec::load_dir(&repo("onnx/fixtures/prob-guided")).expect("fixture");
+    assert!(matches!(guided.matting, MattingSpec::GuidedFilter { .. }));
+    for subsample in [1, 2, 4] {
+        let mut spec = guided.clone();
+        if let MattingSpec::GuidedFilter { subsample: s, .. } = &mut spec.matting {
+            *s = subsample;
+        }
+        compare_pipelines_on(&spec, &images);
+    }
 }
 
 #[test]

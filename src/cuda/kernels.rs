@@ -64,14 +64,19 @@ pub const GUIDED_FILTER: KernelFile = KernelFile {
         "box_rows_guide",
         "box_columns_coefficients",
         "box_rows_coefficients",
-        "box_columns_output",
+        "box_columns_means",
     ],
 };
 
 pub const COMPOSITE: KernelFile = KernelFile {
     name: "composite.cu",
     source: include_str!("kernels/composite.cu"),
-    kernels: &["quantize_alpha", "quantize_alpha_cutout"],
+    kernels: &[
+        "quantize_alpha",
+        "quantize_alpha_cutout",
+        "guided_alpha",
+        "guided_alpha_cutout",
+    ],
 };
 
 pub const FILES: [KernelFile; 5] = [PREPROCESS, TRIMAP, RESAMPLE, GUIDED_FILTER, COMPOSITE];

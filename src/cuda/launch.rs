@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernel
 use half::f16;
 
 use super::device::KernelSet;
-use super::taps::{ConvolutionTaps, FixedTaps};
+use super::taps::{ConvolutionTaps, FixedTaps, UpsampleTaps};
 use super::CudaError;
 use crate::config::{Normalize, Scale};
 
@@ -182,6 +182,32 @@ impl DeviceTaps<f64> {
     }
 }
 
+impl DeviceTaps<f32> {
+    /// Uploads the guided filter's upsampling taps (PIL's bilinear weights in f32) for
+    /// `in_size` -> `out_size` unless already there.
+    pub fn set_upsample(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        in_size: u32,
+        out_size: u32,
+    ) -> Result<(), CudaError> {
+        if self.sizes == Some((in_size, out_size)) {
+            return Ok(());
+        }
+        let taps = UpsampleTaps::bilinear(in_size, out_size);
+        self.upload(
+            stream,
+            &taps.first,
+            &taps.count,
+            &taps.weights,
+            taps.stride,
+            taps.span(),
+        )?;
+        self.sizes = Some((in_size, out_size));
+        Ok(())
+    }
+}
+
 /// PIL NEAREST's indices for both axes on the device.
 pub struct DeviceNearest {
     pub xs: CudaSlice<u32>,
@@ -325,6 +351,52 @@ impl Launcher<'_> {
                 }
             }
         }
+    }
+
+    /// PIL bilinear resize of interleaved RGB8 `src` to interleaved RGB8 `out` (the
+    /// taps' target size), as `preprocess::resize_rgb`; `tmp` holds the horizontal pass.
+    /// `max_value` receives the image's max (the vertical kernel computes it anyway).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resize_rgb8(
+        &self,
+        src: &CudaSlice<u8>,
+        (src_w, src_h): (u32, u32),
+        horizontal: &DeviceTaps<i32>,
+        vertical: &DeviceTaps<i32>,
+        tmp: &mut CudaSlice<u8>,
+        out: &mut CudaSlice<u8>,
+        max_value: &mut CudaSlice<u32>,
+    ) -> Result<(), CudaError> {
+        let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
+            return Err(CudaError::Stage {
+                stage: "resize rgb",
+                reason: "no taps uploaded".into(),
+            });
+        };
+        if (hin, vin) != (src_w, src_h) {
+            return Err(CudaError::Stage {
+                stage: "resize rgb",
+                reason: format!("taps for {hin}x{vin}, source is {src_w}x{src_h}"),
+            });
+        }
+        let (row0, row_end) = vertical.span;
+        let rows = row_end - row0;
+        let pixels = u64::from(dst_w) * u64::from(dst_h);
+        need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
+        need(
+            "horizontal pass",
+            tmp,
+            u64::from(dst_w) * u64::from(rows) * 3,
+        )?;
+        need("resized image", out, pixels * 3)?;
+        need("max", max_value, 1)?;
+        launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
+            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+        self.stream.memset_zeros(max_value)?;
+        launch!(self, "resize_rgb8_vertical", pixels, BLOCK;
+            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+            &vertical.weights, &vertical.stride, out, max_value)
     }
 
     /// Channel 0 of a probability output (`w` x `h`) -> clamped (optionally min-max
@@ -497,18 +569,20 @@ impl Launcher<'_> {
         launch!(self, "luma_rgb8", u64::from(n), BLOCK; rgb, &n, out)
     }
 
-    /// Guided filter of `p` with guide `guide` (both `w` x `h`) into `q`, using four
+    /// The guided filter's fit (`guided_filter::coefficients`) of mask `p` (read clamped
+    /// to [0, 1]) with guide `guide`, both `w` x `h`: `mean_a` and `mean_b`, via four
     /// scratch planes.
     #[allow(clippy::too_many_arguments)]
-    pub fn guided_filter(
+    pub fn guided_coefficients(
         &self,
         guide: &CudaSlice<f32>,
         p: &CudaSlice<f32>,
         (w, h): (u32, u32),
         radius: u32,
         epsilon: f32,
-        scratch: &mut [CudaSlice<f32>; 6],
-        q: &mut CudaSlice<f32>,
+        scratch: &mut [CudaSlice<f32>; 4],
+        mean_a: &mut CudaSlice<f32>,
+        mean_b: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let n = u64::from(w) * u64::from(h);
         if n == 0 {
@@ -516,20 +590,73 @@ impl Launcher<'_> {
         }
         need("guide", guide, n)?;
         need("mask", p, n)?;
-        need("output", q, n)?;
+        need("mean_a", mean_a, n)?;
+        need("mean_b", mean_b, n)?;
         for s in scratch.iter() {
             need("guided filter scratch", s, n)?;
         }
-        let [s_i, s_p, s_ip, s_ii, a, b] = scratch;
+        let [s_i, s_p, s_ip, s_ii] = scratch;
         launch!(self, "box_rows_guide", u64::from(h), LINE_BLOCK;
             guide, p, &w, &h, &radius, &mut *s_i, &mut *s_p, &mut *s_ip, &mut *s_ii)?;
+        // a and b go where mean_a and mean_b will be: their row sums free them in time.
         launch!(self, "box_columns_coefficients", u64::from(w), LINE_BLOCK;
-            &*s_i, &*s_p, &*s_ip, &*s_ii, &w, &h, &radius, &epsilon, &mut *a, &mut *b)?;
-        // The first two row-sum planes are free again: reuse them for a and b.
+            &*s_i, &*s_p, &*s_ip, &*s_ii, &w, &h, &radius, &epsilon, &mut *mean_a, &mut *mean_b)?;
+        // The first two row-sum planes are free again: reuse them for the sums of a and b.
         launch!(self, "box_rows_coefficients", u64::from(h), LINE_BLOCK;
-            &*a, &*b, &w, &h, &radius, &mut *s_i, &mut *s_p)?;
-        launch!(self, "box_columns_output", u64::from(w), LINE_BLOCK;
-            &*s_i, &*s_p, guide, &w, &h, &radius, q)
+            &*mean_a, &*mean_b, &w, &h, &radius, &mut *s_i, &mut *s_p)?;
+        launch!(self, "box_columns_means", u64::from(w), LINE_BLOCK;
+            &*s_i, &*s_p, &w, &h, &radius, mean_a, mean_b)
+    }
+
+    /// The guided filter's alpha at the source size (`LinearModel::alpha`): 255 / 0
+    /// where `trimap` is certain, elsewhere `mean_a` / `mean_b` (`low` size) upsampled
+    /// with the uploaded taps and applied to the luma of `rgb`. With `cutout`, also the
+    /// RGBA cut-out.
+    #[allow(clippy::too_many_arguments)]
+    pub fn guided_alpha(
+        &self,
+        mean_a: &CudaSlice<f32>,
+        mean_b: &CudaSlice<f32>,
+        (lw, lh): (u32, u32),
+        xs: &DeviceTaps<f32>,
+        ys: &DeviceTaps<f32>,
+        rgb: &CudaSlice<u8>,
+        trimap: &CudaSlice<u8>,
+        (w, h): (u32, u32),
+        alpha: &mut CudaSlice<u8>,
+        cutout: Option<&mut CudaSlice<u8>>,
+    ) -> Result<(), CudaError> {
+        if xs.sizes != Some((lw, w)) || ys.sizes != Some((lh, h)) {
+            return Err(CudaError::Stage {
+                stage: "guided alpha",
+                reason: format!(
+                    "upsampling taps for {:?} x {:?}, need {lw} -> {w} x {lh} -> {h}",
+                    xs.sizes, ys.sizes
+                ),
+            });
+        }
+        let low = u64::from(lw) * u64::from(lh);
+        let n = u64::from(w) * u64::from(h);
+        need("mean_a", mean_a, low)?;
+        need("mean_b", mean_b, low)?;
+        need("rgb", rgb, n * 3)?;
+        need("trimap", trimap, n)?;
+        need("alpha", alpha, n)?;
+        match cutout {
+            None => launch!(self, "guided_alpha", n, BLOCK;
+                mean_a, mean_b, &lw,
+                &xs.first, &xs.count, &xs.weights, &xs.stride,
+                &ys.first, &ys.count, &ys.weights, &ys.stride,
+                rgb, trimap, &w, &h, alpha),
+            Some(rgba) => {
+                need("rgba", rgba, n * 4)?;
+                launch!(self, "guided_alpha_cutout", n, BLOCK;
+                    mean_a, mean_b, &lw,
+                    &xs.first, &xs.count, &xs.weights, &xs.stride,
+                    &ys.first, &ys.count, &ys.weights, &ys.stride,
+                    rgb, trimap, &w, &h, alpha, rgba)
+            }
+        }
     }
 
     /// Alpha in u8 from `refined` (`n` values), the trimap's certain pixels overriding

@@ -1,10 +1,12 @@
 //! The CUDA data path: the device probe, NVRTC and the kernels (`kernels/*.cu`, compiled
 //! at start-up for each GPU's architecture), typed launchers, and `GpuPipeline`, which
-//! runs a request's pre- and post-processing on one GPU stream. The CPU stages in
-//! `crate::pipeline` are the reference every kernel is tested against. Nothing here may
-//! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
+//! runs a request's pre- and post-processing on one GPU stream (`guided`: the fast guided
+//! filter's buffers and steps). The CPU stages in `crate::pipeline` are the reference
+//! every kernel is tested against. Nothing here may panic on a machine without a GPU:
+//! the probe comes first and says "no CUDA driver".
 
 pub mod device;
+pub mod guided;
 pub mod kernels;
 pub mod launch;
 pub mod nvrtc;

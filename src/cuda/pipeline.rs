@@ -16,6 +16,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSl
 use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::device::GpuDevice;
+use super::guided::{FastGuidedFilter, GuidedParams};
 use super::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
 use super::CudaError;
 use crate::backend::ort::OrtModel;
@@ -130,16 +131,14 @@ struct MattingStage {
     alpha_small: CudaSlice<f32>,
 }
 
-/// Planes at the source size, and the resize of a small plane up to it.
+/// Planes at the source size, and the resize of a small plane up to it (the matting
+/// model's alpha; the guided filter works at its own resolution).
 struct SourcePlanes {
     image: CudaSlice<u8>,
     trimap: CudaSlice<u8>,
     alpha: CudaSlice<u8>,
     rgba: CudaSlice<u8>,
-    luma: CudaSlice<f32>,
     p: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    scratch: [CudaSlice<f32>; 6],
     plane_tmp: CudaSlice<f32>,
     plane_horizontal: DeviceTaps<f64>,
     plane_vertical: DeviceTaps<f64>,
@@ -177,6 +176,7 @@ pub struct GpuPipeline {
     seg_input: InputStage,
     mask: MaskStage,
     matting: Option<MattingStage>,
+    guided: Option<FastGuidedFilter>,
     planes: SourcePlanes,
     host_upload: PinnedHostSlice<u8>,
     host_download: PinnedHostSlice<u8>,
@@ -349,33 +349,38 @@ impl GpuPipeline {
                 })
             }
         };
-        // The plane resized to the source: the coarse mask, or the matting model's alpha.
+        let guided = match &spec.matting {
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => Some(FastGuidedFilter::alloc(
+                &stream,
+                GuidedParams {
+                    radius: radius_px,
+                    epsilon,
+                    subsample,
+                },
+                limits.max_pixels,
+                side,
+                (shape[3] as u32, shape[2] as u32),
+            )?),
+            MattingSpec::Model { .. } => None,
+        };
+        // The matting model's alpha resized to the source (unused by the guided filter).
         let (small_w, small_h) = match &matting {
             Some(m) => (m.alpha_shape[3] as u32, m.alpha_shape[2] as u32),
-            None => (shape[3] as u32, shape[2] as u32),
+            None => (1, 1),
         };
         let (outs_h, weights_h) = taps_capacity(small_w, side);
         let (outs_v, weights_v) = taps_capacity(small_h, side);
-        let plane_f32 = |stream: &Arc<CudaStream>| stream.alloc_zeros::<f32>(max_px);
-        let guided = matches!(spec.matting, MattingSpec::GuidedFilter { .. });
-        // Only the guided filter needs the luma and its scratch planes.
-        let gf_len = if guided { max_px } else { 1 };
+        let model_len = if matting.is_some() { max_px } else { 1 };
         let planes = SourcePlanes {
             image: stream.alloc_zeros(max_px * 3)?,
             trimap: stream.alloc_zeros(max_px)?,
             alpha: stream.alloc_zeros(max_px)?,
             rgba: stream.alloc_zeros(max_px * 4)?,
-            luma: stream.alloc_zeros(gf_len)?,
-            p: plane_f32(&stream)?,
-            q: stream.alloc_zeros(gf_len)?,
-            scratch: [
-                stream.alloc_zeros(gf_len)?,
-                stream.alloc_zeros(gf_len)?,
-                stream.alloc_zeros(gf_len)?,
-                stream.alloc_zeros(gf_len)?,
-                stream.alloc_zeros(gf_len)?,
-                stream.alloc_zeros(gf_len)?,
-            ],
+            p: stream.alloc_zeros(model_len)?,
             plane_tmp: stream.alloc_zeros(side as usize * small_h as usize)?,
             plane_horizontal: DeviceTaps::alloc(&stream, outs_h, weights_h)?,
             plane_vertical: DeviceTaps::alloc(&stream, outs_v, weights_v)?,
@@ -406,6 +411,7 @@ impl GpuPipeline {
             seg_input,
             mask,
             matting,
+            guided,
             planes,
             events,
         };
@@ -545,64 +551,47 @@ impl GpuPipeline {
         )?;
         self.events.trimapped.record(&stream)?;
 
-        // Matting: the guided filter on the GPU, or the matting model (interim: CPU).
-        let use_trimap = match &self.spec.matting {
-            &MattingSpec::GuidedFilter {
-                radius_px,
-                epsilon,
-                subsample,
-            } => {
-                // The kernels implement the classic filter at full size; the CPU stage
-                // fits at 1/subsample. Refuse rather than disagree with the reference.
-                if subsample != 1 {
-                    return Err(CudaError::Stage {
-                        stage: "matting",
-                        reason: format!(
-                            "the GPU guided filter runs subsample = 1 only (the pipeline asks for {subsample})"
-                        ),
-                    });
-                }
+        // Matting: the fast guided filter on the GPU (fit at 1/subsample, alpha and
+        // cut-out at full size in one pass), or the matting model (interim: CPU) and
+        // the composite of its alpha.
+        let is_guided = match (&self.spec.matting, self.guided.as_mut()) {
+            (MattingSpec::GuidedFilter { .. }, Some(filter)) => {
                 let p = &mut self.planes;
-                p.plane_horizontal.set_convolution(&stream, small.0, w)?;
-                p.plane_vertical.set_convolution(&stream, small.1, h)?;
-                launcher.resize_plane(
-                    &self.mask.coarse,
-                    small,
-                    &p.plane_horizontal,
-                    &p.plane_vertical,
-                    &mut p.plane_tmp,
-                    &mut p.p,
-                )?;
-                launcher.luma(&p.image, n as u32, &mut p.luma)?;
-                launcher.guided_filter(
-                    &p.luma,
-                    &p.p,
+                filter.fit(&launcher, &p.image, (w, h), &self.mask.coarse, small)?;
+                self.events.matted.record(&stream)?;
+                filter.alpha(
+                    &launcher,
+                    &p.image,
                     (w, h),
-                    radius_px,
-                    epsilon,
-                    &mut p.scratch,
-                    &mut p.q,
+                    &p.trimap,
+                    &mut p.alpha,
+                    cutout.then_some(&mut p.rgba),
                 )?;
                 true
             }
-            MattingSpec::Model { .. } => {
+            (MattingSpec::GuidedFilter { .. }, None) => {
+                return Err(CudaError::Stage {
+                    stage: "matting",
+                    reason: "guided filter buffers not allocated".into(),
+                })
+            }
+            (MattingSpec::Model { .. }, _) => {
                 let t = Instant::now();
                 self.run_matting_model(&launcher, small, (w, h))?;
                 timings.model += t.elapsed();
+                self.events.matted.record(&stream)?;
+                let p = &mut self.planes;
+                launcher.composite(
+                    &p.p,
+                    &p.trimap,
+                    false,
+                    n as u32,
+                    &mut p.alpha,
+                    cutout.then_some((&p.image, &mut p.rgba)),
+                )?;
                 false
             }
         };
-        self.events.matted.record(&stream)?;
-        let p = &mut self.planes;
-        let refined = if use_trimap { &p.q } else { &p.p };
-        launcher.composite(
-            refined,
-            &p.trimap,
-            use_trimap,
-            n as u32,
-            &mut p.alpha,
-            cutout.then_some((&p.image, &mut p.rgba)),
-        )?;
         self.events.composited.record(&stream)?;
 
         // The one download: alpha, trimap, cut-out, back to back, then one sync.
@@ -610,6 +599,7 @@ impl GpuPipeline {
         let out_len = if cutout { 6 * n } else { 2 * n };
         need_len("download staging", out_len, self.host_download.len())?;
         {
+            let p = &self.planes;
             let host = self.host_download.as_mut_slice()?;
             let (alpha_host, rest) = host.split_at_mut(n);
             let (trimap_host, rest) = rest.split_at_mut(n);
@@ -644,10 +634,14 @@ impl GpuPipeline {
                 .unwrap_or_default()
         };
         timings.trimap = ms(&e.mask_uploaded, &e.trimapped);
-        if use_trimap {
-            timings.matting = ms(&e.trimapped, &e.matted);
+        // The guided filter's alpha pass is its apply step: matting time. The composite
+        // of the matting model's alpha is the composite stage's.
+        if is_guided {
+            timings.matting = ms(&e.trimapped, &e.composited);
+            timings.composite = t.elapsed();
+        } else {
+            timings.composite = ms(&e.matted, &e.composited) + t.elapsed();
         }
-        timings.composite = ms(&e.matted, &e.composited) + t.elapsed();
         Ok(GpuMatte {
             matte: Matte { alpha, trimap },
             cutout: rgba,

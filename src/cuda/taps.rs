@@ -1,10 +1,12 @@
 //! Resampling tables computed on the host and uploaded once per (source size, target
-//! size): PIL's 22-bit fixed-point bilinear taps (the preprocess resize), the f64
-//! coefficients of fast_image_resize's bilinear convolution (mask and alpha resize), and
-//! PIL NEAREST's source indices (trimap resize). Each is flattened to the fixed-stride
-//! layout the kernels read: `first[i]`, `count[i]`, then `stride` weights per output.
+//! size): PIL's 22-bit fixed-point bilinear taps (the preprocess resize and the guided
+//! filter's guide), the f64 coefficients of fast_image_resize's bilinear convolution
+//! (mask and alpha resize), PIL's bilinear weights in f32 (the guided filter's model
+//! upsampled to the source) and PIL NEAREST's source indices (trimap resize). Each is
+//! flattened to the fixed-stride layout the kernels read: `first[i]`, `count[i]`, then
+//! `stride` weights per output.
 
-use crate::pipeline::preprocess::Taps;
+use crate::pipeline::preprocess::{bilinear_weights, Taps};
 
 /// PIL's fixed-point bilinear taps for one axis, flattened.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +38,50 @@ impl FixedTaps {
     /// The source rows (or columns) these taps read: `first..end`.
     pub fn span(&self) -> (u32, u32) {
         let first = self.first.first().copied().unwrap_or(0);
+        let end = self
+            .first
+            .iter()
+            .zip(&self.count)
+            .map(|(f, n)| f + n)
+            .max()
+            .unwrap_or(first);
+        (first, end)
+    }
+}
+
+/// The guided filter's upsampling taps for one axis (`LinearModel::alpha`): PIL's
+/// bilinear weights from `bilinear_weights`, cast to f32 as the CPU does before it
+/// multiplies, every tap kept (zero weights included, as the CPU multiplies them too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpsampleTaps {
+    pub first: Vec<u32>,
+    pub count: Vec<u32>,
+    /// `stride` weights per output sample, zero-padded.
+    pub weights: Vec<f32>,
+    pub stride: u32,
+}
+
+impl UpsampleTaps {
+    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
+        let taps = bilinear_weights(in_size, out_size);
+        let stride = taps.iter().map(|(_, w)| w.len()).max().unwrap_or(0).max(1);
+        let mut weights = vec![0f32; stride * taps.len()];
+        for (dst, (_, w)) in weights.chunks_exact_mut(stride).zip(&taps) {
+            for (d, &v) in dst.iter_mut().zip(w) {
+                *d = v as f32;
+            }
+        }
+        Self {
+            first: taps.iter().map(|(f, _)| *f).collect(),
+            count: taps.iter().map(|(_, w)| w.len() as u32).collect(),
+            weights,
+            stride: stride as u32,
+        }
+    }
+
+    /// The source samples these taps read: `first..end`.
+    pub fn span(&self) -> (u32, u32) {
+        let first = self.first.iter().copied().min().unwrap_or(0);
         let end = self
             .first
             .iter()
@@ -140,9 +186,62 @@ pub fn nearest_indices(src: u32, dst: u32) -> Vec<u32> {
 }
 
 /// The kernels' arithmetic on the CPU, for testing the tables and the summation order
-/// without a GPU: the same loops as `resize_plane_horizontal` / `_vertical`.
+/// without a GPU: the same loops as `resize_plane_horizontal` / `_vertical` and
+/// `guided_alpha`.
 pub mod mirror {
-    use super::ConvolutionTaps;
+    use super::{ConvolutionTaps, UpsampleTaps};
+    use crate::pipeline::guided_filter::LinearModel;
+    use crate::pipeline::trimap::{BACKGROUND, FOREGROUND};
+
+    /// `model_alpha` (composite.cu) on the CPU before quantisation: `q` at every pixel
+    /// of `rgb` (`w` x `h`). For each horizontal tap the vertical sum of that column,
+    /// then the horizontal sum, both in f32 from 0 in tap order; then `a * luma + b`.
+    pub fn guided_q(model: &LinearModel, rgb: &[u8], w: u32, h: u32) -> Vec<f32> {
+        let (lw, lh) = (model.mean_a.width, model.mean_a.height);
+        let xs = UpsampleTaps::bilinear(lw, w);
+        let ys = UpsampleTaps::bilinear(lh, h);
+        let lw = lw as usize;
+        let mut q = Vec::with_capacity(w as usize * h as usize);
+        for y in 0..h as usize {
+            let (y0, ny) = (ys.first[y] as usize, ys.count[y] as usize);
+            let wy = &ys.weights[y * ys.stride as usize..][..ny];
+            for x in 0..w as usize {
+                let (x0, nx) = (xs.first[x] as usize, xs.count[x] as usize);
+                let wx = &xs.weights[x * xs.stride as usize..][..nx];
+                let (mut a, mut b) = (0f32, 0f32);
+                for (ix, &wi) in wx.iter().enumerate() {
+                    let (mut row_a, mut row_b) = (0f32, 0f32);
+                    for (j, &wj) in wy.iter().enumerate() {
+                        let k = (y0 + j) * lw + x0 + ix;
+                        row_a += wj * model.mean_a.data[k];
+                        row_b += wj * model.mean_b.data[k];
+                    }
+                    a += wi * row_a;
+                    b += wi * row_b;
+                }
+                let p = &rgb[3 * (y * w as usize + x)..][..3];
+                let luma =
+                    (0.299 * f32::from(p[0]) + 0.587 * f32::from(p[1]) + 0.114 * f32::from(p[2]))
+                        / 255.0;
+                q.push(a * luma + b);
+            }
+        }
+        q
+    }
+
+    /// `guided_alpha` (composite.cu) on the CPU: certain trimap values decide, elsewhere
+    /// `guided_q` quantised as the composite does.
+    pub fn guided_alpha(model: &LinearModel, rgb: &[u8], trimap: &[u8], w: u32, h: u32) -> Vec<u8> {
+        guided_q(model, rgb, w, h)
+            .iter()
+            .zip(trimap)
+            .map(|(&q, &t)| match t {
+                FOREGROUND => 255,
+                BACKGROUND => 0,
+                _ => (q.clamp(0.0, 1.0) * 255.0).round() as u8,
+            })
+            .collect()
+    }
 
     /// Horizontal sum in the four-lane order of `resample.cu`.
     pub fn horizontal_sum(s: &[f32], k: &[f64]) -> f32 {
@@ -251,6 +350,85 @@ mod tests {
                 } else {
                     assert!(ulps <= 1, "{w}x{h}->{dw}x{dh} at {i}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// A textured RGB8 image and a mask at another size, for the guided filter.
+    fn guided_case(w: u32, h: u32, mw: u32, mh: u32) -> (image::RgbImage, Plane, GrayImage) {
+        let image = image::RgbImage::from_fn(w, h, |x, y| {
+            let v = (x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663))
+                .wrapping_mul(2_654_435_761);
+            image::Rgb([(v >> 24) as u8, (v >> 16) as u8, ((x * 255) / w) as u8])
+        });
+        // Values beyond [0, 1] too: `fit` clamps them.
+        let mask = Plane::new(
+            mw,
+            mh,
+            pattern(mw, mh).iter().map(|v| v * 1.4 - 0.2).collect(),
+        );
+        let trimap = GrayImage::from_fn(w, h, |x, y| {
+            image::Luma([[0u8, 128, 255, 128][((x / 3 + y / 2) % 4) as usize]])
+        });
+        (image, mask, trimap)
+    }
+
+    #[test]
+    fn upsample_taps_are_the_cpu_weights_in_f32() {
+        for (lw, w) in [(1, 1), (1, 7), (3, 9), (17, 17), (101, 403), (5, 3)] {
+            let taps = UpsampleTaps::bilinear(lw, w);
+            let cpu = bilinear_weights(lw, w);
+            assert_eq!(taps.first.len(), w as usize);
+            for (i, (first, weights)) in cpu.iter().enumerate() {
+                assert_eq!(taps.first[i], *first);
+                assert_eq!(taps.count[i] as usize, weights.len());
+                let row = &taps.weights[i * taps.stride as usize..][..weights.len()];
+                let want: Vec<f32> = weights.iter().map(|&v| v as f32).collect();
+                assert_eq!(row, want.as_slice(), "{lw} -> {w} at {i}");
+            }
+            let (start, end) = taps.span();
+            assert!(start == 0 && end <= lw, "{lw} -> {w}: reads {start}..{end}");
+        }
+        // Scale 1 (subsample 1): each output reads its own sample with weight 1 first.
+        let id = UpsampleTaps::bilinear(9, 9);
+        for i in 0..9 {
+            assert_eq!(id.first[i] as usize, i);
+            assert_eq!(id.weights[i * id.stride as usize], 1.0);
+            assert!(
+                id.weights[i * id.stride as usize + 1..][..id.count[i] as usize - 1]
+                    .iter()
+                    .all(|&v| v == 0.0)
+            );
+        }
+    }
+
+    #[test]
+    fn guided_alpha_mirror_is_linear_model_alpha_bit_for_bit() {
+        use crate::pipeline::guided_filter;
+        for (w, h, mw, mh) in [
+            (1, 1, 1, 1),
+            (7, 5, 3, 2),
+            (33, 17, 10, 10),
+            (64, 48, 320, 320),
+            (101, 3, 20, 20),
+        ] {
+            let (image, mask, trimap) = guided_case(w, h, mw, mh);
+            for subsample in [1, 2, 3, 4] {
+                let model =
+                    guided_filter::fit(&mut Resizer::new(), &image, &mask, 8, 1e-3, subsample)
+                        .unwrap();
+                let want = model.alpha(&image, &trimap);
+                let got = mirror::guided_alpha(&model, image.as_raw(), trimap.as_raw(), w, h);
+                assert_eq!(&got, want.as_raw(), "{w}x{h} subsample {subsample}");
+                // Before quantisation: the mirror's q is `apply`'s to the bit.
+                let q = model.apply(&guided_filter::luma(image.as_raw(), w, h));
+                let got = mirror::guided_q(&model, image.as_raw(), w, h);
+                let differ = got
+                    .iter()
+                    .zip(&q.data)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(differ, 0, "{w}x{h} subsample {subsample}: q differs");
             }
         }
     }

@@ -18,6 +18,12 @@ typedef unsigned long long u64;
 #define TRIMAP_UNKNOWN 128
 #define TRIMAP_FOREGROUND 255
 
+// Luma in [0, 1] (BT.601 weights) of one RGB8 pixel, f32 in the CPU's order
+// (guided_filter.rs `luma_of`): the guided filter's guide.
+__device__ __forceinline__ float luma_of(const u8* p) {
+    return (0.299f * (float)p[0] + 0.587f * (float)p[1] + 0.114f * (float)p[2]) / 255.0f;
+}
+
 // One thread per element of a 1-D range: grids are 1-D so that images up to the decode
 // limit never hit the 65535 limit of grid y/z.
 __device__ __forceinline__ u64 global_index() {

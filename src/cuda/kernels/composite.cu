@@ -1,6 +1,8 @@
 // Composite (src/pipeline/composite.rs): the refined alpha quantised to u8, with the
 // trimap's certain pixels overriding it, and the straight (not premultiplied) RGBA
-// cut-out. Exact: clamp, one f32 multiply and round-half-away-from-zero.
+// cut-out. Exact: clamp, one f32 multiply and round-half-away-from-zero. The guided
+// filter's alpha is made here too: its linear model, fitted at low resolution
+// (guided_filter.cu), is evaluated at full size only where the trimap is unknown.
 #include "common.cuh"
 
 // (v.clamp(0, 1) * 255).round() as u8; a NaN gives 0 as Rust's saturating cast does.
@@ -37,6 +39,87 @@ extern "C" __global__ void quantize_alpha_cutout(
     u64 i = global_index();
     if (i >= n) return;
     u8 a = composite_alpha(refined, trimap, use_trimap, i);
+    alpha[i] = a;
+    const u8* p = rgb + i * 3u;
+    u8* o = rgba + i * 4u;
+    o[0] = p[0];
+    o[1] = p[1];
+    o[2] = p[2];
+    o[3] = a;
+}
+
+// Upsampling taps of one axis (host-computed by `UpsampleTaps`: PIL's bilinear weights
+// cast to f32): output sample i reads `count[i]` inputs from `first[i]`, weights at
+// `weights[i * stride]`.
+struct Axis {
+    const u32* first;
+    const u32* count;
+    const float* weights;
+    u32 stride;
+};
+
+// `LinearModel::alpha` at full-size pixel (x, y) whose trimap value is unknown: A and B
+// upsampled from the low-resolution mean_a / mean_b (lw wide), vertical taps first then
+// horizontal, each accumulated in f32 from 0 in ascending tap order (the CPU's order:
+// it interpolates a whole row vertically, then each pixel horizontally), then
+// q = A * luma + B, quantised. Zero-weight taps are multiplied in as the CPU does.
+__device__ __forceinline__ u8 model_alpha(
+    const float* mean_a, const float* mean_b, u32 lw, Axis xs, Axis ys, u32 x, u32 y,
+    const u8* px) {
+    u32 x0 = xs.first[x], nx = xs.count[x];
+    u32 y0 = ys.first[y], ny = ys.count[y];
+    const float* wx = xs.weights + (u64)x * xs.stride;
+    const float* wy = ys.weights + (u64)y * ys.stride;
+    float a = 0.0f, b = 0.0f;
+    for (u32 i = 0; i < nx; ++i) {
+        u64 column = (u64)x0 + i;
+        float row_a = 0.0f, row_b = 0.0f;
+        for (u32 j = 0; j < ny; ++j) {
+            u64 k = ((u64)y0 + j) * lw + column;
+            row_a = row_a + wy[j] * mean_a[k];
+            row_b = row_b + wy[j] * mean_b[k];
+        }
+        a = a + wx[i] * row_a;
+        b = b + wx[i] * row_b;
+    }
+    return alpha_u8(a * luma_of(px) + b);
+}
+
+__device__ __forceinline__ u8 guided_pixel_alpha(
+    const float* mean_a, const float* mean_b, u32 lw, Axis xs, Axis ys,
+    const u8* rgb, const u8* trimap, u32 w, u64 i) {
+    u8 t = trimap[i];
+    if (t == TRIMAP_FOREGROUND) return 255;
+    if (t == TRIMAP_BACKGROUND) return 0;
+    return model_alpha(mean_a, mean_b, lw, xs, ys, (u32)(i % w), (u32)(i / w), rgb + i * 3u);
+}
+
+#define GUIDED_AXES                                                                  \
+    Axis xs = {x_first, x_count, x_weights, x_stride};                               \
+    Axis ys = {y_first, y_count, y_weights, y_stride};
+
+// Guided-filter alpha at the source size (w x h) from the fitted model (lw wide).
+extern "C" __global__ void guided_alpha(
+    const float* mean_a, const float* mean_b, u32 lw,
+    const u32* x_first, const u32* x_count, const float* x_weights, u32 x_stride,
+    const u32* y_first, const u32* y_count, const float* y_weights, u32 y_stride,
+    const u8* rgb, const u8* trimap, u32 w, u32 h, u8* alpha) {
+    u64 i = global_index();
+    if (i >= (u64)w * h) return;
+    GUIDED_AXES
+    alpha[i] = guided_pixel_alpha(mean_a, mean_b, lw, xs, ys, rgb, trimap, w, i);
+}
+
+// The same, and the RGBA cut-out in the same pass.
+extern "C" __global__ void guided_alpha_cutout(
+    const float* mean_a, const float* mean_b, u32 lw,
+    const u32* x_first, const u32* x_count, const float* x_weights, u32 x_stride,
+    const u32* y_first, const u32* y_count, const float* y_weights, u32 y_stride,
+    const u8* rgb, const u8* trimap, u32 w, u32 h, u8* alpha, u8* rgba) {
+    u64 i = global_index();
+    if (i >= (u64)w * h) return;
+    GUIDED_AXES
+    u8 a = guided_pixel_alpha(mean_a, mean_b, lw, xs, ys, rgb, trimap, w, i);
     alpha[i] = a;
     const u8* p = rgb + i * 3u;
     u8* o = rgba + i * 4u;

@@ -1,16 +1,22 @@
-// Guided filter (src/pipeline/guided_filter.rs): luma guide I, coarse mask p, box means
-// over the (2r+1)^2 window clipped to the image. Each box sum runs in f64 in the CPU's
-// exact order (a running sum along each row, then along each column of the f32 row sums:
-// one thread per row or column), so the means, a, b and q are the CPU's bit for bit.
-// Fused: the four means of pass 1 are consumed where they are produced, into a and b.
+// Guided filter fit (src/pipeline/guided_filter.rs, `coefficients`): luma guide I, mask p
+// (clamped to [0, 1] as `fit` does), box means over the (2r+1)^2 window clipped to the
+// image, at the fit's resolution (1/subsample of the source). Each box sum runs in f64 in
+// the CPU's exact order (a running sum along each row, then along each column of the f32
+// row sums: one thread per row or column), so the means, a, b, mean_a and mean_b are the
+// CPU's bit for bit. Fused: the four means of pass 1 are consumed where they are
+// produced, into a and b. The model is applied at full size by composite.cu.
 #include "common.cuh"
 
 // Luma in [0, 1], BT.601 weights, f32 in the CPU's order.
 extern "C" __global__ void luma_rgb8(const u8* rgb, u32 n, float* out) {
     u64 i = global_index();
     if (i >= n) return;
-    const u8* p = rgb + i * 3u;
-    out[i] = (0.299f * (float)p[0] + 0.587f * (float)p[1] + 0.114f * (float)p[2]) / 255.0f;
+    out[i] = luma_of(rgb + i * 3u);
+}
+
+// `v.clamp(0.0, 1.0)` as Rust does it: a NaN stays NaN (fminf/fmaxf would drop it).
+__device__ __forceinline__ float clamp_unit(float v) {
+    return v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
 }
 
 // How many of the samples i - r ..= i + r fall inside 0..len.
@@ -34,7 +40,8 @@ __device__ __forceinline__ u32 window_len(u32 i, u32 r, u32 len) {
         }                                                           \
     }
 
-// Pass 1, rows: window sums of I, p, I*p and I*I along each row (one thread per row).
+// Pass 1, rows: window sums of I, p, I*p and I*I along each row (one thread per row);
+// p is read clamped to [0, 1].
 extern "C" __global__ void box_rows_guide(
     const float* guide, const float* p, u32 w, u32 h, u32 r,
     float* sum_i, float* sum_p, float* sum_ip, float* sum_ii) {
@@ -44,8 +51,8 @@ extern "C" __global__ void box_rows_guide(
     const float* pi = p + y * w;
     u64 base = y * w;
 #define AT_I(k) gi[k]
-#define AT_P(k) pi[k]
-#define AT_IP(k) (gi[k] * pi[k])
+#define AT_P(k) clamp_unit(pi[k])
+#define AT_IP(k) (gi[k] * clamp_unit(pi[k]))
 #define AT_II(k) (gi[k] * gi[k])
 #define STORE_I(x, v) sum_i[base + (x)] = (v)
 #define STORE_P(x, v) sum_p[base + (x)] = (v)
@@ -119,10 +126,10 @@ extern "C" __global__ void box_rows_coefficients(
     ROW_RUNNING_SUM(w, r, AT_B, STORE_B)
 }
 
-// Pass 2, columns: mean_a and mean_b, and the output q = mean_a * I + mean_b.
-extern "C" __global__ void box_columns_output(
-    const float* sum_a, const float* sum_b, const float* guide, u32 w, u32 h, u32 r,
-    float* q) {
+// Pass 2, columns: mean_a and mean_b, the fitted model (one thread per column).
+extern "C" __global__ void box_columns_means(
+    const float* sum_a, const float* sum_b, u32 w, u32 h, u32 r,
+    float* mean_a, float* mean_b) {
     u64 x = global_index();
     if (x >= w) return;
     float inv_count_x = 1.0f / (float)window_len((u32)x, r, w);
@@ -134,10 +141,9 @@ extern "C" __global__ void box_columns_output(
     }
     for (u32 y = 0; y < h; ++y) {
         float inv_count_y = 1.0f / (float)window_len(y, r, h);
-        float mean_a = (float)acc_a * inv_count_x * inv_count_y;
-        float mean_b = (float)acc_b * inv_count_x * inv_count_y;
         u64 k = (u64)y * w + x;
-        q[k] = mean_a * guide[k] + mean_b;
+        mean_a[k] = (float)acc_a * inv_count_x * inv_count_y;
+        mean_b[k] = (float)acc_b * inv_count_x * inv_count_y;
         if ((u64)y + r + 1u < h) {
             acc_a = acc_a + (double)sum_a[((u64)y + r + 1u) * w + x];
             acc_b = acc_b + (double)sum_b[((u64)y + r + 1u) * w + x];
