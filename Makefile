@@ -16,7 +16,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test bench compare gpu-check clean-models
+.PHONY: python models models-all fixtures reference build serve test bench compare gpu-check check-tensorrt clean-models
 
 python:
 	@scripts/setup-python
@@ -65,6 +65,11 @@ compare: models build
 # target/gpu-check/run there writes report.txt. Needs NVRTC (make python) to precompile.
 gpu-check: models
 	scripts/gpu-check
+
+# The TensorRT shim against a header set (TENSORRT_INCLUDE_DIR=..., optional
+# CUDA_INCLUDE_DIR=...): no GPU or TensorRT needed; not part of `make test`.
+check-tensorrt:
+	scripts/check-tensorrt
 
 clean-models:
 	rm -rf models/cache $(FETCHED) onnx/u2netp/u2netp.onnx onnx/isnet/isnet.onnx onnx/u2net/u2net.onnx
