@@ -294,7 +294,7 @@ mod tests {
                 );
                 let m = ConvolutionTaps::bilinear(320, low);
                 assert!(
-                    m.first.len() <= mask.0 && m.coeffs.len() <= mask.1,
+                    m.first.len() <= mask.0 && m.weights.len() <= mask.1,
                     "mask {w}/{s}"
                 );
                 let u = UpsampleTaps::bilinear(low, w);

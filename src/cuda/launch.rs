@@ -173,7 +173,7 @@ impl DeviceTaps<f64> {
             stream,
             &taps.first,
             &taps.count,
-            &taps.coeffs,
+            &taps.weights,
             taps.stride,
             taps.span(),
         )?;

@@ -8,72 +8,28 @@
 
 use crate::pipeline::preprocess::{bilinear_weights, Taps};
 
-/// PIL's fixed-point bilinear taps for one axis, flattened.
+/// One axis of resampling taps in the layout the kernels read: for output sample `i`,
+/// `count[i]` weights from `weights[i * stride]`, applied to the inputs from `first[i]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FixedTaps {
+pub struct FlatTaps<W> {
     pub first: Vec<u32>,
     pub count: Vec<u32>,
     /// `stride` entries per output sample, zero-padded.
-    pub weights: Vec<i32>,
+    pub weights: Vec<W>,
     pub stride: u32,
 }
 
-impl FixedTaps {
-    /// `Taps::bilinear(in_size, out_size)` (the CPU's own taps) in device layout.
-    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
-        let taps = Taps::bilinear(in_size, out_size);
-        let stride = taps.weights.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut weights = vec![0i32; stride * taps.weights.len()];
-        for (dst, w) in weights.chunks_exact_mut(stride).zip(&taps.weights) {
+impl<W: Copy + Default> FlatTaps<W> {
+    /// Flattens `(first input, weights)` per output sample.
+    fn from_rows(rows: &[(u32, Vec<W>)]) -> Self {
+        let stride = rows.iter().map(|(_, w)| w.len()).max().unwrap_or(0).max(1);
+        let mut weights = vec![W::default(); stride * rows.len()];
+        for (dst, (_, w)) in weights.chunks_exact_mut(stride).zip(rows) {
             dst[..w.len()].copy_from_slice(w);
         }
         Self {
-            count: taps.weights.iter().map(|w| w.len() as u32).collect(),
-            first: taps.first,
-            weights,
-            stride: stride as u32,
-        }
-    }
-
-    /// The source rows (or columns) these taps read: `first..end`.
-    pub fn span(&self) -> (u32, u32) {
-        let first = self.first.first().copied().unwrap_or(0);
-        let end = self
-            .first
-            .iter()
-            .zip(&self.count)
-            .map(|(f, n)| f + n)
-            .max()
-            .unwrap_or(first);
-        (first, end)
-    }
-}
-
-/// The guided filter's upsampling taps for one axis (`LinearModel::alpha`): PIL's
-/// bilinear weights from `bilinear_weights`, cast to f32 as the CPU does before it
-/// multiplies, every tap kept (zero weights included, as the CPU multiplies them too).
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpsampleTaps {
-    pub first: Vec<u32>,
-    pub count: Vec<u32>,
-    /// `stride` weights per output sample, zero-padded.
-    pub weights: Vec<f32>,
-    pub stride: u32,
-}
-
-impl UpsampleTaps {
-    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
-        let taps = bilinear_weights(in_size, out_size);
-        let stride = taps.iter().map(|(_, w)| w.len()).max().unwrap_or(0).max(1);
-        let mut weights = vec![0f32; stride * taps.len()];
-        for (dst, (_, w)) in weights.chunks_exact_mut(stride).zip(&taps) {
-            for (d, &v) in dst.iter_mut().zip(w) {
-                *d = v as f32;
-            }
-        }
-        Self {
-            first: taps.iter().map(|(f, _)| *f).collect(),
-            count: taps.iter().map(|(_, w)| w.len() as u32).collect(),
+            first: rows.iter().map(|(f, _)| *f).collect(),
+            count: rows.iter().map(|(_, w)| w.len() as u32).collect(),
             weights,
             stride: stride as u32,
         }
@@ -93,18 +49,39 @@ impl UpsampleTaps {
     }
 }
 
-/// fast_image_resize's convolution coefficients (bilinear, adaptive kernel size, no
-/// crop) for one axis, flattened; the port of its `precompute_coefficients`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConvolutionTaps {
-    pub first: Vec<u32>,
-    pub count: Vec<u32>,
-    /// `stride` coefficients per output sample, zero-padded.
-    pub coeffs: Vec<f64>,
-    pub stride: u32,
+/// PIL's fixed-point bilinear taps (the preprocess resize and the guided filter's guide).
+pub type FixedTaps = FlatTaps<i32>;
+
+impl FlatTaps<i32> {
+    /// `Taps::bilinear(in_size, out_size)` (the CPU's own taps) in device layout.
+    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
+        let taps = Taps::bilinear(in_size, out_size);
+        let rows: Vec<(u32, Vec<i32>)> = taps.first.into_iter().zip(taps.weights).collect();
+        Self::from_rows(&rows)
+    }
 }
 
-impl ConvolutionTaps {
+/// The guided filter's upsampling taps for one axis (`LinearModel::alpha`): PIL's
+/// bilinear weights from `bilinear_weights`, cast to f32 as the CPU does before it
+/// multiplies, every tap kept (zero weights included, as the CPU multiplies them too).
+pub type UpsampleTaps = FlatTaps<f32>;
+
+impl FlatTaps<f32> {
+    pub fn bilinear(in_size: u32, out_size: u32) -> Self {
+        let rows: Vec<(u32, Vec<f32>)> = bilinear_weights(in_size, out_size)
+            .into_iter()
+            .map(|(first, w)| (first, w.into_iter().map(|v| v as f32).collect()))
+            .collect();
+        Self::from_rows(&rows)
+    }
+}
+
+/// fast_image_resize's convolution coefficients (bilinear, adaptive kernel size, no
+/// crop) for one axis; the port of its `precompute_coefficients`. Its stride is the
+/// filter window, as in the original, not the longest row.
+pub type ConvolutionTaps = FlatTaps<f64>;
+
+impl FlatTaps<f64> {
     pub fn bilinear(in_size: u32, out_size: u32) -> Self {
         let scale = f64::from(in_size) / f64::from(out_size);
         let filter_scale = scale.max(1.0);
@@ -152,22 +129,9 @@ impl ConvolutionTaps {
         Self {
             first,
             count,
-            coeffs,
+            weights: coeffs,
             stride: window as u32,
         }
-    }
-
-    /// The source rows (or columns) these taps read: `first..end`.
-    pub fn span(&self) -> (u32, u32) {
-        let first = self.first.first().copied().unwrap_or(0);
-        let end = self
-            .first
-            .iter()
-            .zip(&self.count)
-            .map(|(f, n)| f + n)
-            .max()
-            .unwrap_or(first);
-        (first, end)
     }
 }
 
@@ -289,14 +253,14 @@ pub mod mirror {
             for (x, out) in line.iter_mut().enumerate() {
                 let f = horiz.first[x] as usize;
                 let n = horiz.count[x] as usize;
-                let k = &horiz.coeffs[x * horiz.stride as usize..][..n];
+                let k = &horiz.weights[x * horiz.stride as usize..][..n];
                 *out = horizontal_sum(&src_row[f..f + n], k);
             }
         }
         let mut out = vec![0f32; dw * dh as usize];
         for (y, line) in out.chunks_exact_mut(dw).enumerate() {
             let f = (vert.first[y] - row0) as usize;
-            let k = &vert.coeffs[y * vert.stride as usize..][..vert.count[y] as usize];
+            let k = &vert.weights[y * vert.stride as usize..][..vert.count[y] as usize];
             for (x, o) in line.iter_mut().enumerate() {
                 let mut sum = 0.0f64;
                 for (t, &kt) in k.iter().enumerate() {
