@@ -270,11 +270,7 @@ impl GpuPipeline {
     ) -> Result<Self, CudaError> {
         let stream = device.new_stream()?;
         let seg = &spec.segmentation;
-        let segmentation = OrtModel::load(&seg.image.model, intra_threads)?;
-        segmentation.check_io(
-            &[(seg.image.input.as_str(), nchw(&seg.image, 3))],
-            &seg.output,
-        )?;
+        let segmentation = crate::pipeline::load_segmentation(spec, intra_threads)?;
         let seg_input = InputStage::alloc(&stream, &seg.image, &limits)?;
         let mut seg_warm = segmentation;
         let zeros = vec![0f32; 3 * seg.image.width as usize * seg.image.height as usize];
@@ -302,21 +298,18 @@ impl GpuPipeline {
 
         let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
         let side = limits.max_side_px;
-        let matting = match &spec.matting {
-            MattingSpec::GuidedFilter { .. } => None,
-            MattingSpec::Model {
-                image,
-                trimap_input,
-                output,
-            } => {
-                let mut model = OrtModel::load(&image.model, intra_threads)?;
-                model.check_io(
-                    &[
-                        (image.input.as_str(), nchw(image, 3)),
-                        (trimap_input.as_str(), nchw(image, 1)),
-                    ],
+        let matting = match (
+            &spec.matting,
+            crate::pipeline::load_matting(spec, intra_threads)?,
+        ) {
+            (
+                MattingSpec::Model {
+                    image,
+                    trimap_input,
                     output,
-                )?;
+                },
+                Some(mut model),
+            ) => {
                 let input = InputStage::alloc(&stream, image, &limits)?;
                 let px = image.width as usize * image.height as usize;
                 let warm = model.run(
@@ -348,6 +341,8 @@ impl GpuPipeline {
                     input,
                 })
             }
+            // The guided filter: no matting model.
+            _ => None,
         };
         let guided = match &spec.matting {
             &MattingSpec::GuidedFilter {
@@ -720,8 +715,4 @@ fn download<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     let host = &mut dst.as_mut_slice()?[..len];
     stream.memcpy_dtoh(&src.slice(..len), host)?;
     Ok(())
-}
-
-fn nchw(spec: &ImageInputSpec, channels: i64) -> [i64; 4] {
-    [1, channels, i64::from(spec.height), i64::from(spec.width)]
 }

@@ -122,31 +122,9 @@ impl Pipeline {
     /// Loads every model of `spec` with `intra_threads` ONNX Runtime threads each, and
     /// checks that their inputs and outputs are the ones the description names.
     pub fn load(spec: &PipelineSpec, intra_threads: usize) -> Result<Self, BackendError> {
-        let seg = &spec.segmentation;
-        let segmentation = OrtModel::load(&seg.image.model, intra_threads)?;
-        segmentation.check_io(
-            &[(seg.image.input.as_str(), nchw(&seg.image, 3))],
-            &seg.output,
-        )?;
+        let segmentation = load_segmentation(spec, intra_threads)?;
         check_batching(&segmentation, spec)?;
-        let matting = match &spec.matting {
-            MattingSpec::GuidedFilter { .. } => None,
-            MattingSpec::Model {
-                image,
-                trimap_input,
-                output,
-            } => {
-                let model = OrtModel::load(&image.model, intra_threads)?;
-                model.check_io(
-                    &[
-                        (image.input.as_str(), nchw(image, 3)),
-                        (trimap_input.as_str(), nchw(image, 1)),
-                    ],
-                    output,
-                )?;
-                Some(model)
-            }
-        };
+        let matting = load_matting(spec, intra_threads)?;
         Ok(Self {
             spec: spec.clone(),
             segmentation,
@@ -390,6 +368,45 @@ fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
             data: chunk.to_vec(),
         })
         .collect())
+}
+
+/// The segmentation model of `spec`, checked against the description's input and output.
+pub fn load_segmentation(
+    spec: &PipelineSpec,
+    intra_threads: usize,
+) -> Result<OrtModel, BackendError> {
+    let seg = &spec.segmentation;
+    let model = OrtModel::load(&seg.image.model, intra_threads)?;
+    model.check_io(
+        &[(seg.image.input.as_str(), nchw(&seg.image, 3))],
+        &seg.output,
+    )?;
+    Ok(model)
+}
+
+/// The matting model of `spec` (`None` with the guided filter), checked against the
+/// description's inputs and output.
+pub fn load_matting(
+    spec: &PipelineSpec,
+    intra_threads: usize,
+) -> Result<Option<OrtModel>, BackendError> {
+    let MattingSpec::Model {
+        image,
+        trimap_input,
+        output,
+    } = &spec.matting
+    else {
+        return Ok(None);
+    };
+    let model = OrtModel::load(&image.model, intra_threads)?;
+    model.check_io(
+        &[
+            (image.input.as_str(), nchw(image, 3)),
+            (trimap_input.as_str(), nchw(image, 1)),
+        ],
+        output,
+    )?;
+    Ok(Some(model))
 }
 
 fn nchw(spec: &ImageInputSpec, channels: i64) -> [i64; 4] {
