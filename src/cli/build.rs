@@ -353,15 +353,7 @@ fn print_profile(profile: &[InputProfile]) {
     if profile.is_empty() {
         println!("  profile: static shapes, no optimisation profile needed");
     }
-    for p in profile {
-        println!(
-            "  profile {}: min {} opt {} max {}",
-            p.name,
-            shape_string(&p.min),
-            shape_string(&p.opt),
-            shape_string(&p.max)
-        );
-    }
+    super::inspect::print_profiles(profile);
 }
 
 fn seconds(d: Duration) -> String {

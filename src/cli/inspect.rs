@@ -193,7 +193,8 @@ fn print_tensors(inputs: &[TensorDesc], outputs: &[TensorDesc]) {
     }
 }
 
-fn print_profiles(profiles: &[InputProfile]) {
+/// One line per input of an optimisation profile (shared with `celer build`).
+pub(super) fn print_profiles(profiles: &[InputProfile]) {
     for p in profiles {
         println!(
             "  profile {}: min {} opt {} max {}",

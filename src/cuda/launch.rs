@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernel
 use half::f16;
 
 use super::device::KernelSet;
-use super::taps::{ConvolutionTaps, FixedTaps, UpsampleTaps};
+use super::taps::{ConvolutionTaps, FixedTaps, FlatTaps, UpsampleTaps};
 use super::CudaError;
 use crate::config::{Normalize, Scale};
 
@@ -131,18 +131,19 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
     }
 }
 
-impl DeviceTaps<i32> {
-    /// Uploads PIL's fixed-point taps for `in_size` -> `out_size` unless already there.
-    pub fn set_fixed(
+impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default> DeviceTaps<W> {
+    /// Uploads `make(in_size, out_size)` unless these sizes are already there.
+    fn set_with(
         &mut self,
         stream: &Arc<CudaStream>,
         in_size: u32,
         out_size: u32,
+        make: fn(u32, u32) -> FlatTaps<W>,
     ) -> Result<(), CudaError> {
         if self.sizes == Some((in_size, out_size)) {
             return Ok(());
         }
-        let taps = FixedTaps::bilinear(in_size, out_size);
+        let taps = make(in_size, out_size);
         self.upload(
             stream,
             &taps.first,
@@ -153,6 +154,18 @@ impl DeviceTaps<i32> {
         )?;
         self.sizes = Some((in_size, out_size));
         Ok(())
+    }
+}
+
+impl DeviceTaps<i32> {
+    /// Uploads PIL's fixed-point taps for `in_size` -> `out_size` unless already there.
+    pub fn set_fixed(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        in_size: u32,
+        out_size: u32,
+    ) -> Result<(), CudaError> {
+        self.set_with(stream, in_size, out_size, FixedTaps::bilinear)
     }
 }
 
@@ -165,20 +178,7 @@ impl DeviceTaps<f64> {
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        if self.sizes == Some((in_size, out_size)) {
-            return Ok(());
-        }
-        let taps = ConvolutionTaps::bilinear(in_size, out_size);
-        self.upload(
-            stream,
-            &taps.first,
-            &taps.count,
-            &taps.weights,
-            taps.stride,
-            taps.span(),
-        )?;
-        self.sizes = Some((in_size, out_size));
-        Ok(())
+        self.set_with(stream, in_size, out_size, ConvolutionTaps::bilinear)
     }
 }
 
@@ -191,20 +191,7 @@ impl DeviceTaps<f32> {
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        if self.sizes == Some((in_size, out_size)) {
-            return Ok(());
-        }
-        let taps = UpsampleTaps::bilinear(in_size, out_size);
-        self.upload(
-            stream,
-            &taps.first,
-            &taps.count,
-            &taps.weights,
-            taps.stride,
-            taps.span(),
-        )?;
-        self.sizes = Some((in_size, out_size));
-        Ok(())
+        self.set_with(stream, in_size, out_size, UpsampleTaps::bilinear)
     }
 }
 
