@@ -18,7 +18,7 @@ use celer::config::MattingSpec;
 use celer::config::{Normalize, PipelineSpec, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
-use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, Probe};
+use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, ModelSource, Probe};
 use celer::pipeline::plane::Plane;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use celer::pipeline::{Pipeline, StageTimings};
@@ -598,7 +598,7 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
     let mut gpu = GpuPipeline::load(
         spec,
         dev,
-        2,
+        ModelSource::OnnxRuntime { intra_threads: 2 },
         GpuLimits {
             max_pixels: 4032 * 3024,
             max_side_px: 4032,

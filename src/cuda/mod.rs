@@ -9,6 +9,7 @@ pub mod device;
 pub mod guided;
 pub mod kernels;
 pub mod launch;
+pub mod model;
 pub mod nvrtc;
 pub mod pipeline;
 pub mod probe;
@@ -16,7 +17,7 @@ pub mod taps;
 
 pub use device::GpuDevice;
 pub use nvrtc::Arch;
-pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
+pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline, ModelSource};
 pub use probe::{probe, GpuInfo, Probe};
 
 /// A failure in the CUDA path. The server's fault, never the client's: the caller falls
@@ -55,6 +56,8 @@ pub enum CudaError {
     Stage { stage: &'static str, reason: String },
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    TensorRt(#[from] crate::tensorrt::TrtError),
 }
 
 impl From<cudarc::driver::DriverError> for CudaError {

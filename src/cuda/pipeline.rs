@@ -4,10 +4,10 @@
 //! synchronisation at the end. Every device buffer is allocated at start-up for the
 //! largest accepted image and reused: the request path allocates nothing on the device.
 //!
-//! Interim model stage: until the TensorRT engines land, the models run on the CPU with
-//! ONNX Runtime. The normalised input is downloaded, the session runs, and its output is
-//! uploaded again, which costs one extra synchronisation per model. Everything around the
-//! models is already on the GPU.
+//! The models (`model`): TensorRT engines enqueued on the same stream, reading and
+//! writing device buffers, so a request crosses the bus once each way. Where TensorRT is
+//! absent they run on the CPU with ONNX Runtime: the normalised input is downloaded, the
+//! session runs, and its output is uploaded again, one extra synchronisation per model.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,12 +17,13 @@ use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::device::GpuDevice;
 use super::guided::{FastGuidedFilter, GuidedParams};
-use super::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
+use super::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher};
+use super::model::{DeviceTensor, GpuModel, InputElement, TrtModel};
 use super::CudaError;
-use crate::backend::ort::OrtModel;
 use crate::backend::Tensor;
 use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::pipeline::{Matte, StageTimings};
+use crate::tensorrt::Engine;
 
 /// The largest image the GPU buffers hold. Larger images are refused with
 /// [`CudaError::ImageTooLarge`] (the caller can run them on the CPU path).
@@ -58,7 +59,7 @@ struct InputStage {
     tmp: CudaSlice<u8>,
     resized: CudaSlice<u8>,
     max_value: CudaSlice<u32>,
-    input: CudaSlice<f32>,
+    input: DeviceTensor,
 }
 
 impl InputStage {
@@ -66,6 +67,7 @@ impl InputStage {
         stream: &Arc<CudaStream>,
         spec: &ImageInputSpec,
         limits: &GpuLimits,
+        element: InputElement,
     ) -> Result<Self, CudaError> {
         let (w, h) = (spec.width, spec.height);
         let (outs_h, weights_h) = taps_capacity(limits.max_side_px, w);
@@ -79,7 +81,7 @@ impl InputStage {
             tmp: stream.alloc_zeros(w as usize * limits.max_side_px as usize * 3)?,
             resized: stream.alloc_zeros(pixels * 3)?,
             max_value: stream.alloc_zeros(1)?,
-            input: stream.alloc_zeros(pixels * 3)?,
+            input: DeviceTensor::alloc(stream, element, pixels * 3)?,
         })
     }
 
@@ -103,7 +105,7 @@ impl InputStage {
             &mut self.tmp,
             &mut self.resized,
             &mut self.max_value,
-            ModelInput::F32(&mut self.input),
+            self.input.as_model_input(),
         )
     }
 
@@ -119,16 +121,93 @@ impl InputStage {
 
 /// The matting model and its extra buffers.
 struct MattingStage {
-    model: OrtModel,
+    model: GpuModel,
     input: InputStage,
     trimap_input: String,
     output: String,
     trimap_nearest: DeviceNearest,
     trimap_small: CudaSlice<u8>,
-    trimap_unit: CudaSlice<f32>,
+    trimap_unit: DeviceTensor,
     host_trimap: PinnedHostSlice<f32>,
     alpha_shape: [usize; 4],
     alpha_small: CudaSlice<f32>,
+}
+
+impl MattingStage {
+    /// The matting model from `source`, its output shape, and its buffers.
+    fn load(
+        spec: &PipelineSpec,
+        device: &GpuDevice,
+        stream: &Arc<CudaStream>,
+        source: &ModelSource<'_>,
+        (image, trimap_input, output): (&ImageInputSpec, &String, &String),
+        limits: &GpuLimits,
+    ) -> Result<Self, CudaError> {
+        let image_shape = nchw(image, 3);
+        let trimap_shape = nchw(image, 1);
+        let px = image.width as usize * image.height as usize;
+        let (model, alpha_shape) = match source {
+            ModelSource::OnnxRuntime { intra_threads } => {
+                let mut model = crate::pipeline::load_matting(spec, *intra_threads)?.ok_or(
+                    CudaError::Stage {
+                        stage: "matting",
+                        reason: "the pipeline names no matting model".into(),
+                    },
+                )?;
+                let warm = model.run(
+                    &[
+                        (image.input.as_str(), image_shape, &vec![0f32; 3 * px]),
+                        (trimap_input.as_str(), trimap_shape, &vec![0f32; px]),
+                    ],
+                    output,
+                )?;
+                let shape = four_d(&warm, model.label())?;
+                (GpuModel::OnnxRuntime(model), shape)
+            }
+            ModelSource::TensorRt {
+                matting: Some(engine),
+                ..
+            } => {
+                let model = TrtModel::new(
+                    stream,
+                    engine,
+                    &engine_label(image),
+                    &[
+                        (image.input.as_str(), image_shape),
+                        (trimap_input.as_str(), trimap_shape),
+                    ],
+                    output,
+                )?;
+                let shape = model.output_shape();
+                (GpuModel::TensorRt(model), shape)
+            }
+            ModelSource::TensorRt { matting: None, .. } => {
+                return Err(CudaError::Stage {
+                    stage: "matting",
+                    reason: "the pipeline has a matting model but no engine was given for it"
+                        .into(),
+                })
+            }
+        };
+        if alpha_shape[1] != 1 {
+            return Err(CudaError::Stage {
+                stage: "matting",
+                reason: format!("expected an alpha of shape [1, 1, H, W], got {alpha_shape:?}"),
+            });
+        }
+        Ok(Self {
+            input: InputStage::alloc(stream, image, limits, model.input_element(&image.input)?)?,
+            trimap_unit: DeviceTensor::alloc(stream, model.input_element(trimap_input)?, px)?,
+            model,
+            trimap_input: trimap_input.clone(),
+            output: output.clone(),
+            trimap_nearest: DeviceNearest::alloc(stream, image.width, image.height)?,
+            trimap_small: stream.alloc_zeros(px)?,
+            host_trimap: pinned(device, px, false)?,
+            alpha_small: stream.alloc_zeros(alpha_shape[2] * alpha_shape[3])?,
+            alpha_shape,
+        })
+    }
 }
 
 /// Planes at the source size, and the resize of a small plane up to it (the matting
@@ -160,19 +239,42 @@ struct MaskStage {
 struct StageEvents {
     start: CudaEvent,
     preprocessed: CudaEvent,
-    mask_uploaded: CudaEvent,
+    /// The segmentation output is on the device (TensorRT: written there; ONNX Runtime:
+    /// uploaded).
+    mask_ready: CudaEvent,
     trimapped: CudaEvent,
     matted: CudaEvent,
     composited: CudaEvent,
 }
 
-/// One replica of the pipeline on one GPU.
+/// What runs a GPU replica's models.
+pub enum ModelSource<'a> {
+    /// ONNX Runtime on the CPU, `intra_threads` threads per model: where TensorRT is
+    /// absent.
+    OnnxRuntime { intra_threads: usize },
+    /// The GPU's engines, deserialised once per GPU; each replica makes its own
+    /// execution contexts. `matting` is needed when the pipeline has a matting model.
+    TensorRt {
+        segmentation: &'a Arc<Engine>,
+        matting: Option<&'a Arc<Engine>>,
+    },
+}
+
+impl ModelSource<'_> {
+    /// "TensorRT" or "ONNX Runtime (CPU)", for logs.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::OnnxRuntime { .. } => "ONNX Runtime (CPU)",
+            Self::TensorRt { .. } => "TensorRT",
+        }
+    }
+}
+
+/// One replica of the pipeline on one GPU. Fields drop in order: the models (TensorRT
+/// contexts) and buffers before the device, whose context they need.
 pub struct GpuPipeline {
     spec: PipelineSpec,
-    device: Arc<GpuDevice>,
-    stream: Arc<CudaStream>,
-    limits: GpuLimits,
-    segmentation: OrtModel,
+    segmentation: GpuModel,
     seg_input: InputStage,
     mask: MaskStage,
     matting: Option<MattingStage>,
@@ -182,6 +284,17 @@ pub struct GpuPipeline {
     host_download: PinnedHostSlice<u8>,
     host_input: PinnedHostSlice<f32>,
     events: StageEvents,
+    limits: GpuLimits,
+    stream: Arc<CudaStream>,
+    device: Arc<GpuDevice>,
+}
+
+impl Drop for GpuPipeline {
+    fn drop(&mut self) {
+        // A request that failed half-way may have left kernels, copies or an engine
+        // enqueued on the buffers about to be freed: let them finish first.
+        let _ = self.stream.synchronize();
+    }
 }
 
 fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -248,6 +361,19 @@ fn same_shape(out: &Tensor, expected: &[usize; 4], model: &str) -> Result<(), Cu
     Ok(())
 }
 
+/// `[1, C, H, W]` of a model input.
+fn nchw(spec: &ImageInputSpec, channels: usize) -> [usize; 4] {
+    [1, channels, spec.height as usize, spec.width as usize]
+}
+
+/// An engine's name in errors: its ONNX file's stem.
+fn engine_label(spec: &ImageInputSpec) -> String {
+    format!(
+        "{} (TensorRT)",
+        crate::tensorrt::manifest::model_name(&spec.model)
+    )
+}
+
 fn four_d(out: &Tensor, model: &str) -> Result<[usize; 4], CudaError> {
     match out.shape.as_slice() {
         &[1, c, h, w] if c >= 1 && out.data.len() == c * h * w => Ok([1, c, h, w]),
@@ -259,26 +385,48 @@ fn four_d(out: &Tensor, model: &str) -> Result<[usize; 4], CudaError> {
 }
 
 impl GpuPipeline {
-    /// Loads the models of `spec` (interim: ONNX Runtime on the CPU with `intra_threads`
-    /// threads), learns their output shapes from one warm-up run, and allocates every
-    /// device and pinned buffer for images up to `limits`.
+    /// Sets up the models of `spec` from `source`, learns their output shapes (from the
+    /// engine, or from one warm-up run of ONNX Runtime), and allocates every device and
+    /// pinned buffer for images up to `limits`.
     pub fn load(
         spec: &PipelineSpec,
         device: Arc<GpuDevice>,
-        intra_threads: usize,
+        source: ModelSource<'_>,
         limits: GpuLimits,
     ) -> Result<Self, CudaError> {
+        device.context().bind_to_thread()?;
         let stream = device.new_stream()?;
         let seg = &spec.segmentation;
-        let segmentation = crate::pipeline::load_segmentation(spec, intra_threads)?;
-        let seg_input = InputStage::alloc(&stream, &seg.image, &limits)?;
-        let mut seg_warm = segmentation;
-        let zeros = vec![0f32; 3 * seg.image.width as usize * seg.image.height as usize];
-        let warm = seg_warm.run(
-            &[(seg.image.input.as_str(), seg_input.shape(3), &zeros)],
-            &seg.output,
+        let seg_shape = nchw(&seg.image, 3);
+        let (segmentation, shape) = match &source {
+            ModelSource::OnnxRuntime { intra_threads } => {
+                let mut model = crate::pipeline::load_segmentation(spec, *intra_threads)?;
+                let zeros = vec![0f32; seg_shape.iter().product()];
+                let warm = model.run(
+                    &[(seg.image.input.as_str(), seg_shape, &zeros)],
+                    &seg.output,
+                )?;
+                let shape = four_d(&warm, model.label())?;
+                (GpuModel::OnnxRuntime(model), shape)
+            }
+            ModelSource::TensorRt { segmentation, .. } => {
+                let model = TrtModel::new(
+                    &stream,
+                    segmentation,
+                    &engine_label(&seg.image),
+                    &[(seg.image.input.as_str(), seg_shape)],
+                    &seg.output,
+                )?;
+                let shape = model.output_shape();
+                (GpuModel::TensorRt(model), shape)
+            }
+        };
+        let seg_input = InputStage::alloc(
+            &stream,
+            &seg.image,
+            &limits,
+            segmentation.input_element(&seg.image.input)?,
         )?;
-        let shape = four_d(&warm, seg_warm.label())?;
         let plane = shape[2] * shape[3];
         let class_values: Vec<u8> = match &seg.mask {
             MaskKind::Classes { class_values } => class_values.clone(),
@@ -298,51 +446,20 @@ impl GpuPipeline {
 
         let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
         let side = limits.max_side_px;
-        let matting = match (
-            &spec.matting,
-            crate::pipeline::load_matting(spec, intra_threads)?,
-        ) {
-            (
-                MattingSpec::Model {
-                    image,
-                    trimap_input,
-                    output,
-                },
-                Some(mut model),
-            ) => {
-                let input = InputStage::alloc(&stream, image, &limits)?;
-                let px = image.width as usize * image.height as usize;
-                let warm = model.run(
-                    &[
-                        (image.input.as_str(), input.shape(3), &vec![0f32; 3 * px]),
-                        (trimap_input.as_str(), input.shape(1), &vec![0f32; px]),
-                    ],
-                    output,
-                )?;
-                let alpha_shape = four_d(&warm, model.label())?;
-                if alpha_shape[1] != 1 {
-                    return Err(CudaError::Stage {
-                        stage: "matting",
-                        reason: format!(
-                            "expected an alpha of shape [1, 1, H, W], got {alpha_shape:?}"
-                        ),
-                    });
-                }
-                Some(MattingStage {
-                    model,
-                    trimap_input: trimap_input.clone(),
-                    output: output.clone(),
-                    trimap_nearest: DeviceNearest::alloc(&stream, image.width, image.height)?,
-                    trimap_small: stream.alloc_zeros(px)?,
-                    trimap_unit: stream.alloc_zeros(px)?,
-                    host_trimap: pinned(&device, px, false)?,
-                    alpha_small: stream.alloc_zeros(alpha_shape[2] * alpha_shape[3])?,
-                    alpha_shape,
-                    input,
-                })
-            }
-            // The guided filter: no matting model.
-            _ => None,
+        let matting = match &spec.matting {
+            MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            } => Some(MattingStage::load(
+                spec,
+                &device,
+                &stream,
+                &source,
+                (image, trimap_input, output),
+                &limits,
+            )?),
+            MattingSpec::GuidedFilter { .. } => None,
         };
         let guided = match &spec.matting {
             &MattingSpec::GuidedFilter {
@@ -385,15 +502,19 @@ impl GpuPipeline {
         let events = StageEvents {
             start: event()?,
             preprocessed: event()?,
-            mask_uploaded: event()?,
+            mask_ready: event()?,
             trimapped: event()?,
             matted: event()?,
             composited: event()?,
         };
-        let input_len = seg_input
-            .input
-            .len()
-            .max(matting.as_ref().map(|m| m.input.input.len()).unwrap_or(0));
+        // Host staging of model inputs: only ONNX Runtime reads them on the host.
+        let input_len = match &source {
+            ModelSource::OnnxRuntime { .. } => seg_input
+                .input
+                .len()
+                .max(matting.as_ref().map_or(0, |m| m.input.input.len())),
+            ModelSource::TensorRt { .. } => 1,
+        };
         let pipeline = Self {
             spec: spec.clone(),
             host_upload: pinned(&device, max_px * 3, true)?,
@@ -402,7 +523,7 @@ impl GpuPipeline {
             device,
             stream,
             limits,
-            segmentation: seg_warm,
+            segmentation,
             seg_input,
             mask,
             matting,
@@ -412,6 +533,14 @@ impl GpuPipeline {
         };
         pipeline.stream.synchronize()?;
         Ok(pipeline)
+    }
+
+    /// "TensorRT" or "ONNX Runtime (CPU)": what runs this replica's models.
+    pub fn model_backend(&self) -> &'static str {
+        match self.segmentation {
+            GpuModel::TensorRt(_) => "TensorRT",
+            GpuModel::OnnxRuntime(_) => "ONNX Runtime (CPU)",
+        }
     }
 
     pub fn spec(&self) -> &PipelineSpec {
@@ -473,30 +602,40 @@ impl GpuPipeline {
         self.seg_input.run(&launcher, &self.planes.image, (w, h))?;
         self.events.preprocessed.record(&stream)?;
 
-        // Interim model stage on the CPU (see the module header).
         let seg = &self.spec.segmentation;
-        let input_len = self.seg_input.input.len();
-        download(
-            &stream,
-            &self.seg_input.input,
-            input_len,
-            &mut self.host_input,
-        )?;
-        stream.synchronize()?;
-        timings.preprocess = wall.elapsed();
-        let t = Instant::now();
-        let out = self.segmentation.run(
-            &[(
-                seg.image.input.as_str(),
-                self.seg_input.shape(3),
-                &self.host_input.as_slice()?[..input_len],
-            )],
-            &seg.output,
-        )?;
-        same_shape(&out, &self.mask.shape, self.segmentation.label())?;
-        stream.memcpy_htod(&out.data, &mut self.mask.mask)?;
-        self.events.mask_uploaded.record(&stream)?;
-        timings.model = t.elapsed();
+        match &mut self.segmentation {
+            GpuModel::TensorRt(model) => {
+                model.enqueue(
+                    &stream,
+                    &[(seg.image.input.as_str(), &self.seg_input.input)],
+                    &mut self.mask.mask,
+                )?;
+            }
+            GpuModel::OnnxRuntime(model) => {
+                let input_len = self.seg_input.input.len();
+                download(
+                    &stream,
+                    self.seg_input.input.as_f32()?,
+                    input_len,
+                    &mut self.host_input,
+                )?;
+                stream.synchronize()?;
+                timings.preprocess = wall.elapsed();
+                let t = Instant::now();
+                let out = model.run(
+                    &[(
+                        seg.image.input.as_str(),
+                        self.seg_input.shape(3),
+                        &self.host_input.as_slice()?[..input_len],
+                    )],
+                    &seg.output,
+                )?;
+                same_shape(&out, &self.mask.shape, model.label())?;
+                stream.memcpy_htod(&out.data, &mut self.mask.mask)?;
+                timings.model = t.elapsed();
+            }
+        }
+        self.events.mask_ready.record(&stream)?;
 
         // Trimap at the output's resolution, eroded, then NEAREST to the source size.
         let [_, classes, mh, mw] = self.mask.shape;
@@ -573,7 +712,10 @@ impl GpuPipeline {
             (MattingSpec::Model { .. }, _) => {
                 let t = Instant::now();
                 self.run_matting_model(&launcher, small, (w, h))?;
-                timings.model += t.elapsed();
+                // TensorRT's share is taken from the events once the GPU is done.
+                if !self.matting_on_gpu() {
+                    timings.model += t.elapsed();
+                }
                 self.events.matted.record(&stream)?;
                 let p = &mut self.planes;
                 launcher.composite(
@@ -628,9 +770,18 @@ impl GpuPipeline {
                 .map(|v| std::time::Duration::from_secs_f64(f64::from(v.max(0.0)) / 1e3))
                 .unwrap_or_default()
         };
-        timings.trimap = ms(&e.mask_uploaded, &e.trimapped);
+        timings.trimap = ms(&e.mask_ready, &e.trimapped);
+        if matches!(self.segmentation, GpuModel::TensorRt(_)) {
+            // Nothing waited for the GPU before the end: its stages are event times.
+            timings.preprocess = ms(&e.start, &e.preprocessed);
+            timings.model = ms(&e.preprocessed, &e.mask_ready);
+        }
         // The guided filter's alpha pass is its apply step: matting time. The composite
         // of the matting model's alpha is the composite stage's.
+        if self.matting_on_gpu() {
+            // The matting model with its input resize and its alpha's resize.
+            timings.model += ms(&e.trimapped, &e.matted);
+        }
         if is_guided {
             timings.matting = ms(&e.trimapped, &e.composited);
             timings.composite = t.elapsed();
@@ -641,6 +792,14 @@ impl GpuPipeline {
             matte: Matte { alpha, trimap },
             cutout: rgba,
         })
+    }
+
+    /// Whether the matting model runs on the GPU (TensorRT).
+    fn matting_on_gpu(&self) -> bool {
+        matches!(
+            self.matting.as_ref().map(|m| &m.model),
+            Some(GpuModel::TensorRt(_))
+        )
     }
 
     /// GPU time of the last request's upload + preprocess, from the stage events.
@@ -666,28 +825,50 @@ impl GpuPipeline {
         m.trimap_nearest.set(stream, small, (iw, ih))?;
         launcher.resize_nearest(&self.mask.trimap, &m.trimap_nearest, &mut m.trimap_small)?;
         let px = iw * ih;
-        launcher.trimap_to_unit(&m.trimap_small, px, ModelInput::F32(&mut m.trimap_unit))?;
-        let input_len = 3 * px as usize;
-        download(stream, &m.input.input, input_len, &mut self.host_input)?;
-        download(stream, &m.trimap_unit, px as usize, &mut m.host_trimap)?;
-        stream.synchronize()?;
-        let out = m.model.run(
-            &[
-                (
-                    m.input.spec.input.as_str(),
-                    m.input.shape(3),
-                    &self.host_input.as_slice()?[..input_len],
-                ),
-                (
-                    m.trimap_input.as_str(),
-                    m.input.shape(1),
-                    &m.host_trimap.as_slice()?[..px as usize],
-                ),
-            ],
-            &m.output,
-        )?;
-        same_shape(&out, &m.alpha_shape, m.model.label())?;
-        stream.memcpy_htod(&out.data, &mut m.alpha_small)?;
+        launcher.trimap_to_unit(&m.trimap_small, px, m.trimap_unit.as_model_input())?;
+        match &mut m.model {
+            GpuModel::TensorRt(model) => model.enqueue(
+                stream,
+                &[
+                    (m.input.spec.input.as_str(), &m.input.input),
+                    (m.trimap_input.as_str(), &m.trimap_unit),
+                ],
+                &mut m.alpha_small,
+            )?,
+            GpuModel::OnnxRuntime(model) => {
+                let input_len = 3 * px as usize;
+                download(
+                    stream,
+                    m.input.input.as_f32()?,
+                    input_len,
+                    &mut self.host_input,
+                )?;
+                download(
+                    stream,
+                    m.trimap_unit.as_f32()?,
+                    px as usize,
+                    &mut m.host_trimap,
+                )?;
+                stream.synchronize()?;
+                let out = model.run(
+                    &[
+                        (
+                            m.input.spec.input.as_str(),
+                            m.input.shape(3),
+                            &self.host_input.as_slice()?[..input_len],
+                        ),
+                        (
+                            m.trimap_input.as_str(),
+                            m.input.shape(1),
+                            &m.host_trimap.as_slice()?[..px as usize],
+                        ),
+                    ],
+                    &m.output,
+                )?;
+                same_shape(&out, &m.alpha_shape, model.label())?;
+                stream.memcpy_htod(&out.data, &mut m.alpha_small)?;
+            }
+        }
         let (aw, ah) = (m.alpha_shape[3] as u32, m.alpha_shape[2] as u32);
         let p = &mut self.planes;
         p.plane_horizontal.set_convolution(stream, aw, w)?;
