@@ -42,6 +42,7 @@ impl Executor for GatedPipeline {
                         alpha: GrayImage::from_pixel(w, h, Luma([255])),
                         trimap: GrayImage::from_pixel(w, h, Luma([255])),
                     },
+                    cutout: None,
                     timings: job.timings,
                 }
             })

@@ -42,7 +42,7 @@ pub fn stage_timings(
             ..StageTimings::default()
         };
         let matte = pipeline.run(&image, &mut timings)?;
-        render(&image, &matte, output, &mut timings)?;
+        render(&image, &matte, None, output, &mut timings)?;
         if i >= warmup {
             measured.push(timings);
         }

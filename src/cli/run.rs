@@ -78,7 +78,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut summary = Summary::default();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     for file in &files {
-        match submit(&pool, file) {
+        match submit(&pool, file, output) {
             Ok(p) => pending.push_back(p),
             Err(e) => summary.fail(&bar, file, &e),
         }
@@ -106,7 +106,7 @@ struct Pending {
     ticket: Ticket<BoxedPipelineExecutor>,
 }
 
-fn submit(pool: &PipelineRouter, file: &Path) -> anyhow::Result<Pending> {
+fn submit(pool: &PipelineRouter, file: &Path, output: OutputKind) -> anyhow::Result<Pending> {
     let bytes = std::fs::read(file).context("cannot read")?;
     let t = Instant::now();
     let image = Arc::new(decode(&bytes, &DecodeLimits::default())?);
@@ -118,6 +118,7 @@ fn submit(pool: &PipelineRouter, file: &Path) -> anyhow::Result<Pending> {
     let job = PipelineJob {
         image: image.clone(),
         timings,
+        want_cutout: output == OutputKind::Cutout,
     };
     let ticket = pool.submit(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
@@ -138,7 +139,7 @@ fn finish(
     let result = (|| -> anyhow::Result<StageTimings> {
         let done = waiter.block_on(p.ticket.wait())?;
         let mut timings = done.output.timings;
-        let rendered = render(&p.image, &done.output.matte, output, &mut timings)?;
+        let rendered = render(&p.image, &done.output.matte, done.output.cutout, output, &mut timings)?;
         let ext = if output == OutputKind::Json {
             "json"
         } else {

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::negotiate::{body_kind, output_kind, BodyKind};
 use super::AppState;
 use crate::error::ApiError;
+use crate::config::OutputKind;
 use crate::pipeline::{self, decode, StageTimings};
 use crate::sched::PipelineJob;
 
@@ -58,14 +59,17 @@ pub async fn invocations(
     let job = PipelineJob {
         image: image.clone(),
         timings,
+        want_cutout: output == OutputKind::Cutout,
     };
     let ticket = state.router.submit_admitted(admission, job, deadline)?;
     let done = ticket.wait().await?;
 
     let queued = done.queued;
     let (rendered, timings) = tokio::task::spawn_blocking(move || {
-        let mut timings = done.output.timings;
-        pipeline::render(&image, &done.output.matte, output, &mut timings).map(|r| (r, timings))
+        let out = done.output;
+        let mut timings = out.timings;
+        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings)
+            .map(|r| (r, timings))
     })
     .await
     .map_err(ApiError::internal)?

@@ -21,7 +21,7 @@ pub mod trimap;
 use std::time::{Duration, Instant};
 
 use fast_image_resize::Resizer;
-use image::{ExtendedColorType, GrayImage, RgbImage};
+use image::{ExtendedColorType, GrayImage, RgbImage, RgbaImage};
 use serde::Serialize;
 
 use crate::backend::ort::OrtModel;
@@ -429,6 +429,7 @@ pub struct Rendered {
 pub fn render(
     image: &RgbImage,
     matte: &Matte,
+    cutout: Option<RgbaImage>,
     kind: OutputKind,
     timings: &mut StageTimings,
 ) -> Result<Rendered, PipelineError> {
@@ -437,9 +438,16 @@ pub fn render(
     let gray_png = |g: &GrayImage| encode::png(g.as_raw(), w, h, ExtendedColorType::L8);
     match kind {
         OutputKind::Cutout => {
-            let t = Instant::now();
-            let rgba = composite::cutout(image, &matte.alpha);
-            timings.composite = t.elapsed();
+            // Made on the device when it could (the GPU pipeline); here otherwise.
+            let rgba = match cutout {
+                Some(rgba) if rgba.dimensions() == (w, h) => rgba,
+                _ => {
+                    let t = Instant::now();
+                    let rgba = composite::cutout(image, &matte.alpha);
+                    timings.composite = t.elapsed();
+                    rgba
+                }
+            };
             let t = Instant::now();
             let body =
                 encode::png(rgba.as_raw(), w, h, ExtendedColorType::Rgba8).map_err(&encode_err)?;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use image::RgbImage;
+use image::{RgbImage, RgbaImage};
 
 use super::device::Device;
 use super::router::{DeviceSetup, LoadFn};
@@ -45,11 +45,16 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 pub struct PipelineJob {
     pub image: Arc<RgbImage>,
     pub timings: StageTimings,
+    /// The response is the RGBA cut-out: a device that composites (a GPU) makes it
+    /// before its one download. The CPU leaves it to `render`.
+    pub want_cutout: bool,
 }
 
 #[derive(Debug)]
 pub struct PipelineOutput {
     pub matte: Matte,
+    /// The cut-out, when the device made it.
+    pub cutout: Option<RgbaImage>,
     pub timings: StageTimings,
 }
 
@@ -91,7 +96,11 @@ impl Executor for PipelineExecutor {
         Ok(mattes
             .into_iter()
             .zip(timings)
-            .map(|(matte, timings)| PipelineOutput { matte, timings })
+            .map(|(matte, timings)| PipelineOutput {
+                matte,
+                cutout: None,
+                timings,
+            })
             .collect())
     }
 

@@ -10,6 +10,7 @@
 pub mod manifest;
 pub mod probe;
 pub mod profile;
+pub mod select;
 mod types;
 
 pub use types::{
