@@ -1,13 +1,15 @@
 //! `celer build`: a TensorRT engine for each model of the pipeline on each distinct GPU
 //! model of this machine, with a manifest each and a timing cache per GPU model reused
-//! by later builds. On a machine without a GPU it validates the models with ONNX Runtime
-//! instead (their I/O, the profile a GPU build would use, the fit with celer.toml), says
-//! that no engine was built, and succeeds: the CPU path needs no artifacts.
+//! by later builds. Building and storing is `tensorrt::store`'s (shared with `serve`);
+//! this module picks the GPUs and prints what the store reports. On a machine without a
+//! GPU it validates the models with ONNX Runtime instead (their I/O, the profile a GPU
+//! build would use, the fit with celer.toml), says that no engine was built, and
+//! succeeds: the CPU path needs no artifacts.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -16,17 +18,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::backend::ort::OrtModel;
 use crate::config::PipelineSpec;
 use crate::pipeline::Pipeline;
-use crate::tensorrt::manifest::{
-    engine_dir, model_name, sha256_bytes, sha256_file, write_atomically, BuildRecord,
-    EngineManifest, ENGINES_DIR, MANIFEST_FILE, MANIFEST_FORMAT,
-};
+use crate::tensorrt::manifest::GpuIdentity;
 use crate::tensorrt::probe::{self, GpuInventory};
 use crate::tensorrt::profile::{
-    resolve_profile, shape_hints, shape_string, BatchRange, NamedShape, ShapeHint, ShapeRequest,
+    resolve_profile, shape_string, BatchRange, NamedShape, ShapeRequest,
 };
-use crate::tensorrt::{
-    BuildProgress, BuildSettings, BuiltEngine, InputProfile, Precision, TensorDesc, TensorRt,
+use crate::tensorrt::store::{
+    build_and_store, choose_precision, BuildEvent, BuildOptions, EngineStore, ModelFile,
+    StoredEngine,
 };
+use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
 #[derive(Debug, Clone, Args)]
 pub struct BuildArgs {
@@ -66,15 +67,6 @@ pub struct BuildArgs {
     pub engines_dir: Option<PathBuf>,
 }
 
-/// One ONNX model of the pipeline.
-struct ModelFile {
-    key: &'static str,
-    path: PathBuf,
-    name: String,
-    sha256: String,
-    hints: Vec<ShapeHint>,
-}
-
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.model_dir)?;
     let request = ShapeRequest {
@@ -83,20 +75,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         opt: args.opt_shapes.clone(),
         max: args.max_shapes.clone(),
     };
-    let models = spec
-        .model_keys()
-        .into_iter()
-        .map(|(key, path)| {
-            Ok(ModelFile {
-                key,
-                path: path.to_path_buf(),
-                name: model_name(path),
-                sha256: sha256_file(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?,
-                hints: shape_hints(&spec, path),
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let models = ModelFile::of_pipeline(&spec)?;
     println!("pipeline {}", spec.source.display());
     let inventory = probe::probe();
     if inventory.devices.is_empty() {
@@ -177,12 +156,14 @@ fn build_on_gpus(
         .with_context(|| format!("GPUs found ({found}), but TensorRT cannot build engines"))?;
     let version = trt.version();
     println!("TensorRT {version} ({})", trt.library_file().display());
-    let precision = choose_precision(version.major, args.precision)?;
-    let engines = args
-        .engines_dir
-        .clone()
-        .unwrap_or_else(|| args.model_dir.join(ENGINES_DIR));
-    let cache_dir = engines.join("timing-cache");
+    let (precision, why) = choose_precision(version.major, args.precision)?;
+    println!("precision: {why}");
+    let store = EngineStore::new(&args.model_dir, args.engines_dir.clone());
+    let options = BuildOptions {
+        precision,
+        workspace_mib: args.workspace_mib,
+        request: request.clone(),
+    };
     let mut built_count = 0;
     for (gpu, ordinals) in &groups {
         println!(
@@ -190,146 +171,65 @@ fn build_on_gpus(
             gpu.name, gpu.compute_capability, ordinals[0]
         );
         let _current = probe::bind_device(ordinals[0]).map_err(anyhow::Error::msg)?;
-        // Timing caches are per GPU model and TensorRT version; another one would be
-        // refused (and replaced) by the builder anyway.
-        let cache_name = format!("{}-trt{version}.cache", gpu.key());
-        let cache_path = cache_dir.join(&cache_name);
-        let mut cache = std::fs::read(&cache_path).ok();
-        if cache.is_some() {
+        // Said once per GPU, as before its first model; each build reads the cache anew
+        // (the previous build updated it), so the store's per-model event is not printed.
+        let cache_path = store.timing_cache_path(gpu, version);
+        if cache_path.is_file() {
             println!("  timing cache {} (reused)", cache_path.display());
         }
         for m in models {
             print_model_header(m);
-            let started = Instant::now();
-            let workspace_bytes = args.workspace_mib.map(|mib| mib.saturating_mul(1 << 20));
-            let (network_io, profile, built) =
-                build_model(&trt, m, request, precision, workspace_bytes, cache.clone())
-                    .with_context(|| format!("building {} for {}", m.path.display(), gpu.name))?;
-            let (inputs, outputs): (Vec<_>, Vec<_>) =
-                network_io.into_iter().partition(|t| t.is_input);
-            let elapsed = started.elapsed();
-
-            let dir = engine_dir(&engines, &m.name, gpu);
-            let plan_file = format!("{}.plan", m.name);
-            write_atomically(&dir.join(&plan_file), &built.plan)
-                .with_context(|| format!("cannot write {}", dir.join(&plan_file).display()))?;
-            if let Some(bytes) = built.timing_cache {
-                write_atomically(&cache_path, &bytes)
-                    .with_context(|| format!("cannot write {}", cache_path.display()))?;
-                cache = Some(bytes);
-            }
-            let manifest = EngineManifest {
-                format: MANIFEST_FORMAT,
-                model: m.name.clone(),
-                onnx_file: m
-                    .path
-                    .strip_prefix(&args.model_dir)
-                    .unwrap_or(&m.path)
-                    .display()
-                    .to_string(),
-                onnx_sha256: m.sha256.clone(),
-                plan_file: plan_file.clone(),
-                plan_sha256: sha256_bytes(&built.plan),
-                plan_bytes: built.plan.len() as u64,
-                tensorrt_version: version,
-                cuda_driver_version: inventory.driver_cuda_version.clone(),
-                gpu: gpu.clone(),
-                precision,
-                profile,
-                inputs,
-                outputs,
-                build: BuildRecord {
-                    celer_version: env!("CARGO_PKG_VERSION").into(),
-                    built_at_unix_s: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs()),
-                    build_seconds: elapsed.as_secs_f64(),
-                    workspace_mib: args.workspace_mib,
-                    timing_cache: Some(format!("timing-cache/{cache_name}")),
-                    tensorrt_library: trt.library_file().display().to_string(),
-                },
-            };
-            let manifest_path = dir.join(MANIFEST_FILE);
-            manifest
-                .write(&manifest_path)
-                .with_context(|| format!("cannot write {}", manifest_path.display()))?;
+            let stored = build_printing(
+                &trt,
+                &store,
+                m,
+                gpu,
+                inventory.driver_cuda_version.clone(),
+                &options,
+            )?;
             println!(
                 "  wrote {} ({:.1} MiB, {precision}) in {}",
-                dir.join(&plan_file).display(),
-                built.plan.len() as f64 / (1 << 20) as f64,
-                seconds(elapsed)
+                stored.engine.plan.display(),
+                stored.engine.manifest.plan_bytes as f64 / (1 << 20) as f64,
+                seconds(stored.build_time)
             );
             built_count += 1;
         }
     }
-    println!("{built_count} engine(s) built under {}", engines.display());
+    println!(
+        "{built_count} engine(s) built under {}",
+        store.engines.display()
+    );
     Ok(())
 }
 
-/// Parses and builds one model; the network (and its builder's memory) is freed on
-/// return, before the next model is parsed.
-fn build_model(
+/// One model through the engine store, printing its tensors and profile and showing the
+/// build's phases on a spinner (started with the build, cleared when it ends).
+fn build_printing(
     trt: &TensorRt,
+    store: &EngineStore,
     m: &ModelFile,
-    request: &ShapeRequest,
-    precision: Precision,
-    workspace_bytes: Option<u64>,
-    timing_cache: Option<Vec<u8>>,
-) -> anyhow::Result<(Vec<TensorDesc>, Vec<InputProfile>, BuiltEngine)> {
-    let mut network = trt.parse_onnx(&m.path)?;
-    let mut io = network.inputs()?;
-    io.extend(network.outputs()?);
-    for t in &io {
-        print_tensor(&t.name, &t.data_type.to_string(), &t.shape, t.is_input);
-    }
-    let shapes: Vec<(&str, &[i64])> = io
-        .iter()
-        .filter(|t| t.is_input)
-        .map(|t| (t.name.as_str(), t.shape.as_slice()))
-        .collect();
-    let profile = resolve_profile(&shapes, &m.hints, request).context("optimisation profile")?;
-    print_profile(&profile);
-    let settings = BuildSettings {
-        precision,
-        workspace_bytes,
-        profile: profile.clone(),
-        timing_cache,
+    gpu: &GpuIdentity,
+    driver_cuda_version: Option<String>,
+    options: &BuildOptions,
+) -> anyhow::Result<StoredEngine> {
+    let reporter = OnceLock::new();
+    let print = |event: BuildEvent<'_>| match event {
+        BuildEvent::Tensor(t) => {
+            print_tensor(&t.name, &t.data_type.to_string(), &t.shape, t.is_input)
+        }
+        BuildEvent::Profile(profile) => {
+            print_profile(profile);
+            reporter.get_or_init(BuildReporter::new);
+        }
+        BuildEvent::Progress(event) => reporter.get_or_init(BuildReporter::new).report(event),
+        BuildEvent::TimingCacheReused(_) => {}
     };
-    let reporter = BuildReporter::new();
-    let built = network.build(&settings, &|event| reporter.report(event));
-    reporter.finish();
-    Ok((io, profile, built?))
-}
-
-/// TensorRT 10 takes the precision as builder flags; 11 builds strongly typed networks
-/// and has no such flags, so a requested precision there is an error, not a silent no-op.
-fn choose_precision(major: u32, requested: Option<Precision>) -> anyhow::Result<Precision> {
-    match (major >= 11, requested) {
-        (true, None) => {
-            println!(
-                "precision: from the model (TensorRT {major} builds strongly typed networks: each \
-                 layer runs in the type the ONNX model gives it)"
-            );
-            Ok(Precision::FromModel)
-        }
-        (true, Some(p)) => anyhow::bail!(
-            "--precision {p}: TensorRT {major} builds strongly typed networks, so the precision \
-             comes from the ONNX model's types and cannot be chosen at build time. Export the \
-             model in the precision you want (e.g. float16 with onnxconverter-common) and build \
-             without --precision"
-        ),
-        (false, None) => {
-            println!("precision: fp32 (default; --precision fp16 is usually much faster)");
-            Ok(Precision::Fp32)
-        }
-        (false, Some(Precision::FromModel)) => {
-            anyhow::bail!("TensorRT {major} needs a precision: fp32, fp16 or bf16")
-        }
-        (false, Some(p)) => {
-            println!("precision: {p}");
-            Ok(p)
-        }
+    let stored = build_and_store(trt, store, m, gpu, driver_cuda_version, options, &print);
+    if let Some(reporter) = reporter.get() {
+        reporter.finish();
     }
+    Ok(stored?)
 }
 
 fn print_model_header(m: &ModelFile) {
@@ -406,25 +306,5 @@ impl BuildReporter {
 
     fn finish(&self) {
         self.bar.finish_and_clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn precision_follows_the_tensorrt_major() {
-        assert_eq!(choose_precision(10, None).unwrap(), Precision::Fp32);
-        assert_eq!(
-            choose_precision(10, Some(Precision::Fp16)).unwrap(),
-            Precision::Fp16
-        );
-        assert_eq!(choose_precision(11, None).unwrap(), Precision::FromModel);
-        let msg = choose_precision(11, Some(Precision::Fp16))
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("strongly typed"), "{msg}");
-        assert!(msg.contains("--precision fp16"), "{msg}");
     }
 }

@@ -6,6 +6,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -223,8 +224,18 @@ pub fn find_engine(
     onnx: &Path,
     have: &EngineRequirements,
 ) -> Result<CheckedEngine, EngineCheckError> {
+    find_engine_in(model_dir, &model_dir.join(ENGINES_DIR), onnx, have)
+}
+
+/// [`find_engine`] with the engines in `engines` instead of `<model_dir>/engines`.
+pub fn find_engine_in(
+    model_dir: &Path,
+    engines: &Path,
+    onnx: &Path,
+    have: &EngineRequirements,
+) -> Result<CheckedEngine, EngineCheckError> {
     let model = model_name(onnx);
-    let dir = engine_dir(&model_dir.join(ENGINES_DIR), &model, &have.gpu);
+    let dir = engine_dir(engines, &model, &have.gpu);
     let manifest_path = dir.join(MANIFEST_FILE);
     if !manifest_path.is_file() {
         return Err(EngineCheckError::Missing {
@@ -319,7 +330,14 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    // Unique per call, not only per process: `serve` may store engines from several
+    // threads, and two writers of one temporary file would rename each other's half.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{name}.tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
