@@ -739,8 +739,8 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 
 /// One CPU replica of `spec`, returned before it has loaded.
 fn unloaded_state(spec: &celer::config::PipelineSpec) -> AppState {
-    use celer::sched::{pipeline_devices, Device, Router, RouterConfig};
-    let devices = pipeline_devices(spec, &[Device::Cpu], 1, 1).unwrap();
+    use celer::sched::{cpu_device_setup, Router, RouterConfig};
+    let devices = vec![cpu_device_setup(spec, 1, 1)];
     let router = Router::start(
         devices,
         RouterConfig {

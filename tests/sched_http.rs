@@ -16,7 +16,7 @@ use celer::http::{router, AppState};
 use celer::pipeline::decode::DecodeLimits;
 use celer::pipeline::Matte;
 use celer::sched::{
-    pipeline_devices, BoxedPipelineExecutor, Device, DeviceSetup, ExecError, Executor, PipelineJob,
+    cpu_device_setup, BoxedPipelineExecutor, DeviceSetup, ExecError, Executor, PipelineJob,
     PipelineOutput, Router, RouterConfig,
 };
 use http_body_util::BodyExt;
@@ -250,7 +250,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         max_batch: 4,
         max_wait_us: 1_000,
     };
-    let devices = pipeline_devices(&spec, &[Device::Cpu], 2, 1).expect("cpu devices");
+    let devices = vec![cpu_device_setup(&spec, 2, 1)];
     let pipeline_router = Router::start(devices, RouterConfig::default());
     let loaded = tokio::task::block_in_place(|| pipeline_router.wait_ready());
     loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");

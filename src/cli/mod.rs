@@ -4,6 +4,7 @@
 
 mod bench;
 mod build;
+mod devices;
 mod inspect;
 mod run;
 mod serve;

@@ -15,8 +15,7 @@ use crate::config::{OutputKind, RuntimeArgs};
 use crate::pipeline::decode::{decode, DecodeLimits};
 use crate::pipeline::{render, StageTimings};
 use crate::sched::{
-    pipeline_devices, BoxedPipelineExecutor, Device, PipelineJob, PipelineRouter, Router,
-    RouterConfig, Ticket,
+    BoxedPipelineExecutor, PipelineJob, PipelineRouter, Router, RouterConfig, Ticket,
 };
 
 #[derive(Debug, Clone, Args)]
@@ -51,10 +50,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     crate::backend::ort::environment()?;
-    let (replicas, threads) = args.runtime.replicas_and_threads();
-    let in_flight = replicas * 2;
     let devices =
-        pipeline_devices(&spec, &[Device::Cpu], replicas, threads).map_err(anyhow::Error::msg)?;
+        super::devices::device_setups(&spec, &args.runtime, DecodeLimits::default().max_pixels)?;
+    // Two images per replica in flight: one running, one decoded and waiting.
+    let in_flight = devices.iter().map(|d| d.replicas).sum::<usize>() * 2;
     let pool = Router::start(
         devices,
         RouterConfig {
@@ -139,7 +138,13 @@ fn finish(
     let result = (|| -> anyhow::Result<StageTimings> {
         let done = waiter.block_on(p.ticket.wait())?;
         let mut timings = done.output.timings;
-        let rendered = render(&p.image, &done.output.matte, done.output.cutout, output, &mut timings)?;
+        let rendered = render(
+            &p.image,
+            &done.output.matte,
+            done.output.cutout,
+            output,
+            &mut timings,
+        )?;
         let ext = if output == OutputKind::Json {
             "json"
         } else {

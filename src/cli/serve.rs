@@ -9,38 +9,24 @@ use tokio::sync::watch;
 
 use crate::config::ServeArgs;
 use crate::http::{router, AppState, UrlFetcher};
-use crate::sched::{pipeline_devices, probe_gpus, Readiness, Router};
+use crate::sched::{Readiness, Router};
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::backend::ort::environment()?;
-    let devices = args
-        .devices
-        .resolve(&probe_gpus())
-        .map_err(anyhow::Error::msg)?;
-    let (replicas, threads) = args.runtime.replicas_and_threads();
-    // The probe checks for libcuda before any CUDA call, so this never panics on a
-    // machine without a GPU.
-    match crate::cuda::probe() {
-        crate::cuda::Probe::NoDriver => tracing::info!("no CUDA driver found: serving on CPU"),
-        probe => tracing::info!(
-            cuda = %probe.summary(),
-            "GPU pipeline not yet wired into serve: serving on CPU"
-        ),
-    }
-    let names: Vec<String> = devices.iter().map(ToString::to_string).collect();
+    let setups = super::devices::device_setups(&spec, &args.runtime, args.max_pixels)?;
+    let names: Vec<String> = setups
+        .iter()
+        .map(|d| format!("{} x{}", d.name, d.replicas))
+        .collect();
     tracing::info!(
         pipeline = %spec.source.display(),
-        devices = %names.join(","),
+        devices = %names.join(", "),
         routing = %args.routing,
-        replicas,
-        threads_per_replica = threads,
         max_batch = spec.batching.max_batch,
-        "starting the devices (ONNX Runtime on the CPU)"
+        "starting the devices"
     );
-    let setups =
-        pipeline_devices(&spec, &devices, replicas, threads).map_err(anyhow::Error::msg)?;
     let pipeline_router = Router::start(setups, args.router_config());
     let fetcher = UrlFetcher::new(
         &args.fetch_allow_hosts,

@@ -19,14 +19,27 @@ pub struct RuntimeArgs {
     #[arg(long, env = "CELER_MODEL_DIR", default_value = "/opt/ml/model")]
     pub model_dir: PathBuf,
 
-    /// Pipeline replicas, each on its own thread with its own sessions. Default: as many
-    /// as keep replicas x threads within the cores.
+    /// Devices to run on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
+    /// ordinals such as `0,1`. A GPU opens once, loads each engine once and runs its
+    /// replicas, each with its own stream and execution contexts.
+    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
+    pub devices: DeviceSelection,
+
+    /// Pipeline replicas per device, each on its own thread with its own sessions (or
+    /// execution contexts). Default: on the CPU, as many as keep replicas x threads
+    /// within the cores; on a GPU, 2 (one copies while the other computes).
     #[arg(long, env = "SAGEMAKER_MODEL_SERVER_WORKERS")]
     pub replicas: Option<usize>,
 
     /// ONNX Runtime intra-op threads per replica. Default: cores / replicas.
     #[arg(long, env = "CELER_THREADS_PER_REPLICA")]
     pub threads_per_replica: Option<usize>,
+
+    /// On a GPU with TensorRT, build a missing or unfit engine at start-up (one log line
+    /// per model; /ping answers 503 until it is ready) instead of refusing to start.
+    /// `celer build` ahead of time is the faster start.
+    #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false)]
+    pub build_engines: bool,
 }
 
 impl RuntimeArgs {
@@ -45,6 +58,18 @@ impl RuntimeArgs {
             }
         }
     }
+
+    /// Replicas per GPU, and ONNX Runtime threads for each where TensorRT is absent (the
+    /// `gpus` x replicas share the cores).
+    pub fn gpu_replicas_and_threads(&self, gpus: usize) -> (usize, usize) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let replicas = self.replicas.unwrap_or(2).max(1);
+        let threads = self
+            .threads_per_replica
+            .unwrap_or(cores / (replicas * gpus.max(1)))
+            .max(1);
+        (replicas, threads)
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -59,11 +84,6 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", default_value_t = 8080)]
     pub port: u16,
-
-    /// Devices to serve on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
-    /// ordinals such as `0,1`. Each device loads the models once and runs its replicas.
-    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
-    pub devices: DeviceSelection,
 
     /// How a request picks its device: least-busy (earliest estimated completion), or
     /// the round-robin and random baselines.

@@ -96,7 +96,14 @@ impl Probe {
 }
 
 /// Whether `libcuda` can be loaded. The one check that must precede every CUDA call.
+/// `CELER_LIBCUDA_PATH` naming a file that does not exist hides the driver (tests of the
+/// CPU path on a GPU machine; cudarc itself always loads the driver by its soname).
 pub fn driver_present() -> bool {
+    if let Some(path) = std::env::var_os(crate::tensorrt::probe::LIBCUDA_ENV) {
+        if !std::path::Path::new(&path).exists() {
+            return false;
+        }
+    }
     // SAFETY: cudarc's check only dlopens the driver library by name (and closes it);
     // loading libcuda runs its initialisers, which is what every CUDA program does.
     unsafe { sys::is_culib_present() }

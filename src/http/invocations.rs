@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use super::negotiate::{body_kind, output_kind, BodyKind};
 use super::AppState;
-use crate::error::ApiError;
 use crate::config::OutputKind;
+use crate::error::ApiError;
 use crate::pipeline::{self, decode, StageTimings};
 use crate::sched::PipelineJob;
 
@@ -68,8 +68,7 @@ pub async fn invocations(
     let (rendered, timings) = tokio::task::spawn_blocking(move || {
         let out = done.output;
         let mut timings = out.timings;
-        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings)
-            .map(|r| (r, timings))
+        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings).map(|r| (r, timings))
     })
     .await
     .map_err(ApiError::internal)?

@@ -1,6 +1,6 @@
 //! Which devices a server runs on (`--devices auto|cpu|0,1,...`) and how many replicas
-//! each gets. Resolving `auto` asks the GPU probe; until the GPU layer is merged it finds
-//! none, so `auto` is the CPU. Simulated devices are not devices here: see `sim`.
+//! each gets. `auto` is every GPU the CUDA probe finds, else the CPU. Simulated devices
+//! are not devices here: see `sim`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -81,7 +81,7 @@ impl DeviceSelection {
                         "GPU {} not found (the probe found {}); use --devices cpu or auto",
                         missing.join(", "),
                         if gpus_found.is_empty() {
-                            "none: this build has no GPU backend yet".to_string()
+                            "none".to_string()
                         } else {
                             format!("{gpus_found:?}")
                         }
@@ -90,12 +90,6 @@ impl DeviceSelection {
             }
         }
     }
-}
-
-/// GPU ordinals usable by this build. None until the CUDA layer is merged; it will
-/// return what `cuda::probe` finds.
-pub fn probe_gpus() -> Vec<u32> {
-    Vec::new()
 }
 
 /// The share of a GPU's free memory left unused: room for CUDA's own allocations,

@@ -72,17 +72,22 @@ impl PipelineExecutor {
     pub fn new(pipeline: Pipeline) -> Self {
         Self {
             pipeline,
-            // Small and not uniform, so every stage (min-max, trimap, matting) has work.
-            probe_image: RgbImage::from_fn(32, 32, |x, y| {
-                let v = if (8..24).contains(&x) && (8..24).contains(&y) {
-                    220
-                } else {
-                    30
-                };
-                image::Rgb([v, v, v])
-            }),
+            probe_image: probe_image(),
         }
     }
+}
+
+/// The image a health probe runs: small and not uniform, so every stage (min-max,
+/// trimap, matting) has work.
+pub(super) fn probe_image() -> RgbImage {
+    RgbImage::from_fn(32, 32, |x, y| {
+        let v = if (8..24).contains(&x) && (8..24).contains(&y) {
+            220
+        } else {
+            30
+        };
+        image::Rgb([v, v, v])
+    })
 }
 
 impl Executor for PipelineExecutor {
@@ -112,35 +117,23 @@ impl Executor for PipelineExecutor {
     }
 }
 
-/// The devices of `celer serve` for `spec`: the CPU runs `replicas` replicas, each with
-/// its own sessions and `threads` ONNX Runtime threads. A GPU is refused until the GPU
-/// backend is merged.
-pub fn pipeline_devices(
+/// The CPU as a device of `celer serve` or `celer run` for `spec`: `replicas` replicas,
+/// each with its own sessions and `threads` ONNX Runtime threads. (GPUs: `gpu`.)
+pub fn cpu_device_setup(
     spec: &PipelineSpec,
-    devices: &[Device],
     replicas: usize,
     threads: usize,
-) -> Result<Vec<DeviceSetup<BoxedPipelineExecutor>>, String> {
-    devices
-        .iter()
-        .map(|device| match device {
-            Device::Cpu => {
-                let batching = spec.batching;
-                let spec = spec.clone();
-                let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |_replica| {
-                    let pipeline = Pipeline::load(&spec, threads)?;
-                    Ok(Box::new(PipelineExecutor::new(pipeline)) as BoxedPipelineExecutor)
-                });
-                Ok(DeviceSetup {
-                    name: device.to_string(),
-                    replicas,
-                    batching,
-                    load,
-                })
-            }
-            Device::Gpu(n) => Err(format!(
-                "GPU {n}: this build has no GPU backend yet; serve with --devices cpu"
-            )),
-        })
-        .collect()
+) -> DeviceSetup<BoxedPipelineExecutor> {
+    let batching = spec.batching;
+    let spec = spec.clone();
+    let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |_replica| {
+        let pipeline = Pipeline::load(&spec, threads)?;
+        Ok(Box::new(PipelineExecutor::new(pipeline)) as BoxedPipelineExecutor)
+    });
+    DeviceSetup {
+        name: Device::Cpu.to_string(),
+        replicas,
+        batching,
+        load,
+    }
 }

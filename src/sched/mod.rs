@@ -9,6 +9,7 @@
 mod batcher;
 pub mod device;
 mod executor;
+pub mod gpu;
 pub mod metrics;
 mod router;
 pub mod sim;
@@ -17,9 +18,9 @@ mod worker;
 
 use std::time::Duration;
 
-pub use device::{gpu_replicas, probe_gpus, Device, DeviceSelection, GPU_MEMORY_HEADROOM};
+pub use device::{gpu_replicas, Device, DeviceSelection, GPU_MEMORY_HEADROOM};
 pub use executor::{
-    pipeline_devices, BoxedPipelineExecutor, ExecError, Executor, PipelineExecutor, PipelineJob,
+    cpu_device_setup, BoxedPipelineExecutor, ExecError, Executor, PipelineExecutor, PipelineJob,
     PipelineOutput,
 };
 pub use metrics::SchedMetrics;

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use super::manifest::{find_engine, CheckedEngine, EngineCheckError, EngineRequirements};
 use super::manifest::GpuIdentity;
+use super::manifest::{find_engine, CheckedEngine, EngineCheckError, EngineRequirements};
 use super::types::{TrtError, TrtVersion};
 
 /// One ONNX model of the pipeline, as the choice needs it.
@@ -25,7 +25,7 @@ pub struct ModelRef<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineChoice {
     /// A stored plan that passed its manifest check and its sha256.
-    Stored(CheckedEngine),
+    Stored(Box<CheckedEngine>),
     /// None fits; built at start-up (`--build-engines`) for `reason`.
     Build { reason: String },
 }
@@ -79,7 +79,10 @@ pub fn choose_engines(
     let mut refused = Vec::new();
     for model in models {
         match find_engine(model_dir, model.onnx, &have(model.sha256)) {
-            Ok(checked) => engines.push((model.key.to_string(), EngineChoice::Stored(checked))),
+            Ok(checked) => engines.push((
+                model.key.to_string(),
+                EngineChoice::Stored(Box::new(checked)),
+            )),
             Err(e) if build_missing => engines.push((
                 model.key.to_string(),
                 EngineChoice::Build {
@@ -192,9 +195,14 @@ mod tests {
     fn without_tensorrt_the_models_run_on_onnx_runtime_and_say_why() {
         let dir = ModelDir::new();
         let absent = TrtError::LibraryNotFound("libnvinfer.so.10: no such file".into());
-        let chosen =
-            choose_engines(Err(&absent), &gpu(H200), dir.dir.path(), &dir.models(), false)
-                .unwrap();
+        let chosen = choose_engines(
+            Err(&absent),
+            &gpu(H200),
+            dir.dir.path(),
+            &dir.models(),
+            false,
+        )
+        .unwrap();
         match chosen {
             GpuModels::OnnxRuntime { reason } => assert!(reason.contains("libnvinfer"), "{reason}"),
             other => panic!("expected ONNX Runtime, got {other:?}"),
@@ -229,7 +237,10 @@ mod tests {
         let msg = errors[0].to_string();
         assert!(msg.contains("no engine for seg on NVIDIA H200"), "{msg}");
         assert!(
-            msg.contains(&format!("celer build --model-dir {}", dir.dir.path().display())),
+            msg.contains(&format!(
+                "celer build --model-dir {}",
+                dir.dir.path().display()
+            )),
             "{msg}"
         );
     }
@@ -252,9 +263,15 @@ mod tests {
         let msg = errors[0].to_string();
         assert!(msg.contains("does not fit this machine"), "{msg}");
         assert!(msg.contains("built for NVIDIA A100-SXM4-80GB"), "{msg}");
-        assert!(msg.contains("built with TensorRT 10.3.0, this is TensorRT 10.16.0"), "{msg}");
+        assert!(
+            msg.contains("built with TensorRT 10.3.0, this is TensorRT 10.16.0"),
+            "{msg}"
+        );
         assert!(msg.contains("built from another seg.onnx"), "{msg}");
-        assert!(msg.contains("rebuild it with `celer build --model-dir"), "{msg}");
+        assert!(
+            msg.contains("rebuild it with `celer build --model-dir"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use celer::config::{OutputKind, RequestLimits};
 use celer::http::{AppState, UrlFetcher};
 use celer::pipeline::decode::DecodeLimits;
-use celer::sched::{pipeline_devices, Device, Router, RouterConfig};
+use celer::sched::{cpu_device_setup, Router, RouterConfig};
 use image::{ImageEncoder, Rgb, RgbImage};
 
 /// `path` relative to the crate root.
@@ -91,8 +91,7 @@ impl Default for StateOptions {
 pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
     let spec = celer::cli::load_pipeline(model_dir)
         .unwrap_or_else(|e| panic!("{}: {e:#}", model_dir.display()));
-    let devices =
-        pipeline_devices(&spec, &[Device::Cpu], options.replicas, options.threads).unwrap();
+    let devices = vec![cpu_device_setup(&spec, options.replicas, options.threads)];
     let router = Router::start(
         devices,
         RouterConfig {

@@ -1,0 +1,72 @@
+//! The devices `celer serve` and `celer run` start: `--devices` resolved against the CUDA
+//! probe; for GPUs, what runs their models (engines, or ONNX Runtime where TensorRT is
+//! absent), decided before anything listens; otherwise the CPU.
+
+use anyhow::Context;
+
+use crate::config::{PipelineSpec, RuntimeArgs};
+use crate::cuda::{GpuLimits, Probe};
+use crate::sched::gpu::{gpu_device_setup, plan_gpus};
+use crate::sched::{cpu_device_setup, BoxedPipelineExecutor, Device, DeviceSetup};
+
+/// The device setups for `spec`, images up to `max_pixels`. Fails, before any model is
+/// loaded, when a named GPU is missing or a stored engine does not fit.
+pub fn device_setups(
+    spec: &PipelineSpec,
+    runtime: &RuntimeArgs,
+    max_pixels: u64,
+) -> anyhow::Result<Vec<DeviceSetup<BoxedPipelineExecutor>>> {
+    // The probe checks for libcuda before any CUDA call, so this never panics on a
+    // machine without a GPU.
+    let probe = crate::cuda::probe();
+    let found: Vec<u32> = probe.gpus().iter().map(|g| g.ordinal as u32).collect();
+    let devices = runtime
+        .devices
+        .resolve(&found)
+        .map_err(|e| anyhow::anyhow!("{e} [{}]", probe.summary()))?;
+    let gpus: Vec<_> = probe
+        .gpus()
+        .iter()
+        .filter(|g| devices.contains(&Device::Gpu(g.ordinal as u32)))
+        .cloned()
+        .collect();
+    if gpus.is_empty() {
+        if !matches!(probe, Probe::NoDriver) {
+            tracing::info!(cuda = %probe.summary(), "serving on the CPU");
+        }
+        let (replicas, threads) = runtime.replicas_and_threads();
+        tracing::info!(
+            replicas,
+            threads_per_replica = threads,
+            "the CPU runs the pipeline with ONNX Runtime"
+        );
+        return Ok(vec![cpu_device_setup(spec, replicas, threads)]);
+    }
+    tracing::info!(cuda = %probe.summary(), "GPUs found");
+    let driver = match &probe {
+        Probe::Ready { driver_version, .. } => Some(format!(
+            "{}.{}",
+            driver_version / 1000,
+            (driver_version % 1000) / 10
+        )),
+        _ => None,
+    };
+    let plans = plan_gpus(
+        spec,
+        &runtime.model_dir,
+        &gpus,
+        runtime.build_engines,
+        driver,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("the engines do not fit this machine")?;
+    let (replicas, threads) = runtime.gpu_replicas_and_threads(plans.len());
+    let limits = GpuLimits {
+        max_pixels,
+        ..GpuLimits::default()
+    };
+    Ok(plans
+        .into_iter()
+        .map(|plan| gpu_device_setup(spec, plan, replicas, threads, limits))
+        .collect())
+}
