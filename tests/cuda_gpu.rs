@@ -688,3 +688,70 @@ fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
     .collect();
     compare_pipelines(&repo("onnx/u2netp"), &images);
 }
+
+/// The GPU as `celer serve` starts it: planned (ONNX Runtime for the models where
+/// TensorRT is absent, engines where present and built), loaded by the router's replica
+/// threads, and asked for cut-outs through the router. Same trimap as the CPU pipeline,
+/// alpha within 1 LSB, and the device's cut-out composited from its own alpha.
+#[test]
+fn a_gpu_device_serves_through_the_router_like_the_cpu() {
+    use celer::sched::gpu::{gpu_device_setup, plan_gpus};
+    use celer::sched::{PipelineJob, Router, RouterConfig};
+
+    let Some(dev) = gpu("a GPU device through the router") else {
+        return;
+    };
+    let dir = repo("onnx/fixtures/classes-matting");
+    let spec = PipelineSpec::load_dir(&dir).expect("fixture");
+    let plans = plan_gpus(&spec, &dir, std::slice::from_ref(&dev.info), false, None)
+        .expect("a plan for the GPU (engines are built by the TensorRT tests, not here)");
+    let _ = writeln!(std::io::stderr(), "GPU models: {:?}", plans[0].models);
+    let setup = gpu_device_setup(
+        &spec,
+        plans.into_iter().next().unwrap(),
+        2,
+        2,
+        GpuLimits::default(),
+    );
+    let router = Router::start(vec![setup], RouterConfig::default());
+    router.wait_ready().expect("the GPU replicas load");
+    let waiter = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut cpu = Pipeline::load(&spec, 2).expect("CPU pipeline");
+    for (w, h) in AWKWARD {
+        let image = Arc::new(texture(w, h, 5));
+        let ticket = router
+            .submit(
+                PipelineJob {
+                    image: image.clone(),
+                    timings: StageTimings::default(),
+                    want_cutout: true,
+                },
+                std::time::Instant::now() + std::time::Duration::from_secs(60),
+            )
+            .expect("admitted");
+        let done = waiter.block_on(ticket.wait()).expect("served");
+        let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
+        let got = done.output;
+        assert_eq!(got.matte.trimap, want.trimap, "{w}x{h}: trimap");
+        let worst = got
+            .matte
+            .alpha
+            .as_raw()
+            .iter()
+            .zip(want.alpha.as_raw())
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap_or(0);
+        assert!(worst <= 1, "{w}x{h}: alpha differs by {worst}");
+        assert_eq!(
+            got.cutout
+                .expect("the GPU makes the cut-out it was asked for"),
+            composite::cutout(&image, &got.matte.alpha),
+            "{w}x{h}: cut-out"
+        );
+    }
+    router.shutdown();
+}
