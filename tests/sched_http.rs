@@ -293,3 +293,50 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
     );
     state.router.shutdown();
 }
+
+/// A device still loading (a GPU building its engines at start-up takes minutes) keeps
+/// `/ping` at 503 "loading"; once the load finishes, `/ping` is 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_is_503_until_every_replica_has_loaded() {
+    let (finish_loading, loading) = std::sync::mpsc::channel::<()>();
+    let loading = std::sync::Mutex::new(loading);
+    let gate = Gate::closed();
+    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+        name: "slow-to-load".into(),
+        replicas: 1,
+        batching: BatchingSpec::OFF,
+        load: Arc::new(move |_| {
+            // Stands for an engine build: returns when the test says so.
+            let _ = loading.lock().map(|rx| rx.recv());
+            Ok(Box::new(GatedPipeline(gate.clone())) as BoxedPipelineExecutor)
+        }),
+    };
+    let pipeline_router = Router::start(vec![device], RouterConfig::default());
+    let state = Arc::new(AppState::new(
+        pipeline_router,
+        limits(),
+        OutputKind::Alpha,
+        None,
+        false,
+    ));
+    let app = router(state.clone());
+
+    let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
+    assert_eq!(ping.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = text(ping).await;
+    assert!(body.contains(r#""status":"loading""#), "{body}");
+    assert!(body.contains(r#""replicas":1"#), "{body}");
+
+    finish_loading.send(()).expect("the loader waits");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
+        if ping.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(ping.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(Instant::now() < deadline, "/ping never became 200");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    state.router.shutdown();
+}
