@@ -19,7 +19,6 @@ use std::sync::Arc;
 use celer::config::PipelineSpec;
 use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, ModelSource, Probe};
 use celer::pipeline::StageTimings;
-use celer::sched::gpu::gpu_identity;
 use celer::tensorrt::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
 use celer::tensorrt::{Precision, TensorRt};
 use image::RgbImage;
@@ -135,7 +134,7 @@ fn engines_match_onnx_runtime(model_dir: &Path) {
     let engines = tempfile::tempdir().unwrap();
     let store = EngineStore::new(model_dir, Some(engines.path().to_path_buf()));
     let models = ModelFile::of_pipeline(&spec).unwrap();
-    let gpu = gpu_identity(&device.info);
+    let gpu = device.info.identity();
     let runtime = trt.runtime().unwrap();
     for &precision in precisions {
         let options = BuildOptions {

@@ -17,9 +17,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::ort::OrtModel;
 use crate::config::PipelineSpec;
+use crate::cuda::Probe;
 use crate::pipeline::Pipeline;
 use crate::tensorrt::manifest::GpuIdentity;
-use crate::tensorrt::probe::{self, GpuInventory};
 use crate::tensorrt::profile::{
     resolve_profile, shape_string, BatchRange, NamedShape, ShapeRequest,
 };
@@ -77,12 +77,11 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     };
     let models = ModelFile::of_pipeline(&spec)?;
     println!("pipeline {}", spec.source.display());
-    let inventory = probe::probe();
-    if inventory.devices.is_empty() {
-        let reason = inventory.absent.as_deref().unwrap_or("none reported");
-        return validate_on_cpu(&spec, &models, &request, reason);
+    let probe = crate::cuda::probe();
+    if probe.gpus().is_empty() {
+        return validate_on_cpu(&spec, &models, &request, &probe.summary());
     }
-    build_on_gpus(&args, &models, &request, &inventory)
+    build_on_gpus(&args, &models, &request, &probe)
 }
 
 /// The CPU-only path: what ONNX Runtime says of each model, and whether they fit the
@@ -133,9 +132,9 @@ fn build_on_gpus(
     args: &BuildArgs,
     models: &[ModelFile],
     request: &ShapeRequest,
-    inventory: &GpuInventory,
+    probe: &Probe,
 ) -> anyhow::Result<()> {
-    let groups = inventory.distinct();
+    let groups = probe.distinct();
     let found = groups
         .iter()
         .map(|(gpu, ordinals)| {
@@ -150,7 +149,7 @@ fn build_on_gpus(
         .join(", ");
     println!(
         "GPUs: {found}; CUDA driver {}",
-        inventory.driver_cuda_version.as_deref().unwrap_or("?")
+        probe.driver_cuda_version().as_deref().unwrap_or("?")
     );
     let trt = TensorRt::load_builder()
         .with_context(|| format!("GPUs found ({found}), but TensorRT cannot build engines"))?;
@@ -170,7 +169,7 @@ fn build_on_gpus(
             "building for {} (compute capability {}) on device {} (engines serve devices {ordinals:?})",
             gpu.name, gpu.compute_capability, ordinals[0]
         );
-        let _current = probe::bind_device(ordinals[0]).map_err(anyhow::Error::msg)?;
+        let _current = crate::cuda::device::bind(ordinals[0] as usize)?;
         // Said once per GPU, as before its first model; each build reads the cache anew
         // (the previous build updated it), so the store's per-model event is not printed.
         let cache_path = store.timing_cache_path(gpu, version);
@@ -179,14 +178,8 @@ fn build_on_gpus(
         }
         for m in models {
             print_model_header(m);
-            let stored = build_printing(
-                &trt,
-                &store,
-                m,
-                gpu,
-                inventory.driver_cuda_version.clone(),
-                &options,
-            )?;
+            let stored =
+                build_printing(&trt, &store, m, gpu, probe.driver_cuda_version(), &options)?;
             println!(
                 "  wrote {} ({:.1} MiB, {precision}) in {}",
                 stored.engine.plan.display(),

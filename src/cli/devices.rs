@@ -43,20 +43,12 @@ pub fn device_setups(
         return Ok(vec![cpu_device_setup(spec, replicas, threads)]);
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
-    let driver = match &probe {
-        Probe::Ready { driver_version, .. } => Some(format!(
-            "{}.{}",
-            driver_version / 1000,
-            (driver_version % 1000) / 10
-        )),
-        _ => None,
-    };
     let plans = plan_gpus(
         spec,
         &runtime.model_dir,
         &gpus,
         runtime.build_engines,
-        driver,
+        probe.driver_cuda_version(),
     )
     .map_err(anyhow::Error::msg)
     .context("the engines do not fit this machine")?;

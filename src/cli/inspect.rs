@@ -10,7 +10,6 @@ use clap::Args;
 use crate::backend::ort::OrtModel;
 use crate::config::PIPELINE_FILE;
 use crate::tensorrt::manifest::{list_manifests, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
-use crate::tensorrt::probe;
 use crate::tensorrt::profile::shape_string;
 use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
@@ -150,24 +149,20 @@ fn engine_io(
     m: &EngineManifest,
 ) -> anyhow::Result<(Vec<TensorDesc>, Vec<InputProfile>)> {
     let trt = TensorRt::load_runtime()?;
-    let inventory = probe::probe();
-    let device = inventory
-        .devices
+    let probe = crate::cuda::probe();
+    let device = probe
+        .gpus()
         .iter()
-        .find(|d| d.identity == m.gpu)
+        .find(|d| d.identity() == m.gpu)
         .with_context(|| {
             format!(
-                "no {} (compute capability {}) on this machine{}",
+                "no {} (compute capability {}) on this machine ({})",
                 m.gpu.name,
                 m.gpu.compute_capability,
-                inventory
-                    .absent
-                    .as_deref()
-                    .map(|a| format!(": {a}"))
-                    .unwrap_or_default()
+                probe.summary()
             )
         })?;
-    let _current = probe::bind_device(device.ordinal).map_err(anyhow::Error::msg)?;
+    let _current = crate::cuda::device::bind(device.ordinal)?;
     let bytes = std::fs::read(plan).with_context(|| format!("cannot read {}", plan.display()))?;
     let engine = trt.runtime()?.deserialize(&bytes)?;
     let mut profiles = Vec::new();

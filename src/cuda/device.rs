@@ -81,3 +81,15 @@ impl GpuDevice {
         &self.kernels
     }
 }
+
+/// Makes GPU `ordinal`'s primary context current on this thread, for TensorRT (which
+/// works in the context current on the calling thread) outside a `GpuDevice`: `celer
+/// build` and `celer inspect`. The context stays retained while the result lives.
+pub fn bind(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let context = CudaContext::new(ordinal)?;
+    context.bind_to_thread()?;
+    Ok(context)
+}

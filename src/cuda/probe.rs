@@ -7,6 +7,12 @@ use cudarc::driver::{result, sys};
 use serde::Serialize;
 
 use super::nvrtc::Arch;
+use crate::tensorrt::manifest::GpuIdentity;
+
+/// Names the CUDA driver library for the probe; a path that does not exist hides the
+/// driver (tests of the CPU path on a GPU machine; cudarc itself always loads the driver
+/// by its soname).
+pub const LIBCUDA_ENV: &str = "CELER_LIBCUDA_PATH";
 
 /// One GPU as the driver describes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -31,6 +37,17 @@ impl GpuInfo {
 
     pub fn arch(&self) -> Arch {
         Arch::new(self.compute_capability.0, self.compute_capability.1)
+    }
+
+    /// The GPU as a TensorRT plan is tied to it: its name and compute capability.
+    pub fn identity(&self) -> GpuIdentity {
+        GpuIdentity {
+            name: self.name.clone(),
+            compute_capability: format!(
+                "{}.{}",
+                self.compute_capability.0, self.compute_capability.1
+            ),
+        }
     }
 }
 
@@ -57,6 +74,32 @@ impl Probe {
             Probe::Ready { gpus, .. } => gpus,
             _ => &[],
         }
+    }
+
+    /// The driver's CUDA version, e.g. "13.0".
+    pub fn driver_cuda_version(&self) -> Option<String> {
+        match self {
+            Probe::Ready { driver_version, .. } => Some(format!(
+                "{}.{}",
+                driver_version / 1000,
+                (driver_version % 1000) / 10
+            )),
+            _ => None,
+        }
+    }
+
+    /// The distinct GPU models (name + compute capability), each with its ordinals: an
+    /// engine is built once per model and shared by its devices.
+    pub fn distinct(&self) -> Vec<(GpuIdentity, Vec<u32>)> {
+        let mut groups: Vec<(GpuIdentity, Vec<u32>)> = Vec::new();
+        for gpu in self.gpus() {
+            let identity = gpu.identity();
+            match groups.iter_mut().find(|(id, _)| *id == identity) {
+                Some((_, ordinals)) => ordinals.push(gpu.ordinal as u32),
+                None => groups.push((identity, vec![gpu.ordinal as u32])),
+            }
+        }
+        groups
     }
 
     /// One line for logs and reports.
@@ -96,10 +139,9 @@ impl Probe {
 }
 
 /// Whether `libcuda` can be loaded. The one check that must precede every CUDA call.
-/// `CELER_LIBCUDA_PATH` naming a file that does not exist hides the driver (tests of the
-/// CPU path on a GPU machine; cudarc itself always loads the driver by its soname).
+/// `CELER_LIBCUDA_PATH` naming a file that does not exist hides the driver.
 pub fn driver_present() -> bool {
-    if let Some(path) = std::env::var_os(crate::tensorrt::probe::LIBCUDA_ENV) {
+    if let Some(path) = std::env::var_os(LIBCUDA_ENV) {
         if !std::path::Path::new(&path).exists() {
             return false;
         }

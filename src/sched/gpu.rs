@@ -42,17 +42,6 @@ struct EngineContext {
     driver_cuda_version: Option<String>,
 }
 
-/// The GPU as an engine is built for it.
-pub fn gpu_identity(info: &GpuInfo) -> GpuIdentity {
-    GpuIdentity {
-        name: info.name.clone(),
-        compute_capability: format!(
-            "{}.{}",
-            info.compute_capability.0, info.compute_capability.1
-        ),
-    }
-}
-
 /// Decides, for each of `gpus`, where the models of `spec` run from. TensorRT is loaded
 /// once (with its ONNX parser when `build_engines`); when it cannot be, every GPU runs
 /// the models with ONNX Runtime, and the log says why, once. Every plan that does not fit
@@ -112,13 +101,7 @@ pub fn plan_gpus(
     let mut refused = Vec::new();
     for info in gpus {
         let version = tensorrt.as_ref().map(TensorRt::version);
-        match choose_engines(
-            version,
-            &gpu_identity(info),
-            model_dir,
-            &refs,
-            build_engines,
-        ) {
+        match choose_engines(version, &info.identity(), model_dir, &refs, build_engines) {
             Ok(models) => plans.push(GpuPlan {
                 info: info.clone(),
                 models,
@@ -215,7 +198,7 @@ fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedG
         .as_ref()
         .ok_or_else(|| format!("{device}: TensorRT {version} was chosen but is not loaded"))?;
     let runtime = trt.runtime().map_err(|e| format!("{device}: {e}"))?;
-    let identity = gpu_identity(&plan.info);
+    let identity = plan.info.identity();
     let mut loaded = LoadedGpu {
         segmentation: None,
         matting: None,

@@ -1,7 +1,7 @@
 //! Building engines: an ONNX model parsed into a TensorRT network, then built into a
 //! serialized plan with one optimisation profile, a precision, a workspace limit and a
 //! timing cache. Builds run on the CUDA device current on the calling thread; choosing
-//! it is the caller's job (see `probe::bind_device`). Writing files is `store`'s.
+//! it is the caller's job (see `crate::cuda::device::bind`). Writing files is `store`'s.
 
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};

@@ -4,12 +4,12 @@
 //! `TrtError`) -> `runtime` / `builder` (owning, safe types). Without the cargo feature
 //! `tensorrt`, `disabled` gives the same names, each returning `TrtError::NotBuilt`.
 //! Always built: the shared vocabulary (`types`), engine manifests and their check
-//! (`manifest`), optimisation-profile shapes (`profile`), the GPU probe (`probe`) and
-//! building one engine into its folder with its manifest (`store`).
-//! Nothing here knows images or the pipeline's stages.
+//! (`manifest`), optimisation-profile shapes (`profile`), building one engine into its
+//! folder with its manifest (`store`), and which engine a GPU serves from (`select`).
+//! GPUs are found by `crate::cuda::probe`. Nothing here knows images or the pipeline's
+//! stages.
 
 pub mod manifest;
-pub mod probe;
 pub mod profile;
 pub mod select;
 pub mod store;
