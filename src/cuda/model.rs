@@ -116,6 +116,9 @@ pub struct TrtModel {
     /// Outputs the pipeline does not read (U2Net's side outputs): TensorRT writes every
     /// output, so each gets a scratch buffer, bound once.
     _unread_outputs: Vec<CudaSlice<u8>>,
+    /// The context's activation memory, from the device's memory pool (cudarc allocates
+    /// stream-ordered); declared after `context`, so it is freed after the context.
+    _activations: CudaSlice<u8>,
 }
 
 impl TrtModel {
@@ -153,7 +156,16 @@ impl TrtModel {
                     ))
                 })
         };
-        let mut context = engine.create_context()?;
+        let bytes = engine.device_memory_bytes()?;
+        let activations: CudaSlice<u8> =
+            stream.alloc_zeros(usize::try_from(bytes.max(1)).unwrap_or(usize::MAX))?;
+        let memory = activations.device_ptr(stream).0;
+        // SAFETY: `activations` holds the engine's device memory size for one context,
+        // lives in this struct next to the context and is freed after it (field order);
+        // only this context uses it, on the replica's stream.
+        let mut context = unsafe {
+            engine.create_context_with_memory(DevicePtr::from_raw(memory as *mut c_void), bytes)
+        }?;
         let mut bound = Vec::with_capacity(inputs.len());
         for &(name, shape) in inputs {
             let desc = find(name, true)?;
@@ -233,6 +245,7 @@ impl TrtModel {
             output: output.to_string(),
             output_shape,
             _unread_outputs: unread,
+            _activations: activations,
         })
     }
 
