@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 
-use crate::config::{PipelineSpec, RuntimeArgs};
+use crate::config::{DeviceArgs, PipelineSpec, RuntimeArgs};
 use crate::cuda::{GpuLimits, Probe};
 use crate::sched::gpu::{gpu_device_setup, plan_gpus};
 use crate::sched::{cpu_device_setup, BoxedPipelineExecutor, Device, DeviceSetup};
@@ -14,13 +14,14 @@ use crate::sched::{cpu_device_setup, BoxedPipelineExecutor, Device, DeviceSetup}
 pub fn device_setups(
     spec: &PipelineSpec,
     runtime: &RuntimeArgs,
+    device: &DeviceArgs,
     max_pixels: u64,
 ) -> anyhow::Result<Vec<DeviceSetup<BoxedPipelineExecutor>>> {
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();
     let found: Vec<u32> = probe.gpus().iter().map(|g| g.ordinal as u32).collect();
-    let devices = runtime
+    let devices = device
         .devices
         .resolve(&found)
         .map_err(|e| anyhow::anyhow!("{e} [{}]", probe.summary()))?;
@@ -47,7 +48,7 @@ pub fn device_setups(
         spec,
         &runtime.model_dir,
         &gpus,
-        runtime.build_engines,
+        device.build_engines,
         probe.driver_cuda_version(),
     )
     .map_err(anyhow::Error::msg)

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::{OutputKind, RuntimeArgs};
+use crate::config::{DeviceArgs, OutputKind, RuntimeArgs};
 use crate::pipeline::decode::{decode, DecodeLimits};
 use crate::pipeline::{render, StageTimings};
 use crate::sched::{
@@ -22,6 +22,9 @@ use crate::sched::{
 pub struct RunArgs {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Image files, or folders whose images (JPEG, PNG, WebP, BMP, TIFF, GIF) are taken.
     #[arg(required = true)]
@@ -50,8 +53,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     crate::backend::ort::environment()?;
-    let devices =
-        super::devices::device_setups(&spec, &args.runtime, DecodeLimits::default().max_pixels)?;
+    let devices = super::devices::device_setups(
+        &spec,
+        &args.runtime,
+        &args.device,
+        DecodeLimits::default().max_pixels,
+    )?;
     // Two images per replica in flight: one running, one decoded and waiting.
     let in_flight = devices.iter().map(|d| d.replicas).sum::<usize>() * 2;
     let pool = Router::start(

@@ -15,7 +15,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::backend::ort::environment()?;
-    let setups = super::devices::device_setups(&spec, &args.runtime, args.max_pixels)?;
+    let setups =
+        super::devices::device_setups(&spec, &args.runtime, &args.device, args.max_pixels)?;
     let names: Vec<String> = setups
         .iter()
         .map(|d| format!("{} x{}", d.name, d.replicas))

@@ -10,7 +10,7 @@ pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
     Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,
 };
-pub use serve::{RequestLimits, RuntimeArgs, ServeArgs};
+pub use serve::{DeviceArgs, RequestLimits, RuntimeArgs, ServeArgs};
 
 /// A configuration problem, said so that the operator can fix it without reading code:
 /// which file, which key, what was expected.

@@ -19,12 +19,6 @@ pub struct RuntimeArgs {
     #[arg(long, env = "CELER_MODEL_DIR", default_value = "/opt/ml/model")]
     pub model_dir: PathBuf,
 
-    /// Devices to run on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
-    /// ordinals such as `0,1`. A GPU opens once, loads each engine once and runs its
-    /// replicas, each with its own stream and execution contexts.
-    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
-    pub devices: DeviceSelection,
-
     /// Pipeline replicas per device, each on its own thread with its own sessions (or
     /// execution contexts). Default: on the CPU, as many as keep replicas x threads
     /// within the cores; on a GPU, 2 (one copies while the other computes).
@@ -34,6 +28,16 @@ pub struct RuntimeArgs {
     /// ONNX Runtime intra-op threads per replica. Default: cores / replicas.
     #[arg(long, env = "CELER_THREADS_PER_REPLICA")]
     pub threads_per_replica: Option<usize>,
+}
+
+/// Which devices `celer serve` and `celer run` start, and what a GPU may do at start-up.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Devices to run on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
+    /// ordinals such as `0,1`. A GPU opens once, loads each engine once and runs its
+    /// replicas, each with its own stream and execution contexts.
+    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
+    pub devices: DeviceSelection,
 
     /// On a GPU with TensorRT, build a missing or unfit engine at start-up (one log line
     /// per model; /ping answers 503 until it is ready) instead of refusing to start.
@@ -76,6 +80,9 @@ impl RuntimeArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Address to listen on.
     #[arg(long, env = "CELER_BIND", default_value = "0.0.0.0")]
