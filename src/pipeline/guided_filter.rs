@@ -67,7 +67,7 @@ impl LinearModel {
     pub fn apply(&self, guide: &Plane) -> Plane {
         let mut q = vec![0f32; guide.len()];
         let (w, h) = (guide.width, guide.height);
-        self.for_each_pixel(w, h, |_, _| true, |k| guide.data[k], |k, v| q[k] = v);
+        self.for_each_pixel(w, h, |_| true, |k| guide.data[k], |k, v| q[k] = v);
         Plane::new(w, h, q)
     }
 
@@ -84,28 +84,21 @@ impl LinearModel {
         self.for_each_pixel(
             image.width(),
             image.height(),
-            |k0, k1| {
-                t[k0..k1]
-                    .iter()
-                    .any(|&v| v != FOREGROUND && v != BACKGROUND)
-            },
+            |k| t[k] != FOREGROUND && t[k] != BACKGROUND,
             |k| luma_of(&rgb[3 * k..3 * k + 3]),
-            |k, v| {
-                if t[k] != FOREGROUND && t[k] != BACKGROUND {
-                    alpha[k] = (v.clamp(0.0, 1.0) * 255.0).round() as u8;
-                }
-            },
+            |k, v| alpha[k] = (v.clamp(0.0, 1.0) * 255.0).round() as u8,
         );
         GrayImage::from_raw(image.width(), image.height(), alpha).expect("length is width * height")
     }
 
-    /// Calls `out(index, q)` for each pixel of the `width` x `height` rows for which
-    /// `row_needed(start, end)`, with the guide's value at a pixel from `guide(index)`.
+    /// Calls `out(index, q)` for each pixel `index` of the `width` x `height` plane for
+    /// which `needed(index)`, with the guide's value there from `guide(index)`. Rows
+    /// with no such pixel skip the vertical interpolation; other pixels skip the rest.
     fn for_each_pixel(
         &self,
         width: u32,
         height: u32,
-        row_needed: impl Fn(usize, usize) -> bool,
+        needed: impl Fn(usize) -> bool,
         guide: impl Fn(usize) -> f32,
         mut out: impl FnMut(usize, f32),
     ) {
@@ -115,7 +108,7 @@ impl LinearModel {
         let ys = bilinear_weights(self.mean_a.height, height);
         let (mut row_a, mut row_b) = (vec![0f32; lw], vec![0f32; lw]);
         for (y, (y0, wy)) in ys.iter().enumerate().take(h) {
-            if !row_needed(y * w, (y + 1) * w) {
+            if !(y * w..(y + 1) * w).any(&needed) {
                 continue;
             }
             // Vertical interpolation of the low-resolution rows, then horizontal per pixel.
@@ -130,12 +123,15 @@ impl LinearModel {
                 }
             }
             for (x, (x0, wx)) in xs.iter().enumerate() {
+                let k = y * w + x;
+                if !needed(k) {
+                    continue;
+                }
                 let (mut a, mut b) = (0f32, 0f32);
                 for (i, &wi) in wx.iter().enumerate() {
                     a += wi as f32 * row_a[*x0 as usize + i];
                     b += wi as f32 * row_b[*x0 as usize + i];
                 }
-                let k = y * w + x;
                 out(k, a * guide(k) + b);
             }
         }
