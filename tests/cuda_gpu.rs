@@ -755,3 +755,31 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     }
     router.shutdown();
 }
+
+/// Every one of the 65536 float16 values converts as the half crate converts it (an
+/// engine's float16 output becomes the f32 plane the trimap reads).
+#[test]
+fn f16_to_f32_is_exact_for_every_half() {
+    let Some(dev) = gpu("f16_to_f32 on every half") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
+    let src = up(&s, &all);
+    let mut dst = zeros::<f32>(&s, all.len());
+    Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    }
+    .f16_to_f32(&src, all.len(), &mut dst)
+    .unwrap();
+    let got = down(&s, &dst, all.len());
+    for (h, g) in all.iter().zip(&got) {
+        assert_eq!(
+            g.to_bits(),
+            h.to_f32().to_bits(),
+            "half bits {:#06x}",
+            h.to_bits()
+        );
+    }
+}

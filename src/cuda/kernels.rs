@@ -53,7 +53,11 @@ pub const TRIMAP: KernelFile = KernelFile {
 pub const RESAMPLE: KernelFile = KernelFile {
     name: "resample.cu",
     source: include_str!("kernels/resample.cu"),
-    kernels: &["resize_plane_horizontal", "resize_plane_vertical"],
+    kernels: &[
+        "resize_plane_horizontal",
+        "resize_plane_vertical",
+        "f16_to_f32",
+    ],
 };
 
 pub const GUIDED_FILTER: KernelFile = KernelFile {

@@ -504,6 +504,23 @@ impl Launcher<'_> {
         }
     }
 
+    /// `n` float16 values (as bits) to f32, exactly.
+    pub fn f16_to_f32(
+        &self,
+        src: &CudaSlice<f16>,
+        n: usize,
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        need("float16 source", src, n as u64)?;
+        need("float32 destination", dst, n as u64)?;
+        let count = u32::try_from(n).map_err(|_| CudaError::BufferTooSmall {
+            what: "float16 conversion (over u32::MAX elements)",
+            needed: n,
+            capacity: u32::MAX as usize,
+        })?;
+        launch!(self, "f16_to_f32", n as u64, BLOCK; src, &count, dst)
+    }
+
     /// fast_image_resize's bilinear resize of an f32 plane (`src_w` x `src_h`) to the
     /// taps' target size, via `tmp` (the horizontal pass).
     pub fn resize_plane(

@@ -1,6 +1,7 @@
 //! The model stages of a GPU replica. With TensorRT, an execution context reads the
-//! preprocessed input and writes its output in device memory, enqueued on the replica's
-//! stream between the kernels: nothing crosses the bus. Where TensorRT is absent, ONNX
+//! preprocessed input (f32 or f16) and writes its output (f32, or f16 converted by a
+//! kernel) in device memory, enqueued on the replica's stream between the kernels:
+//! nothing crosses the bus. Where TensorRT is absent, ONNX
 //! Runtime runs the model on the CPU: the input comes down, the output goes up, at the
 //! cost of one synchronisation per model. `GpuPipeline` owns one `GpuModel` per model.
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _};
 use half::f16;
 
-use super::launch::ModelInput;
+use super::launch::{Launcher, ModelInput};
 use super::CudaError;
 use crate::backend::ort::OrtModel;
 use crate::tensorrt::{
@@ -113,6 +114,9 @@ pub struct TrtModel {
     inputs: Vec<(String, InputElement, usize)>,
     output: String,
     output_shape: [usize; 4],
+    /// Where a float16 output is written before `f16_to_f32` makes it the f32 plane the
+    /// kernels read; `None` for a float32 output, bound straight to the caller's buffer.
+    half_output: Option<CudaSlice<f16>>,
     /// Outputs the pipeline does not read (U2Net's side outputs): TensorRT writes every
     /// output, so each gets a scratch buffer, bound once.
     _unread_outputs: Vec<CudaSlice<u8>>,
@@ -206,13 +210,16 @@ impl TrtModel {
             )));
         }
         let desc = find(output, false)?;
-        if desc.data_type != DataType::Float {
-            return Err(mismatch(format!(
-                "output `{output}` is {}; celer's trimap and matting kernels read float32 \
-                 (export the model with a float32 output, or cast it in the graph)",
-                desc.data_type
-            )));
-        }
+        let half = match desc.data_type {
+            DataType::Float => false,
+            DataType::Half => true,
+            other => {
+                return Err(mismatch(format!(
+                    "output `{output}` is {other}; celer's trimap and matting kernels read \
+                     float32 or float16"
+                )))
+            }
+        };
         let shape = context.tensor_shape(output)?;
         let output_shape = match shape.as_slice() {
             &[1, c, h, w] if c >= 1 && h >= 1 && w >= 1 => [1, c as usize, h as usize, w as usize],
@@ -221,6 +228,11 @@ impl TrtModel {
                     "output `{output}` has shape {other:?} for one image; expected [1, C, H, W]"
                 )))
             }
+        };
+        let half_output = if half {
+            Some(stream.alloc_zeros::<f16>(output_shape.iter().product())?)
+        } else {
+            None
         };
         let mut unread = Vec::new();
         for desc in engine.outputs().filter(|t| t.name != output) {
@@ -244,6 +256,7 @@ impl TrtModel {
             inputs: bound,
             output: output.to_string(),
             output_shape,
+            half_output,
             _unread_outputs: unread,
             _activations: activations,
         })
@@ -264,14 +277,16 @@ impl TrtModel {
             })
     }
 
-    /// Binds `inputs` (by name) and `output`, and enqueues the engine on `stream`.
-    /// Returns once the work is queued; `output` is written when the stream reaches it.
+    /// Binds `inputs` (by name) and `output`, and enqueues the engine on the launcher's
+    /// stream (then the float16 conversion, for a float16 output). Returns once the work
+    /// is queued; `output` is written when the stream reaches it.
     pub fn enqueue(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         inputs: &[(&str, &DeviceTensor)],
         output: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
+        let stream = launcher.stream;
         if inputs.len() != self.inputs.len() {
             return Err(CudaError::Stage {
                 stage: "model",
@@ -322,9 +337,13 @@ impl TrtModel {
                 capacity: output.len(),
             });
         }
-        let address = output.device_ptr(stream).0;
-        // SAFETY: as for the inputs: the f32 output buffer holds the output's elements
-        // and outlives the work, which the owner synchronises.
+        let address = match &self.half_output {
+            Some(half) => half.device_ptr(stream).0,
+            None => output.device_ptr(stream).0,
+        };
+        // SAFETY: as for the inputs: the output buffer (the f32 one, or the float16
+        // scratch of the output's size) holds the output's elements and outlives the
+        // work, which the owner synchronises.
         unsafe {
             self.context
                 .set_tensor_address(&self.output, DevicePtr::from_raw(address as *mut c_void))?;
@@ -336,6 +355,9 @@ impl TrtModel {
         unsafe {
             let raw = TrtStream::from_raw(stream.cu_stream() as *mut c_void);
             self.context.enqueue(raw)?;
+        }
+        if let Some(half) = &self.half_output {
+            launcher.f16_to_f32(half, out_len, output)?;
         }
         Ok(())
     }

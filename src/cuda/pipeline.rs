@@ -606,7 +606,7 @@ impl GpuPipeline {
         match &mut self.segmentation {
             GpuModel::TensorRt(model) => {
                 model.enqueue(
-                    &stream,
+                    &launcher,
                     &[(seg.image.input.as_str(), &self.seg_input.input)],
                     &mut self.mask.mask,
                 )?;
@@ -828,7 +828,7 @@ impl GpuPipeline {
         launcher.trimap_to_unit(&m.trimap_small, px, m.trimap_unit.as_model_input())?;
         match &mut m.model {
             GpuModel::TensorRt(model) => model.enqueue(
-                stream,
+                launcher,
                 &[
                     (m.input.spec.input.as_str(), &m.input.input),
                     (m.trimap_input.as_str(), &m.trimap_unit),

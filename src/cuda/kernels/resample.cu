@@ -67,3 +67,33 @@ extern "C" __global__ void resize_plane_vertical(
     }
     dst[i] = (float)sum;
 }
+
+// IEEE binary16 bits -> f32, exactly (every half is a float), as the half crate's
+// f16::to_f32 does it (a NaN gets the quiet bit): an engine's float16 output (a TensorRT 11
+// engine of a float16 model) as the f32 plane the trimap and matting kernels read.
+extern "C" __global__ void f16_to_f32(const u16* src, u32 n, float* dst) {
+    u64 i = global_index();
+    if (i >= n) return;
+    u32 h = (u32)src[i];
+    u32 sign = (h & 0x8000u) << 16;
+    u32 exp = (h >> 10) & 0x1fu;
+    u32 man = h & 0x3ffu;
+    u32 bits;
+    if (exp == 0x1fu) {
+        // Infinity; NaN with its payload and the quiet bit.
+        bits = sign | (man == 0u ? 0x7f800000u : (0x7fc00000u | (man << 13)));
+    } else if (exp != 0u) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);  // normal: rebias 15 -> 127
+    } else if (man == 0u) {
+        bits = sign;  // zero
+    } else {
+        // Subnormal: m x 2^-24; shift the leading one up to bit 10, one exponent each.
+        u32 e = 113u;
+        while ((man & 0x400u) == 0u) {
+            man <<= 1;
+            e -= 1u;
+        }
+        bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
+    }
+    dst[i] = __uint_as_float(bits);
+}
