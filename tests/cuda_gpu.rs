@@ -581,6 +581,15 @@ fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
+/// The largest |a - b| over two planes.
+fn max_difference(a: &[u8], b: &[u8]) -> u8 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
+}
+
 fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
     let spec = PipelineSpec::load_dir(dir).expect("pipeline description");
     compare_pipelines_on(&spec, images);
@@ -609,15 +618,7 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
         let want = cpu.run(image, &mut StageTimings::default()).unwrap();
         let got = gpu.run(image, true, &mut StageTimings::default()).unwrap();
         assert_eq!(got.matte.trimap, want.trimap, "{name}: trimap");
-        let worst = got
-            .matte
-            .alpha
-            .as_raw()
-            .iter()
-            .zip(want.alpha.as_raw())
-            .map(|(a, b)| a.abs_diff(*b))
-            .max()
-            .unwrap_or(0);
+        let worst = max_difference(got.matte.alpha.as_raw(), want.alpha.as_raw());
         let differ = got
             .matte
             .alpha
@@ -736,15 +737,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
         let got = done.output;
         assert_eq!(got.matte.trimap, want.trimap, "{w}x{h}: trimap");
-        let worst = got
-            .matte
-            .alpha
-            .as_raw()
-            .iter()
-            .zip(want.alpha.as_raw())
-            .map(|(a, b)| a.abs_diff(*b))
-            .max()
-            .unwrap_or(0);
+        let worst = max_difference(got.matte.alpha.as_raw(), want.alpha.as_raw());
         assert!(worst <= 1, "{w}x{h}: alpha differs by {worst}");
         assert_eq!(
             got.cutout

@@ -62,6 +62,17 @@ fn limits() -> RequestLimits {
     }
 }
 
+/// The HTTP state over `router`, answering alpha PNGs by default.
+fn alpha_server(router: Router<BoxedPipelineExecutor>) -> Arc<AppState> {
+    Arc::new(AppState::new(
+        router,
+        limits(),
+        OutputKind::Alpha,
+        None,
+        false,
+    ))
+}
+
 fn png(width: u32, height: u32) -> Vec<u8> {
     let image = RgbImage::from_fn(width, height, |x, y| {
         if (width / 4..3 * width / 4).contains(&x) && (height / 4..3 * height / 4).contains(&y) {
@@ -139,13 +150,7 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         },
     );
     pipeline_router.wait_ready().expect("ready");
-    let state = Arc::new(AppState::new(
-        pipeline_router,
-        limits(),
-        OutputKind::Alpha,
-        None,
-        false,
-    ));
+    let state = alpha_server(pipeline_router);
     let app = router(state.clone());
     let image = png(48, 32);
 
@@ -312,13 +317,7 @@ async fn ping_is_503_until_every_replica_has_loaded() {
         }),
     };
     let pipeline_router = Router::start(vec![device], RouterConfig::default());
-    let state = Arc::new(AppState::new(
-        pipeline_router,
-        limits(),
-        OutputKind::Alpha,
-        None,
-        false,
-    ));
+    let state = alpha_server(pipeline_router);
     let app = router(state.clone());
 
     let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
