@@ -80,6 +80,7 @@ impl From<DecodeError> for ApiError {
             }
             DecodeError::TooManyPixels { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_many_pixels"),
             DecodeError::TooSmall { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "image_too_small"),
+            DecodeError::TooLong { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "image_too_long"),
             DecodeError::Corrupt(_) => (StatusCode::BAD_REQUEST, "corrupt_image"),
         };
         Self::new(status, code, e.to_string())

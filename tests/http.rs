@@ -628,6 +628,18 @@ async fn header_declaring_too_many_pixels_is_413_without_allocating() {
 }
 
 #[tokio::test]
+async fn a_side_over_16384_is_413_image_too_long() {
+    let app = fixture_app();
+    // 20000 x 8 = 160 000 pixels, well under the pixel limit; the side is what is refused
+    // (GPU buffers are sized for sides up to 16384).
+    let strip = crafted_gray_png(20_000, 8, &[0; 16]);
+    send(&app, post(Some("image/png"), &[], strip))
+        .await
+        .refused(StatusCode::PAYLOAD_TOO_LARGE, "image_too_long");
+    assert_ping_ok(&app).await;
+}
+
+#[tokio::test]
 async fn body_over_the_limit_is_413_payload_too_large() {
     let png = test_png();
     let app = fixture_app_with(StateOptions {

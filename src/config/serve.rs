@@ -172,6 +172,7 @@ impl ServeArgs {
             decode: DecodeLimits {
                 max_pixels: self.max_pixels,
                 min_side_px: self.min_side_px,
+                max_side_px: crate::pipeline::decode::MAX_SIDE_PX,
             },
             deadline: Duration::from_secs(self.deadline_s.max(1)),
         }

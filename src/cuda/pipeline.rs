@@ -34,12 +34,12 @@ pub struct GpuLimits {
 }
 
 impl Default for GpuLimits {
-    /// The decoder's default pixel limit; sides up to 16384 (beyond JPEG's 65535 only
-    /// in theory: no camera makes them).
+    /// The decoder's default limits, so that every image it accepts fits.
     fn default() -> Self {
+        let decode = crate::pipeline::decode::DecodeLimits::default();
         Self {
-            max_pixels: crate::pipeline::decode::DecodeLimits::default().max_pixels,
-            max_side_px: 16_384,
+            max_pixels: decode.max_pixels,
+            max_side_px: decode.max_side_px,
         }
     }
 }

@@ -14,13 +14,20 @@ pub struct DecodeLimits {
     pub max_pixels: u64,
     /// Images narrower or shorter than this are refused: there is nothing to matte.
     pub min_side_px: u32,
+    /// Images wider or taller than this are refused: a GPU's buffers (resize taps, the
+    /// horizontal pass) are sized for it at start-up, so every device accepts the same.
+    pub max_side_px: u32,
 }
+
+/// The default longest side: beyond any camera's, within what GPU buffers are sized for.
+pub const MAX_SIDE_PX: u32 = 16_384;
 
 impl Default for DecodeLimits {
     fn default() -> Self {
         Self {
             max_pixels: 50_000_000,
             min_side_px: 8,
+            max_side_px: MAX_SIDE_PX,
         }
     }
 }
@@ -43,6 +50,8 @@ pub enum DecodeError {
     },
     #[error("the image is {width}x{height}; the smallest accepted is {min}x{min}")]
     TooSmall { width: u32, height: u32, min: u32 },
+    #[error("the image is {width}x{height}; the longest accepted side is {max} pixels")]
+    TooLong { width: u32, height: u32, max: u32 },
     #[error("the image data is corrupt or truncated: {0}")]
     Corrupt(String),
 }
@@ -72,6 +81,13 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
             height,
             pixels,
             limit: limits.max_pixels,
+        });
+    }
+    if width.max(height) > limits.max_side_px {
+        return Err(DecodeError::TooLong {
+            width,
+            height,
+            max: limits.max_side_px,
         });
     }
     if width < limits.min_side_px || height < limits.min_side_px {
@@ -171,10 +187,20 @@ mod tests {
         let limits = DecodeLimits {
             max_pixels: 100,
             min_side_px: 1,
+            max_side_px: 20,
         };
         assert!(matches!(
             decode(&png_of(11, 10), &limits),
             Err(DecodeError::TooManyPixels { pixels: 110, .. })
         ));
+        // Under the pixel limit, over the side limit: a 21 x 2 strip.
+        assert_eq!(
+            decode(&png_of(21, 2), &limits),
+            Err(DecodeError::TooLong {
+                width: 21,
+                height: 2,
+                max: 20
+            })
+        );
     }
 }
