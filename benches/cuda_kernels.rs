@@ -115,8 +115,8 @@ fn mask(w: u32, h: u32) -> Vec<f32> {
 /// GPU milliseconds per call of `f` (median of ITERS, after one warm-up).
 fn gpu_ms(dev: &GpuDevice, s: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     f();
-    let start = dev.context().new_event(None).unwrap();
-    let end = dev.context().new_event(None).unwrap();
+    let start = dev.timing_event().unwrap();
+    let end = dev.timing_event().unwrap();
     let mut times: Vec<f64> = (0..ITERS)
         .map(|_| {
             start.record(s).unwrap();

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use super::kernels::{cubins_for, FILES};
@@ -75,6 +75,14 @@ impl GpuDevice {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.context
+    }
+
+    /// An event that records time. cudarc's default event has timing disabled, and
+    /// `elapsed_ms` between two of those fails.
+    pub fn timing_event(&self) -> Result<CudaEvent, CudaError> {
+        Ok(self
+            .context
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
     }
 
     pub fn kernels(&self) -> &KernelSet {

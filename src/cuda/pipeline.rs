@@ -498,7 +498,7 @@ impl GpuPipeline {
             plane_vertical: DeviceTaps::alloc(&stream, outs_v, weights_v)?,
             nearest: DeviceNearest::alloc(&stream, side, side)?,
         };
-        let event = || device.context().new_event(None);
+        let event = || device.timing_event();
         let events = StageEvents {
             start: event()?,
             preprocessed: event()?,
