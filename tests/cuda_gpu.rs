@@ -739,6 +739,13 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         assert_eq!(got.matte.trimap, want.trimap, "{w}x{h}: trimap");
         let worst = max_difference(got.matte.alpha.as_raw(), want.alpha.as_raw());
         assert!(worst <= 1, "{w}x{h}: alpha differs by {worst}");
+        // The GPU stages' times come from CUDA events: recorded, not left at zero.
+        assert!(
+            got.timings.trimap > std::time::Duration::ZERO
+                && got.timings.matting + got.timings.composite > std::time::Duration::ZERO,
+            "{w}x{h}: GPU stage times not recorded: {:?}",
+            got.timings
+        );
         assert_eq!(
             got.cutout
                 .expect("the GPU makes the cut-out it was asked for"),
