@@ -1121,6 +1121,29 @@ async fn url_fetching_refusals() {
     assert_ping_ok(&app).await;
 }
 
+/// A listed host *name* that resolves to internal addresses (here `localhost`) is
+/// refused before any connection: the allow-list cannot be turned into a way into the
+/// server's own network by DNS. A listed IP literal (above) is fetched as is.
+#[tokio::test]
+async fn an_allowed_name_that_resolves_inside_the_network_is_refused() {
+    let images = image_server(test_png(), 0).await;
+    let app = fixture_app_with(StateOptions {
+        fetcher: UrlFetcher::new(&["localhost".into()], Duration::from_secs(2), 64 * 1024),
+        ..StateOptions::default()
+    });
+    let url = format!("http://localhost:{}/x.png", images.port());
+    let answer = send(&app, post(Some("application/json"), &[], url_body(&url))).await;
+    let json = answer.json();
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{json}");
+    assert_eq!(json["code"], "url_not_allowed", "{json}");
+    let message = json["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("resolves only to internal addresses"),
+        "{message}"
+    );
+    assert_ping_ok(&app).await;
+}
+
 // ---- the binary ----
 
 /// Kills the server if the test fails before it has stopped it.
