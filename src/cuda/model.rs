@@ -128,8 +128,8 @@ pub struct TrtModel {
 impl TrtModel {
     /// A new context of `engine` (one per replica; the engine is shared by the GPU's
     /// replicas) for `inputs`, each `[1, C, H, W]` as the pipeline description says, and
-    /// the output `output`, which must be float32 and `[1, C, H, W]`. The GPU must be
-    /// current on this thread.
+    /// the output `output`, float32 or float16 and `[1, C, H, W]`; every other output
+    /// gets a scratch buffer. The GPU must be current on this thread.
     pub fn new(
         stream: &Arc<CudaStream>,
         engine: &Arc<Engine>,
