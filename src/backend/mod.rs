@@ -1,6 +1,7 @@
 //! Model execution backends. A backend runs one ONNX model on one device; the pipeline
 //! owns one instance per replica, so `run` takes `&mut self` and needs no lock.
-//! Only ONNX Runtime (CPU) exists today; TensorRT arrives behind a cargo feature.
+//! ONNX Runtime (CPU) here; TensorRT engines run inside the GPU pipeline
+//! (`crate::cuda::model`), behind the cargo feature `tensorrt`.
 
 pub mod ort;
 

@@ -85,7 +85,7 @@ pub enum InputElement {
 /// One model of one GPU replica.
 pub enum GpuModel {
     TensorRt(TrtModel),
-    /// Interim and fallback: ONNX Runtime on the CPU.
+    /// Where TensorRT is absent: ONNX Runtime on the CPU.
     OnnxRuntime(OrtModel),
 }
 

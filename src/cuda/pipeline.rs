@@ -686,7 +686,7 @@ impl GpuPipeline {
         self.events.trimapped.record(&stream)?;
 
         // Matting: the fast guided filter on the GPU (fit at 1/subsample, alpha and
-        // cut-out at full size in one pass), or the matting model (interim: CPU) and
+        // cut-out at full size in one pass), or the matting model (TensorRT, or ONNX Runtime on the CPU) and
         // the composite of its alpha.
         let is_guided = match (&self.spec.matting, self.guided.as_mut()) {
             (MattingSpec::GuidedFilter { .. }, Some(filter)) => {

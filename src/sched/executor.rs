@@ -58,8 +58,8 @@ pub struct PipelineOutput {
     pub timings: StageTimings,
 }
 
-/// Any executor of the pipeline's stages: the ONNX Runtime pipeline today, a GPU one
-/// later, a stand-in in tests.
+/// Any executor of the pipeline's stages: the ONNX Runtime pipeline on the CPU, the GPU
+/// pipeline (`gpu::GpuExecutor`), a stand-in in tests.
 pub type BoxedPipelineExecutor = Box<dyn Executor<Input = PipelineJob, Output = PipelineOutput>>;
 
 /// One replica of the real pipeline.
