@@ -3,42 +3,16 @@
 //! `TrtError::NotBuilt`. No value of these types can exist, so their methods are
 //! unreachable by construction (`match self.never {}`), not by a panic.
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::types::{
-    BuildProgress, BuildSettings, BuiltEngine, CudaStream, DevicePtr, InputProfile, TensorDesc,
-    TrtError, TrtVersion,
+    BuildProgress, BuildSettings, BuiltEngine, CudaStream, DevicePtr, InputProfile, LibraryPaths,
+    TensorDesc, TrtError, TrtVersion,
 };
 
 #[derive(Debug, Clone, Copy)]
 enum Never {}
-
-/// See the `tensorrt` feature's `LibraryPaths`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LibraryPaths {
-    pub nvinfer: PathBuf,
-    pub nvonnxparser: PathBuf,
-}
-
-impl LibraryPaths {
-    pub fn from_env() -> Self {
-        Self::with_env(|key| std::env::var_os(key))
-    }
-
-    pub fn with_env(var: impl Fn(&str) -> Option<OsString>) -> Self {
-        let pick = |key: &str, default: &str| {
-            var(key)
-                .filter(|v| !v.is_empty())
-                .map_or_else(|| PathBuf::from(default), PathBuf::from)
-        };
-        Self {
-            nvinfer: pick("CELER_NVINFER_PATH", "libnvinfer.so"),
-            nvonnxparser: pick("CELER_NVONNXPARSER_PATH", "libnvonnxparser.so"),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct TensorRt {

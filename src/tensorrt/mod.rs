@@ -17,7 +17,7 @@ mod types;
 
 pub use types::{
     BuildProgress, BuildSettings, BuiltEngine, CudaStream, DataType, DevicePtr, InputProfile,
-    Precision, TensorDesc, TrtError, TrtVersion,
+    LibraryPaths, Precision, TensorDesc, TrtError, TrtVersion,
 };
 
 #[cfg(feature = "tensorrt")]
@@ -31,12 +31,12 @@ mod sys;
 #[cfg(feature = "tensorrt")]
 pub use builder::Network;
 #[cfg(feature = "tensorrt")]
-pub use runtime::{Engine, ExecutionContext, LibraryPaths, Runtime, TensorRt};
+pub use runtime::{Engine, ExecutionContext, Runtime, TensorRt};
 
 #[cfg(not(feature = "tensorrt"))]
 mod disabled;
 #[cfg(not(feature = "tensorrt"))]
-pub use disabled::{Engine, ExecutionContext, LibraryPaths, Network, Runtime, TensorRt};
+pub use disabled::{Engine, ExecutionContext, Network, Runtime, TensorRt};
 
 /// Whether this binary was built with the `tensorrt` feature.
 pub const ENABLED: bool = cfg!(feature = "tensorrt");

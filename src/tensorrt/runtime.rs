@@ -5,47 +5,16 @@
 //! device memory come from the caller (the cuda module); this module never allocates
 //! device memory or synchronises a stream.
 
-use std::ffi::{c_void, OsString};
+use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use super::result::{self, check};
 use super::sys;
-use super::types::{CudaStream, DevicePtr, InputProfile, TensorDesc, TrtError, TrtVersion};
-
-/// Where to find the TensorRT libraries: a file path, or a soname for the dynamic
-/// loader (which searches LD_LIBRARY_PATH and the system's library cache).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LibraryPaths {
-    pub nvinfer: PathBuf,
-    pub nvonnxparser: PathBuf,
-}
-
-impl LibraryPaths {
-    /// `CELER_NVINFER_PATH` / `CELER_NVONNXPARSER_PATH`, else the sonames of the major
-    /// version the shim was compiled for (`libnvinfer.so.10`, `libnvonnxparser.so.10`).
-    pub fn from_env() -> Self {
-        Self::with_env(|key| std::env::var_os(key))
-    }
-
-    /// As `from_env`, reading variables through `var` (for tests).
-    pub fn with_env(var: impl Fn(&str) -> Option<OsString>) -> Self {
-        let major = compiled_version().map_or(0, |v| v.major);
-        let pick = |key: &str, soname: String| {
-            var(key)
-                .filter(|v| !v.is_empty())
-                .map_or_else(|| PathBuf::from(soname), PathBuf::from)
-        };
-        Self {
-            nvinfer: pick("CELER_NVINFER_PATH", format!("libnvinfer.so.{major}")),
-            nvonnxparser: pick(
-                "CELER_NVONNXPARSER_PATH",
-                format!("libnvonnxparser.so.{major}"),
-            ),
-        }
-    }
-}
+use super::types::{
+    CudaStream, DevicePtr, InputProfile, LibraryPaths, TensorDesc, TrtError, TrtVersion,
+};
 
 /// The TensorRT version of the headers the shim was compiled against. `Option` so
 /// that callers read the same with or without the `tensorrt` feature.

@@ -3,8 +3,9 @@
 //! two raw CUDA handles that cross the boundary (streams and device pointers). Compiled
 //! with or without the `tensorrt` feature; nothing here calls TensorRT.
 
-use std::ffi::c_void;
+use std::ffi::{c_void, OsString};
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -211,6 +212,40 @@ impl FromStr for Precision {
             "fp16" | "float16" | "half" => Ok(Self::Fp16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
             other => Err(format!("`{other}` is not one of fp32, fp16, bf16")),
+        }
+    }
+}
+
+/// Where to find the TensorRT libraries: a file path, or a soname for the dynamic
+/// loader (which searches LD_LIBRARY_PATH and the system's library cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryPaths {
+    pub nvinfer: PathBuf,
+    pub nvonnxparser: PathBuf,
+}
+
+impl LibraryPaths {
+    /// `CELER_NVINFER_PATH` / `CELER_NVONNXPARSER_PATH`, else the sonames of the major
+    /// version the shim was compiled for (`libnvinfer.so.10`, `libnvonnxparser.so.10`;
+    /// unversioned without the `tensorrt` feature).
+    pub fn from_env() -> Self {
+        Self::with_env(|key| std::env::var_os(key))
+    }
+
+    /// As `from_env`, reading variables through `var` (for tests).
+    pub fn with_env(var: impl Fn(&str) -> Option<OsString>) -> Self {
+        let suffix = super::TensorRt::compiled_version()
+            .map(|v| format!(".{}", v.major))
+            .unwrap_or_default();
+        let pick = |key: &str, library: &str| {
+            var(key).filter(|v| !v.is_empty()).map_or_else(
+                || PathBuf::from(format!("{library}{suffix}")),
+                PathBuf::from,
+            )
+        };
+        Self {
+            nvinfer: pick("CELER_NVINFER_PATH", "libnvinfer.so"),
+            nvonnxparser: pick("CELER_NVONNXPARSER_PATH", "libnvonnxparser.so"),
         }
     }
 }
