@@ -1,8 +1,11 @@
 //! `POST /invocations`: body -> image bytes -> decode (blocking pool) -> device stages
-//! (the router, then a replica) -> composite + encode (blocking pool) -> response.
+//! (the router, then a replica) -> composite + encode (blocking pool) -> response. The
+//! async handler only waits: JSON parsing, base64 and decoding run on the blocking pool
+//! too, and only a `url` fetch is awaited in between.
 
+use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -16,7 +19,8 @@ use super::negotiate::{body_kind, output_kind, BodyKind};
 use super::AppState;
 use crate::config::OutputKind;
 use crate::error::ApiError;
-use crate::pipeline::{self, decode, StageTimings};
+use crate::pipeline::decode::{self, DecodeLimits};
+use crate::pipeline::{self, StageTimings};
 use crate::sched::PipelineJob;
 
 #[derive(Deserialize)]
@@ -38,18 +42,28 @@ pub async fn invocations(
     // immediate 503, and memory stays bounded by the places, not by the arrivals.
     let admission = state.router.admit()?;
     let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
-    let encoded = match kind {
-        BodyKind::Image => bytes,
-        BodyKind::Json => image_from_json(&state, &bytes).await?,
-    };
-
     let limits = state.limits.decode;
-    let (image, decode_time) = tokio::task::spawn_blocking(move || {
-        let t = Instant::now();
-        decode::decode(&encoded, &limits).map(|img| (img, t.elapsed()))
+    let source = blocking(move || match kind {
+        BodyKind::Image => timed_decode(&bytes, &limits).map(Source::Decoded),
+        BodyKind::Json => match json_image(&bytes)? {
+            JsonImage::Inline(encoded) => timed_decode(&encoded, &limits).map(Source::Decoded),
+            JsonImage::Url(url) => Ok(Source::Url(url)),
+        },
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
+    let (image, decode_time) = match source {
+        Source::Decoded(decoded) => decoded,
+        Source::Url(url) => {
+            let fetcher = state.fetcher.as_ref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "url_fetch_disabled",
+                    "this server does not fetch URLs; send the image itself (`image` in base64, or the raw bytes)",
+                )
+            })?;
+            let encoded = fetcher.fetch(&url).await?;
+            blocking(move || timed_decode(&encoded, &limits)).await?
+        }
+    };
     let image = Arc::new(image);
 
     let timings = StageTimings {
@@ -65,14 +79,14 @@ pub async fn invocations(
     let done = ticket.wait().await?;
 
     let queued = done.queued;
-    let (rendered, timings) = tokio::task::spawn_blocking(move || {
+    let (rendered, timings) = blocking(move || {
         let out = done.output;
         let mut timings = out.timings;
-        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings).map(|r| (r, timings))
+        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings)
+            .map(|r| (r, timings))
+            .map_err(ApiError::internal)
     })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(ApiError::internal)?;
+    .await?;
     state.metrics.observe_stages(&timings);
 
     let mut response = (StatusCode::OK, rendered.body).into_response();
@@ -116,7 +130,38 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     })
 }
 
-async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiError> {
+/// Runs CPU work on the blocking pool, never on the async executor.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(ApiError::internal)?
+}
+
+/// Where the request's image is, once the body has been read.
+enum Source {
+    Decoded((image::RgbImage, Duration)),
+    /// A JSON `url`: fetched on the executor (it is I/O), then decoded.
+    Url(String),
+}
+
+fn timed_decode(
+    encoded: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(image::RgbImage, Duration), ApiError> {
+    let t = Instant::now();
+    let image = decode::decode(encoded, limits)?;
+    Ok((image, t.elapsed()))
+}
+
+/// What a JSON body names.
+enum JsonImage {
+    Inline(Vec<u8>),
+    Url(String),
+}
+
+fn json_image(bytes: &[u8]) -> Result<JsonImage, ApiError> {
     let body: JsonBody = serde_json::from_slice(bytes).map_err(|e| {
         ApiError::bad_request(
             "malformed_json",
@@ -125,16 +170,10 @@ async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiErr
     })?;
     match (body.image, body.url) {
         (Some(b64), None) => base64::engine::general_purpose::STANDARD
-            .decode(base64_payload(&b64))
-            .map(Bytes::from)
+            .decode(base64_payload(&b64).as_ref())
+            .map(JsonImage::Inline)
             .map_err(|e| ApiError::bad_request("invalid_base64", format!("`image` is not valid base64: {e}"))),
-        (None, Some(url)) => match &state.fetcher {
-            Some(fetcher) => fetcher.fetch(&url).await,
-            None => Err(ApiError::bad_request(
-                "url_fetch_disabled",
-                "this server does not fetch URLs; send the image itself (`image` in base64, or the raw bytes)",
-            )),
-        },
+        (None, Some(url)) => Ok(JsonImage::Url(url)),
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "malformed_json",
             "give either `image` or `url`, not both",
@@ -147,13 +186,18 @@ async fn image_from_json(state: &AppState, bytes: &[u8]) -> Result<Bytes, ApiErr
 }
 
 /// The base64 text of `image`, as clients send it: possibly a `data:` URL, possibly
-/// wrapped at 76 columns (the `base64` tool, Python's `encodebytes`).
-fn base64_payload(text: &str) -> Vec<u8> {
+/// wrapped at 76 columns (the `base64` tool, Python's `encodebytes`). Copied only when
+/// there is white space to drop.
+fn base64_payload(text: &str) -> Cow<'_, [u8]> {
     let text = match text.trim_start().strip_prefix("data:") {
         Some(rest) => rest.split_once(',').map_or(rest, |(_, data)| data),
         None => text,
     };
-    text.bytes().filter(|b| !b.is_ascii_whitespace()).collect()
+    if text.bytes().any(|b| b.is_ascii_whitespace()) {
+        Cow::Owned(text.bytes().filter(|b| !b.is_ascii_whitespace()).collect())
+    } else {
+        Cow::Borrowed(text.as_bytes())
+    }
 }
 
 /// `Server-Timing: queue;dur=1.2, decode;dur=3.4, ...` (milliseconds).
