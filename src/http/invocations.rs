@@ -172,7 +172,12 @@ fn json_image(bytes: &[u8]) -> Result<JsonImage, ApiError> {
         (Some(b64), None) => base64::engine::general_purpose::STANDARD
             .decode(base64_payload(&b64).as_ref())
             .map(JsonImage::Inline)
-            .map_err(|e| ApiError::bad_request("invalid_base64", format!("`image` is not valid base64: {e}"))),
+            .map_err(|e| {
+                ApiError::bad_request(
+                    "invalid_base64",
+                    format!("`image` is not valid base64: {e}"),
+                )
+            }),
         (None, Some(url)) => Ok(JsonImage::Url(url)),
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "malformed_json",

@@ -14,33 +14,27 @@ use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::AppState;
 use crate::pipeline::StageTimings;
+use crate::sched::metrics::{latency_us, us, HistogramFamily};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabel {
-    path: String,
+    path: &'static str,
     status: u16,
     outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PathLabel {
-    path: String,
+    path: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageLabel {
     stage: &'static str,
-}
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn latency_us() -> Histogram {
-    Histogram::new(exponential_buckets(50.0, 2.0, 21))
 }
 
 /// The HTTP figures and the registry that `/metrics` encodes.
@@ -88,12 +82,12 @@ impl HttpMetrics {
             if !d.is_zero() {
                 self.stage_us
                     .get_or_create(&StageLabel { stage })
-                    .observe(d.as_secs_f64() * 1e6);
+                    .observe(us(d));
             }
         }
     }
 
-    fn observe_request(&self, path: String, status: StatusCode, took: Duration) {
+    fn observe_request(&self, path: &'static str, status: StatusCode, took: Duration) {
         let outcome = match status.as_u16() {
             200..=399 => "success",
             503 | 429 => "rejected",
@@ -101,8 +95,8 @@ impl HttpMetrics {
             _ => "server_error",
         };
         self.duration_us
-            .get_or_create(&PathLabel { path: path.clone() })
-            .observe(took.as_secs_f64() * 1e6);
+            .get_or_create(&PathLabel { path })
+            .observe(us(took));
         self.requests
             .get_or_create(&RequestLabel {
                 path,
@@ -122,15 +116,17 @@ impl HttpMetrics {
 /// Counts and times every routed request (except scrapes of `/metrics` itself).
 pub async fn track(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     // A route layer: only matched routes get here, and none has parameters, so the
-    // path is one of a few known values (bounded label cardinality).
-    let path = request.uri().path().to_string();
+    // path is one of the known values (bounded label cardinality, no allocation).
+    let path = match request.uri().path() {
+        "/ping" => "/ping",
+        "/invocations" => "/invocations",
+        _ => return next.run(request).await,
+    };
     let start = Instant::now();
     let response = next.run(request).await;
-    if path != "/metrics" {
-        state
-            .metrics
-            .observe_request(path, response.status(), start.elapsed());
-    }
+    state
+        .metrics
+        .observe_request(path, response.status(), start.elapsed());
     response
 }
 

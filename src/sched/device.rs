@@ -92,21 +92,6 @@ impl DeviceSelection {
     }
 }
 
-/// The share of a GPU's free memory left unused: room for CUDA's own allocations,
-/// fragmentation and workspace growth.
-pub const GPU_MEMORY_HEADROOM: f64 = 0.3;
-
-/// Replicas that fit a GPU: `floor(free x (1 - headroom) / per_replica)`. Zero when not
-/// even one fits (the caller reports it); `per_replica_bytes` is the engine's activation
-/// and I/O memory per execution context, the weights being shared by the replicas.
-pub fn gpu_replicas(free_bytes: u64, per_replica_bytes: u64, headroom: f64) -> usize {
-    if per_replica_bytes == 0 {
-        return 0;
-    }
-    let usable = free_bytes as f64 * (1.0 - headroom.clamp(0.0, 1.0));
-    (usable / per_replica_bytes as f64).floor() as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,16 +120,5 @@ mod tests {
         let err = DeviceSelection::Gpus(vec![1]).resolve(&[0]).unwrap_err();
         assert!(err.contains("GPU 1 not found"), "{err}");
         assert_eq!(Device::Gpu(3).to_string(), "gpu3");
-    }
-
-    #[test]
-    fn gpu_replicas_keep_the_headroom() {
-        const GIB: u64 = 1 << 30;
-        // 10 GiB free, 70 % usable = 7 GiB, 2 GiB each: 3 replicas.
-        assert_eq!(gpu_replicas(10 * GIB, 2 * GIB, GPU_MEMORY_HEADROOM), 3);
-        assert_eq!(gpu_replicas(10 * GIB, 6 * GIB, 0.3), 1);
-        assert_eq!(gpu_replicas(10 * GIB, 8 * GIB, 0.3), 0);
-        assert_eq!(gpu_replicas(10 * GIB, 0, 0.3), 0);
-        assert_eq!(gpu_replicas(10 * GIB, GIB, 0.0), 10);
     }
 }

@@ -14,7 +14,7 @@ use super::device::Device;
 use super::executor::{probe_image, BoxedPipelineExecutor, ExecError, Executor};
 use super::executor::{PipelineJob, PipelineOutput};
 use super::router::{DeviceSetup, LoadFn};
-use crate::config::PipelineSpec;
+use crate::config::{BatchingSpec, PipelineSpec};
 use crate::cuda::{GpuDevice, GpuInfo, GpuLimits, GpuPipeline, ModelSource};
 use crate::pipeline::StageTimings;
 use crate::tensorrt::manifest::{CheckedEngine, GpuIdentity};
@@ -141,7 +141,6 @@ pub fn gpu_device_setup(
     limits: GpuLimits,
 ) -> DeviceSetup<BoxedPipelineExecutor> {
     let name = Device::Gpu(plan.info.ordinal as u32).to_string();
-    let batching = spec.batching;
     let spec = spec.clone();
     let plan = Arc::new(plan);
     let loaded: Arc<OnceLock<Result<Arc<LoadedGpu>, String>>> = Arc::new(OnceLock::new());
@@ -170,7 +169,9 @@ pub fn gpu_device_setup(
     DeviceSetup {
         name,
         replicas,
-        batching,
+        // A GPU replica runs one image at a time: gathering a batch would only take
+        // requests off the queue that the device's other replicas could be running.
+        batching: BatchingSpec::OFF,
         load,
     }
 }

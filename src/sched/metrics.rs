@@ -19,18 +19,18 @@ pub struct DeviceLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabel {
     pub device: String,
-    pub reason: String,
+    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    pub reason: String,
+    pub reason: &'static str,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+pub(crate) type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Microseconds from 50 us to about 52 s, doubling.
-fn latency_us() -> Histogram {
+pub(crate) fn latency_us() -> Histogram {
     Histogram::new(exponential_buckets(50.0, 2.0, 21))
 }
 
@@ -206,11 +206,11 @@ pub(crate) struct DeviceMetrics {
 }
 
 impl DeviceMetrics {
-    pub fn failure(&self, reason: &str) {
+    pub fn failure(&self, reason: &'static str) {
         self.failure
             .get_or_create(&FailureLabel {
                 device: self.name.clone(),
-                reason: reason.to_string(),
+                reason,
             })
             .inc();
     }

@@ -18,7 +18,7 @@ mod worker;
 
 use std::time::Duration;
 
-pub use device::{gpu_replicas, Device, DeviceSelection, GPU_MEMORY_HEADROOM};
+pub use device::{Device, DeviceSelection};
 pub use executor::{
     cpu_device_setup, BoxedPipelineExecutor, ExecError, Executor, PipelineExecutor, PipelineJob,
     PipelineOutput,

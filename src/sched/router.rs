@@ -324,17 +324,9 @@ impl<E: Executor> Router<E> {
         }
     }
 
-    pub fn routing(&self) -> Routing {
-        self.shared.routing
-    }
-
     /// Admitted requests not yet answered.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
-    }
-
-    pub fn max_in_flight(&self) -> usize {
-        self.shared.max_in_flight
     }
 
     pub fn metrics(&self) -> &SchedMetrics {
@@ -396,9 +388,7 @@ impl<E: Executor> Shared<E> {
         };
         self.metrics
             .rejected
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

@@ -45,7 +45,6 @@ impl DeviceState {
         metrics: DeviceMetrics,
         epoch: Instant,
     ) -> Self {
-        metrics.healthy.set(1);
         metrics.replicas.set(replicas as i64);
         Self {
             index,
@@ -79,7 +78,6 @@ impl DeviceState {
     pub fn mark_unhealthy(&self, why: &str) {
         if self.healthy.swap(false, Ordering::AcqRel) {
             tracing::warn!(device = %self.name, reason = why, "device marked unhealthy: no traffic until a probe passes");
-            self.metrics.healthy.set(0);
             self.health.send_replace(false);
         }
     }
@@ -88,7 +86,6 @@ impl DeviceState {
         self.consecutive_failures.store(0, Ordering::Release);
         if !self.healthy.swap(true, Ordering::AcqRel) {
             tracing::info!(device = %self.name, "probe passed: device healthy again");
-            self.metrics.healthy.set(1);
             self.health.send_replace(true);
         }
     }
