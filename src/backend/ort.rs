@@ -29,24 +29,33 @@ pub fn library_path() -> Result<PathBuf, BackendError> {
             )))
         };
     }
-    let mut roots = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        roots.extend(cwd.ancestors().map(Path::to_path_buf));
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
-    }
-    roots
-        .iter()
-        .find_map(|root| find_in_venv(&root.join(".venv")))
-        .ok_or_else(|| {
-            BackendError::LibraryMissing(
-                "set ORT_DYLIB_PATH to libonnxruntime.so (from the onnxruntime wheel, e.g. \
+    venvs().find_map(|venv| find_in_venv(&venv)).ok_or_else(|| {
+        BackendError::LibraryMissing(
+            "set ORT_DYLIB_PATH to libonnxruntime.so (from the onnxruntime wheel, e.g. \
                  .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1), \
                  or run `make python` in the celer checkout to install it"
-                    .into(),
-            )
-        })
+                .into(),
+        )
+    })
+}
+
+/// The `.venv` folders where `make python` may have installed the wheels celer loads:
+/// one in each folder above the working directory, then above the executable.
+pub fn venvs() -> impl Iterator<Item = PathBuf> {
+    let cwd = std::env::current_dir().ok();
+    let exe = std::env::current_exe().ok();
+    let above_cwd: Vec<PathBuf> = cwd
+        .iter()
+        .flat_map(|d| d.ancestors().map(Path::to_path_buf))
+        .collect();
+    let above_exe: Vec<PathBuf> = exe
+        .iter()
+        .flat_map(|e| e.ancestors().skip(1).map(Path::to_path_buf))
+        .collect();
+    above_cwd
+        .into_iter()
+        .chain(above_exe)
+        .map(|root| root.join(".venv"))
 }
 
 fn find_in_venv(venv: &Path) -> Option<PathBuf> {

@@ -52,13 +52,41 @@ impl Percentiles {
     }
 }
 
+/// The `q` quantile (0..=1) of `sorted`, the value at index `floor(len x q)`; `None`
+/// when empty. Every percentile the project reports goes through here.
+pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    Some(sorted[((sorted.len() as f64 * q) as usize).min(last)])
+}
+
 /// The median of `values` (sorted in place); 0 when empty.
 pub fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    quantile(values, 0.5).unwrap_or(0.0)
+}
+
+/// `(stage, p50, p90, p99)` in ms of each pipeline stage, with a `total` row.
+pub fn stage_percentiles(
+    timings: &[crate::pipeline::StageTimings],
+) -> Vec<(&'static str, f64, f64, f64)> {
+    let pick = |f: &dyn Fn(&crate::pipeline::StageTimings) -> f64| -> (f64, f64, f64) {
+        let mut v: Vec<f64> = timings.iter().map(f).collect();
+        let p50 = median(&mut v);
+        let at = |q: f64| quantile(&v, q).unwrap_or(0.0);
+        (p50, at(0.9), at(0.99))
+    };
+    let names = crate::pipeline::StageTimings::default().stages();
+    let mut rows: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            let (a, b, c) = pick(&|t| t.stages()[i].1.as_secs_f64() * 1e3);
+            (*name, a, b, c)
+        })
+        .collect();
+    let (a, b, c) = pick(&|t| t.stages().iter().map(|s| s.1.as_secs_f64() * 1e3).sum());
+    rows.push(("total", a, b, c));
+    rows
 }
 
 /// The table printed at the end of a run.

@@ -10,9 +10,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Window};
-use crate::bench::report::{self, median, PointReport};
+use crate::bench::report::{self, stage_percentiles, PointReport};
 use crate::config::{OutputKind, RuntimeArgs};
-use crate::pipeline::StageTimings;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -89,7 +88,7 @@ pub struct LocalArgs {
     warmup: usize,
     /// cutout, alpha, trimap or json: what is composited and encoded.
     #[arg(long, default_value = "cutout")]
-    output: String,
+    output: OutputKind,
     /// Measure only the segmentation model's rate on the replicas and threads given.
     #[arg(long)]
     model_only: bool,
@@ -199,12 +198,7 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
         .as_ref()
         .context("--image is needed for the stage timings (or pass --model-only)")?;
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
-    let output = OutputKind::parse(&args.output).with_context(|| {
-        format!(
-            "--output {} is not one of cutout, alpha, trimap, json",
-            args.output
-        )
-    })?;
+    let output = args.output;
     // One replica with every thread: the latency of a lone request.
     let threads = args
         .runtime
@@ -244,24 +238,4 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
     }
     Ok(())
-}
-
-/// `(stage, p50, p90, p99)` in ms, with a `total` row.
-fn stage_percentiles(timings: &[StageTimings]) -> Vec<(&'static str, f64, f64, f64)> {
-    let pick = |f: &dyn Fn(&StageTimings) -> f64| -> (f64, f64, f64) {
-        let mut v: Vec<f64> = timings.iter().map(f).collect();
-        let p50 = median(&mut v);
-        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1))];
-        (p50, at(0.9), at(0.99))
-    };
-    let mut rows: Vec<_> = (0..7)
-        .map(|i| {
-            let name = StageTimings::default().stages()[i].0;
-            let (a, b, c) = pick(&|t| t.stages()[i].1.as_secs_f64() * 1e3);
-            (name, a, b, c)
-        })
-        .collect();
-    let (a, b, c) = pick(&|t| t.stages().iter().map(|s| s.1.as_secs_f64() * 1e3).sum());
-    rows.push(("total", a, b, c));
-    rows
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use super::inspect::print_tensor;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -20,9 +21,7 @@ use crate::config::PipelineSpec;
 use crate::cuda::Probe;
 use crate::pipeline::Pipeline;
 use crate::tensorrt::manifest::GpuIdentity;
-use crate::tensorrt::profile::{
-    resolve_profile, shape_string, BatchRange, NamedShape, ShapeRequest,
-};
+use crate::tensorrt::profile::{resolve_profile, BatchRange, NamedShape, ShapeRequest};
 use crate::tensorrt::store::{
     build_and_store, choose_precision, BuildEvent, BuildOptions, EngineStore, ModelFile,
     StoredEngine,
@@ -230,15 +229,7 @@ fn print_model_header(m: &ModelFile) {
         "model {} {} (sha256 {})",
         m.key,
         m.path.display(),
-        m.sha256.get(..12).unwrap_or(&m.sha256)
-    );
-}
-
-fn print_tensor(name: &str, element_type: &str, shape: &[i64], is_input: bool) {
-    let kind = if is_input { "input " } else { "output" };
-    println!(
-        "  {kind} {name:<12} {element_type:<8} {}",
-        shape_string(shape)
+        crate::tensorrt::manifest::short(&m.sha256)
     );
 }
 

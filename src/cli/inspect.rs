@@ -9,7 +9,9 @@ use clap::Args;
 
 use crate::backend::ort::OrtModel;
 use crate::config::PIPELINE_FILE;
-use crate::tensorrt::manifest::{list_manifests, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
+use crate::tensorrt::manifest::{
+    list_manifests, short, EngineManifest, ENGINES_DIR, MANIFEST_FILE,
+};
 use crate::tensorrt::profile::shape_string;
 use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
@@ -178,14 +180,17 @@ fn engine_io(
 
 fn print_tensors(inputs: &[TensorDesc], outputs: &[TensorDesc]) {
     for t in inputs.iter().chain(outputs) {
-        let kind = if t.is_input { "input " } else { "output" };
-        println!(
-            "  {kind} {:<12} {:<8} {}",
-            t.name,
-            t.data_type.to_string(),
-            shape_string(&t.shape)
-        );
+        print_tensor(&t.name, &t.data_type.to_string(), &t.shape, t.is_input);
     }
+}
+
+/// One line per tensor: kind, name, element type, shape (shared with `celer build`).
+pub(super) fn print_tensor(name: &str, element_type: &str, shape: &[i64], is_input: bool) {
+    let kind = if is_input { "input " } else { "output" };
+    println!(
+        "  {kind} {name:<12} {element_type:<8} {}",
+        shape_string(shape)
+    );
 }
 
 /// One line per input of an optimisation profile (shared with `celer build`).
@@ -199,8 +204,4 @@ pub(super) fn print_profiles(profiles: &[InputProfile]) {
             shape_string(&p.max)
         );
     }
-}
-
-fn short(sha: &str) -> &str {
-    sha.get(..12).unwrap_or(sha)
 }

@@ -35,13 +35,8 @@ pub struct RunArgs {
     pub output_dir: PathBuf,
 
     /// cutout (RGBA PNG), alpha, trimap, or json. Default: the pipeline's.
-    #[arg(long, value_parser = parse_output)]
+    #[arg(long)]
     pub output: Option<OutputKind>,
-}
-
-fn parse_output(word: &str) -> Result<OutputKind, String> {
-    OutputKind::parse(word)
-        .ok_or_else(|| format!("`{word}` is not one of cutout, alpha, trimap, json"))
 }
 
 const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"];
@@ -225,14 +220,9 @@ impl Summary {
             return;
         }
         println!("median per stage (ms):");
-        for (i, (name, _)) in StageTimings::default().stages().iter().enumerate() {
-            let mut ms: Vec<f64> = self
-                .timings
-                .iter()
-                .map(|t| t.stages()[i].1.as_secs_f64() * 1e3)
-                .collect();
-            ms.sort_by(f64::total_cmp);
-            println!("  {name:<10} {:>9.2}", ms[ms.len() / 2]);
+        let rows = crate::bench::report::stage_percentiles(&self.timings);
+        for (name, p50, ..) in rows.iter().filter(|row| row.0 != "total") {
+            println!("  {name:<10} {p50:>9.2}");
         }
     }
 }

@@ -139,8 +139,7 @@ struct Rows {
 impl Rows {
     fn median(&self, f: impl Fn(&LoadReport) -> f64) -> f64 {
         let mut v: Vec<f64> = self.reports.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        crate::bench::report::median(&mut v)
     }
 }
 

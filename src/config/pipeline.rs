@@ -143,6 +143,16 @@ impl OutputKind {
     }
 }
 
+impl std::str::FromStr for OutputKind {
+    type Err = String;
+
+    /// As [`OutputKind::parse`], with the message every caller gives.
+    fn from_str(word: &str) -> Result<Self, String> {
+        Self::parse(word)
+            .ok_or_else(|| format!("`{word}` is not one of cutout, alpha, trimap, json"))
+    }
+}
+
 // ---- the raw file ----
 
 #[derive(Debug, Deserialize)]

@@ -121,11 +121,11 @@ pub struct ServeArgs {
     pub max_body_bytes: usize,
 
     /// Largest image, in pixels (width x height), checked before decoding.
-    #[arg(long, env = "CELER_MAX_PIXELS", default_value_t = 50_000_000)]
+    #[arg(long, env = "CELER_MAX_PIXELS", default_value_t = DecodeLimits::default().max_pixels)]
     pub max_pixels: u64,
 
     /// Smallest accepted image side, pixels.
-    #[arg(long, env = "CELER_MIN_SIDE_PX", default_value_t = 8)]
+    #[arg(long, env = "CELER_MIN_SIDE_PX", default_value_t = DecodeLimits::default().min_side_px)]
     pub min_side_px: u32,
 
     /// Hosts that JSON bodies may name in `url` for the server to fetch (comma
@@ -172,7 +172,7 @@ impl ServeArgs {
             decode: DecodeLimits {
                 max_pixels: self.max_pixels,
                 min_side_px: self.min_side_px,
-                max_side_px: crate::pipeline::decode::MAX_SIDE_PX,
+                max_side_px: DecodeLimits::default().max_side_px,
             },
             deadline: Duration::from_secs(self.deadline_s.max(1)),
         }

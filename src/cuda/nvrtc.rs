@@ -313,16 +313,8 @@ fn library_candidates() -> Vec<PathBuf> {
     if let Some(path) = std::env::var_os("CELER_NVRTC_PATH") {
         return vec![PathBuf::from(path)];
     }
-    let mut roots = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        roots.extend(cwd.ancestors().map(Path::to_path_buf));
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
-    }
-    let mut candidates: Vec<PathBuf> = roots
-        .iter()
-        .filter_map(|root| find_in_venv(&root.join(".venv")))
+    let mut candidates: Vec<PathBuf> = crate::backend::ort::venvs()
+        .filter_map(|venv| find_in_venv(&venv))
         .take(1)
         .collect();
     candidates.extend(SYSTEM_NAMES.iter().map(PathBuf::from));

@@ -543,18 +543,6 @@ impl GpuPipeline {
         }
     }
 
-    pub fn spec(&self) -> &PipelineSpec {
-        &self.spec
-    }
-
-    pub fn device(&self) -> &Arc<GpuDevice> {
-        &self.device
-    }
-
-    pub fn limits(&self) -> GpuLimits {
-        self.limits
-    }
-
     /// Runs every stage between decode and encode on `image`. With `cutout`, the RGBA
     /// cut-out is made on the GPU too. Stage times: wall time for the host parts, GPU
     /// event time for the kernels.
@@ -802,10 +790,6 @@ impl GpuPipeline {
         )
     }
 
-    /// GPU time of the last request's upload + preprocess, from the stage events.
-    pub fn last_preprocess_gpu_ms(&self) -> Option<f32> {
-        self.events.start.elapsed_ms(&self.events.preprocessed).ok()
-    }
 
     /// The matting model on the image and the small trimap at its input size, its alpha
     /// uploaded and resized to the source into `planes.p`.

@@ -46,11 +46,8 @@ pub fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
 /// attributes (or the pipeline's default) picks cut-out, alpha or trimap.
 pub fn output_kind(headers: &HeaderMap, default: OutputKind) -> Result<OutputKind, ApiError> {
     let wanted = match custom_attribute(headers, "output") {
-        Some(word) => OutputKind::parse(&word).ok_or_else(|| {
-            ApiError::bad_request(
-                "bad_custom_attribute",
-                format!("output={word} is not one of cutout, alpha, trimap, json"),
-            )
+        Some(word) => word.parse::<OutputKind>().map_err(|e| {
+            ApiError::bad_request("bad_custom_attribute", format!("output={word}: {e}"))
         })?,
         None => default,
     };

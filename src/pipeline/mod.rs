@@ -138,10 +138,6 @@ impl Pipeline {
         })
     }
 
-    pub fn spec(&self) -> &PipelineSpec {
-        &self.spec
-    }
-
     /// Runs every stage between decode and composite on `image`, recording the time of
     /// each in `timings`.
     pub fn run(
@@ -426,6 +422,25 @@ pub struct Rendered {
 
 /// Composite and encode `matte` as `kind`. JSON carries every PNG (base64) and the
 /// timings, which is why `timings` is updated before the JSON is written.
+/// The RGBA cut-out: the device's when it made one (the GPU pipeline), else composited
+/// here (timed as the composite stage).
+fn cutout_of(
+    image: &RgbImage,
+    matte: &Matte,
+    made: Option<RgbaImage>,
+    timings: &mut StageTimings,
+) -> RgbaImage {
+    match made {
+        Some(rgba) if rgba.dimensions() == image.dimensions() => rgba,
+        _ => {
+            let t = Instant::now();
+            let rgba = composite::cutout(image, &matte.alpha);
+            timings.composite = t.elapsed();
+            rgba
+        }
+    }
+}
+
 pub fn render(
     image: &RgbImage,
     matte: &Matte,
@@ -438,16 +453,7 @@ pub fn render(
     let gray_png = |g: &GrayImage| encode::png(g.as_raw(), w, h, ExtendedColorType::L8);
     match kind {
         OutputKind::Cutout => {
-            // Made on the device when it could (the GPU pipeline); here otherwise.
-            let rgba = match cutout {
-                Some(rgba) if rgba.dimensions() == (w, h) => rgba,
-                _ => {
-                    let t = Instant::now();
-                    let rgba = composite::cutout(image, &matte.alpha);
-                    timings.composite = t.elapsed();
-                    rgba
-                }
-            };
+            let rgba = cutout_of(image, matte, cutout, timings);
             let t = Instant::now();
             let body =
                 encode::png(rgba.as_raw(), w, h, ExtendedColorType::Rgba8).map_err(&encode_err)?;
@@ -474,9 +480,7 @@ pub fn render(
         OutputKind::Json => {
             use base64::Engine;
             let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);
-            let t = Instant::now();
-            let rgba = composite::cutout(image, &matte.alpha);
-            timings.composite = t.elapsed();
+            let rgba = cutout_of(image, matte, cutout, timings);
             let t = Instant::now();
             let cutout =
                 encode::png(rgba.as_raw(), w, h, ExtendedColorType::Rgba8).map_err(&encode_err)?;

@@ -185,11 +185,11 @@ impl Percentiles {
             return Self::default();
         }
         values.sort_unstable();
-        let at = |q: f64| values[((values.len() as f64 * q) as usize).min(values.len() - 1)];
+        let at = |q: f64| crate::bench::report::quantile(&values, q).unwrap_or_default();
         Self {
             p50: at(0.50),
             p99: at(0.99),
-            max: values[values.len() - 1],
+            max: at(1.0),
         }
     }
 }

@@ -317,7 +317,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn short(sha: &str) -> &str {
+/// The first 12 hex digits of a sha256, for messages.
+pub fn short(sha: &str) -> &str {
     sha.get(..12).unwrap_or(sha)
 }
 
