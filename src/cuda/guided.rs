@@ -138,8 +138,26 @@ impl FastGuidedFilter {
         })
     }
 
-    pub fn params(&self) -> GuidedParams {
-        self.params
+    /// Every table `fit` and `alpha` need for a source of `size` and a mask of
+    /// `mask_size` (nothing when already there), so that a caller can upload them while
+    /// its stream is idle.
+    pub fn upload_tables(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        size: (u32, u32),
+        mask_size: (u32, u32),
+    ) -> Result<(), CudaError> {
+        let low = self.params.low_size(size);
+        self.mask_horizontal
+            .set_convolution(stream, mask_size.0, low.0)?;
+        self.mask_vertical
+            .set_convolution(stream, mask_size.1, low.1)?;
+        if self.params.s() > 1 {
+            self.guide_horizontal.set_fixed(stream, size.0, low.0)?;
+            self.guide_vertical.set_fixed(stream, size.1, low.1)?;
+        }
+        self.up_x.set_upsample(stream, low.0, size.0)?;
+        self.up_y.set_upsample(stream, low.1, size.1)
     }
 
     /// `guided_filter::fit`: the model of `coarse` (`mask_size`) for the RGB8 `image`

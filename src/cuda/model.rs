@@ -114,6 +114,8 @@ pub struct TrtModel {
     inputs: Vec<(String, InputElement, usize)>,
     output: String,
     output_shape: [usize; 4],
+    /// Whether `bind` gave every input and the output an address.
+    bound: bool,
     /// Where a float16 output is written before `f16_to_f32` makes it the f32 plane the
     /// kernels read; `None` for a float32 output, bound straight to the caller's buffer.
     half_output: Option<CudaSlice<f16>>,
@@ -256,6 +258,7 @@ impl TrtModel {
             inputs: bound,
             output: output.to_string(),
             output_shape,
+            bound: false,
             half_output,
             _unread_outputs: unread,
             _activations: activations,
@@ -277,16 +280,21 @@ impl TrtModel {
             })
     }
 
-    /// Binds `inputs` (by name) and `output`, and enqueues the engine on the launcher's
-    /// stream (then the float16 conversion, for a float16 output). Returns once the work
-    /// is queued; `output` is written when the stream reaches it.
-    pub fn enqueue(
+    /// Binds `inputs` (by name) and `output` to the engine's tensors, once: the buffers
+    /// are allocated at start-up and never move, and TensorRT keeps addresses between
+    /// enqueues, so the request path binds nothing.
+    ///
+    /// # Safety
+    /// Every buffer must stay allocated, and be written by nothing else while an enqueue
+    /// is in flight, for as long as this model is enqueued: the owner (`GpuPipeline`)
+    /// holds them next to it, drops the model first, and synchronises its stream before
+    /// it writes an input or reads the output.
+    pub unsafe fn bind(
         &mut self,
-        launcher: &Launcher<'_>,
+        stream: &Arc<CudaStream>,
         inputs: &[(&str, &DeviceTensor)],
-        output: &mut CudaSlice<f32>,
+        output: &CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let stream = launcher.stream;
         if inputs.len() != self.inputs.len() {
             return Err(CudaError::Stage {
                 stage: "model",
@@ -299,31 +307,27 @@ impl TrtModel {
             });
         }
         for &(name, buffer) in inputs {
-            let (_, element, len) =
-                self.inputs
-                    .iter()
-                    .find(|(n, ..)| n == name)
-                    .ok_or_else(|| CudaError::Stage {
-                        stage: "model",
-                        reason: format!("{}: no input `{name}` was set up", self.label),
-                    })?;
+            let element = self.input_element(name)?;
+            let len = self
+                .inputs
+                .iter()
+                .find(|(n, ..)| n == name)
+                .map_or(0, |&(_, _, len)| len);
             let matches = matches!(
                 (element, buffer),
                 (InputElement::F32, DeviceTensor::F32(_))
                     | (InputElement::F16, DeviceTensor::F16(_))
             );
-            if !matches || buffer.len() < *len {
+            if !matches || buffer.len() < len {
                 return Err(CudaError::BufferTooSmall {
                     what: "engine input",
-                    needed: *len,
+                    needed: len,
                     capacity: if matches { buffer.len() } else { 0 },
                 });
             }
             let address = buffer.address(stream);
             // SAFETY: the buffer holds at least the input's elements in the engine's
-            // element type (checked just above), and it belongs to the GpuPipeline that
-            // owns this model, which synchronises the stream before it writes the buffer
-            // again, frees it, or drops this context (see its Drop).
+            // element type (checked just above); its lifetime is the caller's contract.
             unsafe {
                 self.context
                     .set_tensor_address(name, DevicePtr::from_raw(address as *mut c_void))?;
@@ -341,23 +345,42 @@ impl TrtModel {
             Some(half) => half.device_ptr(stream).0,
             None => output.device_ptr(stream).0,
         };
-        // SAFETY: as for the inputs: the output buffer (the f32 one, or the float16
-        // scratch of the output's size) holds the output's elements and outlives the
-        // work, which the owner synchronises.
+        // SAFETY: the output buffer (the f32 one, or this model's float16 scratch of the
+        // output's size) holds the output's elements; its lifetime is the caller's
+        // contract (the scratch's is this struct's).
         unsafe {
             self.context
                 .set_tensor_address(&self.output, DevicePtr::from_raw(address as *mut c_void))?;
         }
-        // SAFETY: every I/O tensor is bound (the engine's inputs were all matched by name
-        // at construction, and the output above) and dynamic shapes were set then. The
-        // stream is the replica's, of the context current on this thread, and lives as
-        // long as the GpuPipeline, which synchronises it before reading the output.
+        self.bound = true;
+        Ok(())
+    }
+
+    /// Enqueues the engine on the launcher's stream (then, for a float16 output, its
+    /// conversion into `output`, the f32 buffer given to `bind`). Returns once the work
+    /// is queued; `output` is written when the stream reaches it.
+    pub fn enqueue(
+        &mut self,
+        launcher: &Launcher<'_>,
+        output: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        if !self.bound {
+            return Err(CudaError::Stage {
+                stage: "model",
+                reason: format!("{}: enqueued before its buffers were bound", self.label),
+            });
+        }
+        // SAFETY: every I/O tensor is bound (`bind` matched all the engine's inputs and
+        // the output, unread outputs were bound at construction) and dynamic shapes were
+        // set then. The stream is the replica's, of the context current on this thread,
+        // and lives as long as the GpuPipeline, which synchronises it before reading the
+        // output.
         unsafe {
-            let raw = TrtStream::from_raw(stream.cu_stream() as *mut c_void);
+            let raw = TrtStream::from_raw(launcher.stream.cu_stream() as *mut c_void);
             self.context.enqueue(raw)?;
         }
         if let Some(half) = &self.half_output {
-            launcher.f16_to_f32(half, out_len, output)?;
+            launcher.f16_to_f32(half, self.output_shape.iter().product(), output)?;
         }
         Ok(())
     }

@@ -85,6 +85,12 @@ impl InputStage {
         })
     }
 
+    /// The resize tables for a source of `size` (nothing when already there).
+    fn upload_taps(&mut self, stream: &Arc<CudaStream>, size: (u32, u32)) -> Result<(), CudaError> {
+        self.horizontal.set_fixed(stream, size.0, self.spec.width)?;
+        self.vertical.set_fixed(stream, size.1, self.spec.height)
+    }
+
     /// Resize + normalise `image` (on the device, `size`) into `self.input`.
     fn run(
         &mut self,
@@ -93,8 +99,7 @@ impl InputStage {
         size: (u32, u32),
     ) -> Result<(), CudaError> {
         let dst = (self.spec.width, self.spec.height);
-        self.horizontal.set_fixed(launcher.stream, size.0, dst.0)?;
-        self.vertical.set_fixed(launcher.stream, size.1, dst.1)?;
+        self.upload_taps(launcher.stream, size)?;
         launcher.preprocess(
             image,
             size,
@@ -195,7 +200,7 @@ impl MattingStage {
                 reason: format!("expected an alpha of shape [1, 1, H, W], got {alpha_shape:?}"),
             });
         }
-        Ok(Self {
+        let mut stage = Self {
             input: InputStage::alloc(stream, image, limits, model.input_element(&image.input)?)?,
             trimap_unit: DeviceTensor::alloc(stream, model.input_element(trimap_input)?, px)?,
             model,
@@ -206,7 +211,23 @@ impl MattingStage {
             host_trimap: pinned(device, px, false)?,
             alpha_small: stream.alloc_zeros(alpha_shape[2] * alpha_shape[3])?,
             alpha_shape,
-        })
+        };
+        if let GpuModel::TensorRt(engine) = &mut stage.model {
+            // SAFETY: the buffers are this stage's fields, declared after `model`, so they
+            // are freed after it and never reallocated; `GpuPipeline::run` synchronises
+            // the stream before writing them again.
+            unsafe {
+                engine.bind(
+                    stream,
+                    &[
+                        (image.input.as_str(), &stage.input.input),
+                        (trimap_input.as_str(), &stage.trimap_unit),
+                    ],
+                    &stage.alpha_small,
+                )?;
+            }
+        }
+        Ok(stage)
     }
 }
 
@@ -398,7 +419,7 @@ impl GpuPipeline {
         let stream = device.new_stream()?;
         let seg = &spec.segmentation;
         let seg_shape = nchw(&seg.image, 3);
-        let (segmentation, shape) = match &source {
+        let (mut segmentation, shape) = match &source {
             ModelSource::OnnxRuntime { intra_threads } => {
                 let mut model = crate::pipeline::load_segmentation(spec, *intra_threads)?;
                 let zeros = vec![0f32; seg_shape.iter().product()];
@@ -443,6 +464,18 @@ impl GpuPipeline {
             flags: stream.alloc_zeros(plane)?,
             class_values: class_buf,
         };
+        if let GpuModel::TensorRt(engine) = &mut segmentation {
+            // SAFETY: the input and mask buffers become fields of the pipeline, declared
+            // after `segmentation`, so they are freed after it and never reallocated;
+            // `run` synchronises the stream before writing them again.
+            unsafe {
+                engine.bind(
+                    &stream,
+                    &[(seg.image.input.as_str(), &seg_input.input)],
+                    &mask.mask,
+                )?;
+            }
+        }
 
         let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
         let side = limits.max_side_px;
@@ -570,6 +603,7 @@ impl GpuPipeline {
         // A request that failed half-way may have left copies from the pinned staging in
         // flight; they must finish before the staging is written again.
         stream.synchronize()?;
+        self.upload_tables((w, h))?;
         let device = self.device.clone();
         let kernels = device.kernels();
         let launcher = Launcher {
@@ -593,11 +627,7 @@ impl GpuPipeline {
         let seg = &self.spec.segmentation;
         match &mut self.segmentation {
             GpuModel::TensorRt(model) => {
-                model.enqueue(
-                    &launcher,
-                    &[(seg.image.input.as_str(), &self.seg_input.input)],
-                    &mut self.mask.mask,
-                )?;
+                model.enqueue(&launcher, &mut self.mask.mask)?;
             }
             GpuModel::OnnxRuntime(model) => {
                 let input_len = self.seg_input.input.len();
@@ -782,6 +812,31 @@ impl GpuPipeline {
         })
     }
 
+    /// Uploads every resize table this image size needs, while the stream is idle. The
+    /// tables come from pageable host memory, whose copies the driver may serialise with
+    /// the stream: made mid-request, after an engine is queued, they would wait for it.
+    /// The stages' own `set_*` calls then find the tables in place and upload nothing.
+    fn upload_tables(&mut self, size: (u32, u32)) -> Result<(), CudaError> {
+        let stream = &self.stream;
+        self.seg_input.upload_taps(stream, size)?;
+        let small = (self.mask.shape[3] as u32, self.mask.shape[2] as u32);
+        self.planes.nearest.set(stream, small, size)?;
+        if let Some(m) = self.matting.as_mut() {
+            m.input.upload_taps(stream, size)?;
+            let input = (m.input.spec.width, m.input.spec.height);
+            m.trimap_nearest.set(stream, small, input)?;
+            let alpha = (m.alpha_shape[3] as u32, m.alpha_shape[2] as u32);
+            let p = &mut self.planes;
+            p.plane_horizontal
+                .set_convolution(stream, alpha.0, size.0)?;
+            p.plane_vertical.set_convolution(stream, alpha.1, size.1)?;
+        }
+        if let Some(filter) = self.guided.as_mut() {
+            filter.upload_tables(stream, size, small)?;
+        }
+        Ok(())
+    }
+
     /// Whether the matting model runs on the GPU (TensorRT).
     fn matting_on_gpu(&self) -> bool {
         matches!(
@@ -789,7 +844,6 @@ impl GpuPipeline {
             Some(GpuModel::TensorRt(_))
         )
     }
-
 
     /// The matting model on the image and the small trimap at its input size, its alpha
     /// uploaded and resized to the source into `planes.p`.
@@ -811,14 +865,7 @@ impl GpuPipeline {
         let px = iw * ih;
         launcher.trimap_to_unit(&m.trimap_small, px, m.trimap_unit.as_model_input())?;
         match &mut m.model {
-            GpuModel::TensorRt(model) => model.enqueue(
-                launcher,
-                &[
-                    (m.input.spec.input.as_str(), &m.input.input),
-                    (m.trimap_input.as_str(), &m.trimap_unit),
-                ],
-                &mut m.alpha_small,
-            )?,
+            GpuModel::TensorRt(model) => model.enqueue(launcher, &mut m.alpha_small)?,
             GpuModel::OnnxRuntime(model) => {
                 let input_len = 3 * px as usize;
                 download(
