@@ -216,13 +216,12 @@ pub fn write_disk_cache(cubins: &Cubins) {
 /// Writes `cubins` into the cache folder `dir` (for example a folder shipped with a
 /// build, so that a machine without NVRTC loads the kernels from it).
 pub fn write_cache_to(dir: &std::path::Path, cubins: &Cubins) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
     for (name, bytes) in &cubins.files {
-        let path = dir.join(cache_file_name(cubins.arch, name));
-        // Write then rename, so that a concurrent reader never sees half a file.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, &path)?;
+        // Atomically, so that a concurrent reader never sees half a file.
+        crate::tensorrt::manifest::write_atomically(
+            &dir.join(cache_file_name(cubins.arch, name)),
+            bytes,
+        )?;
     }
     Ok(())
 }

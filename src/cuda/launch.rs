@@ -78,8 +78,6 @@ pub struct DeviceTaps<W: DeviceRepr> {
     pub count: CudaSlice<u32>,
     pub weights: CudaSlice<W>,
     pub stride: u32,
-    /// Number of output samples the uploaded table covers.
-    pub outputs: u32,
     /// Source samples read: `span.0..span.1`.
     pub span: (u32, u32),
     /// The (source, target) sizes of the uploaded table, to skip re-uploads.
@@ -104,7 +102,6 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
             count: stream.alloc_zeros(outputs.max(1))?,
             weights: stream.alloc_zeros(weights.max(1))?,
             stride: 0,
-            outputs: 0,
             span: (0, 0),
             sizes: None,
         })
@@ -125,7 +122,6 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
         stream.memcpy_htod(count, &mut self.count)?;
         stream.memcpy_htod(weights, &mut self.weights)?;
         self.stride = stride;
-        self.outputs = first.len() as u32;
         self.span = span;
         Ok(())
     }
@@ -230,13 +226,6 @@ impl DeviceNearest {
         self.sizes = Some((src, dst));
         Ok(())
     }
-}
-
-/// The model input's element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InputPrecision {
-    F32,
-    F16,
 }
 
 /// Where the normalised planar input goes.

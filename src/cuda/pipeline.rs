@@ -113,15 +113,6 @@ impl InputStage {
             self.input.as_model_input(),
         )
     }
-
-    fn shape(&self, channels: usize) -> [usize; 4] {
-        [
-            1,
-            channels,
-            self.spec.height as usize,
-            self.spec.width as usize,
-        ]
-    }
 }
 
 /// The matting model and its extra buffers.
@@ -643,7 +634,7 @@ impl GpuPipeline {
                 let out = model.run(
                     &[(
                         seg.image.input.as_str(),
-                        self.seg_input.shape(3),
+                        nchw(&self.seg_input.spec, 3),
                         &self.host_input.as_slice()?[..input_len],
                     )],
                     &seg.output,
@@ -885,12 +876,12 @@ impl GpuPipeline {
                     &[
                         (
                             m.input.spec.input.as_str(),
-                            m.input.shape(3),
+                            nchw(&m.input.spec, 3),
                             &self.host_input.as_slice()?[..input_len],
                         ),
                         (
                             m.trimap_input.as_str(),
-                            m.input.shape(1),
+                            nchw(&m.input.spec, 1),
                             &m.host_trimap.as_slice()?[..px as usize],
                         ),
                     ],

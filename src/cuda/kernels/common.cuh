@@ -30,6 +30,23 @@ __device__ __forceinline__ u64 global_index() {
     return (u64)blockIdx.x * (u64)blockDim.x + (u64)threadIdx.x;
 }
 
+// The max (min) of `v` over the warp, valid in lane 0.
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        u32 other = __shfl_down_sync(0xffffffffu, v, offset);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ u32 warp_min_u32(u32 v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        u32 other = __shfl_down_sync(0xffffffffu, v, offset);
+        v = other < v ? other : v;
+    }
+    return v;
+}
+
 // f32 -> IEEE binary16 bits, round to nearest even: the half crate's software conversion
 // (half::f16::from_f32) line for line, so that f16 model inputs match the CPU's exactly.
 __device__ __forceinline__ u16 f32_to_f16_bits(float value) {

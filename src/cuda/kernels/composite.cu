@@ -13,15 +13,30 @@ __device__ __forceinline__ u8 alpha_u8(float v) {
     return (u8)roundf(v * 255.0f);
 }
 
+// Where the trimap is certain it decides the alpha (into `a`, returning true).
+__device__ __forceinline__ bool trimap_decides(u8 t, u8* a) {
+    if (t == TRIMAP_FOREGROUND) { *a = 255; return true; }
+    if (t == TRIMAP_BACKGROUND) { *a = 0; return true; }
+    return false;
+}
+
 // Alpha for pixel i: the trimap decides where it is certain (when `use_trimap`).
 __device__ __forceinline__ u8 composite_alpha(const float* refined, const u8* trimap,
                                               int use_trimap, u64 i) {
-    if (use_trimap) {
-        u8 t = trimap[i];
-        if (t == TRIMAP_FOREGROUND) return 255;
-        if (t == TRIMAP_BACKGROUND) return 0;
-    }
+    u8 a;
+    if (use_trimap && trimap_decides(trimap[i], &a)) return a;
     return alpha_u8(refined[i]);
+}
+
+// Pixel i's alpha `a`, and its straight RGBA cut-out from the RGB8 source.
+__device__ __forceinline__ void write_cutout(const u8* rgb, u64 i, u8 a, u8* alpha, u8* rgba) {
+    alpha[i] = a;
+    const u8* p = rgb + i * 3u;
+    u8* o = rgba + i * 4u;
+    o[0] = p[0];
+    o[1] = p[1];
+    o[2] = p[2];
+    o[3] = a;
 }
 
 // Alpha only.
@@ -39,13 +54,7 @@ extern "C" __global__ void quantize_alpha_cutout(
     u64 i = global_index();
     if (i >= n) return;
     u8 a = composite_alpha(refined, trimap, use_trimap, i);
-    alpha[i] = a;
-    const u8* p = rgb + i * 3u;
-    u8* o = rgba + i * 4u;
-    o[0] = p[0];
-    o[1] = p[1];
-    o[2] = p[2];
-    o[3] = a;
+    write_cutout(rgb, i, a, alpha, rgba);
 }
 
 // Upsampling taps of one axis (host-computed by `UpsampleTaps`: PIL's bilinear weights
@@ -88,9 +97,8 @@ __device__ __forceinline__ u8 model_alpha(
 __device__ __forceinline__ u8 guided_pixel_alpha(
     const float* mean_a, const float* mean_b, u32 lw, Axis xs, Axis ys,
     const u8* rgb, const u8* trimap, u32 w, u64 i) {
-    u8 t = trimap[i];
-    if (t == TRIMAP_FOREGROUND) return 255;
-    if (t == TRIMAP_BACKGROUND) return 0;
+    u8 a;
+    if (trimap_decides(trimap[i], &a)) return a;
     return model_alpha(mean_a, mean_b, lw, xs, ys, (u32)(i % w), (u32)(i / w), rgb + i * 3u);
 }
 
@@ -120,11 +128,5 @@ extern "C" __global__ void guided_alpha_cutout(
     if (i >= (u64)w * h) return;
     GUIDED_AXES
     u8 a = guided_pixel_alpha(mean_a, mean_b, lw, xs, ys, rgb, trimap, w, i);
-    alpha[i] = a;
-    const u8* p = rgb + i * 3u;
-    u8* o = rgba + i * 4u;
-    o[0] = p[0];
-    o[1] = p[1];
-    o[2] = p[2];
-    o[3] = a;
+    write_cutout(rgb, i, a, alpha, rgba);
 }

@@ -60,14 +60,6 @@ __device__ __forceinline__ void vertical_pixel(
     px[2] = clip8(a2);
 }
 
-__device__ __forceinline__ u32 warp_max_u32(u32 v) {
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        u32 other = __shfl_down_sync(0xffffffffu, v, offset);
-        v = other > v ? other : v;
-    }
-    return v;
-}
-
 // Vertical pass to interleaved RGB8 `out` (w x h), and the max of every value into
 // `*max_value` (zeroed by the caller) for the "max" scale.
 extern "C" __global__ void resize_rgb8_vertical(

@@ -33,12 +33,8 @@ extern "C" __global__ void mask_minmax(const float* data, u32 n, u32* lohi) {
             hi = lo;
         }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        u32 l = __shfl_down_sync(0xffffffffu, lo, offset);
-        u32 h = __shfl_down_sync(0xffffffffu, hi, offset);
-        lo = l < lo ? l : lo;
-        hi = h > hi ? h : hi;
-    }
+    lo = warp_min_u32(lo);
+    hi = warp_max_u32(hi);
     if ((threadIdx.x & 31u) == 0u) {
         atomicMin(&lohi[0], lo);
         atomicMax(&lohi[1], hi);
