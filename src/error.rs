@@ -35,6 +35,16 @@ impl ApiError {
         }
     }
 
+    /// 413 `payload_too_large`: `what` (the request body, the image at `url`) is over
+    /// `limit` bytes.
+    pub fn payload_too_large(what: &str, limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("{what} is over the limit of {limit} bytes"),
+        )
+    }
+
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }

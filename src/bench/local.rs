@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::ort::OrtModel;
 use crate::backend::BackendError;
 use crate::config::{OutputKind, PipelineSpec};
 use crate::pipeline::decode::{decode, DecodeLimits};
@@ -62,7 +61,7 @@ pub fn model_only_rate(
     let shape = [1, 3, seg.image.height as usize, seg.image.width as usize];
     let input = vec![0.5f32; shape.iter().product()];
     let mut models = (0..replicas.max(1))
-        .map(|_| OrtModel::load(&seg.image.model, threads))
+        .map(|_| crate::pipeline::load_segmentation(spec, threads))
         .collect::<Result<Vec<_>, _>>()?;
     // One warm-up run each: the first run allocates.
     for m in &mut models {

@@ -107,10 +107,7 @@ impl Probe {
         match self {
             Probe::NoDriver => "no CUDA driver".to_string(),
             Probe::DriverError { reason } => format!("CUDA driver error: {reason}"),
-            Probe::Ready {
-                driver_version,
-                gpus,
-            } => {
+            Probe::Ready { gpus, .. } => {
                 let list: Vec<String> = gpus
                     .iter()
                     .map(|g| {
@@ -126,9 +123,8 @@ impl Probe {
                     })
                     .collect();
                 format!(
-                    "CUDA driver {}.{}, {} GPU(s){}{}",
-                    driver_version / 1000,
-                    (driver_version % 1000) / 10,
+                    "CUDA driver {}, {} GPU(s){}{}",
+                    self.driver_cuda_version().unwrap_or_default(),
                     gpus.len(),
                     if gpus.is_empty() { "" } else { ": " },
                     list.join(", ")

@@ -86,23 +86,13 @@ impl UrlFetcher {
         if !response.status().is_success() {
             return Err(failed(format!("the server answered {}", response.status())));
         }
-        let too_large = || {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!(
-                    "the image at `url` is over the limit of {} bytes",
-                    self.max_bytes
-                ),
-            )
-        };
-        if response
-            .content_length()
-            .is_some_and(|n| n > self.max_bytes as u64)
-        {
+        let too_large = || ApiError::payload_too_large("the image at `url`", self.max_bytes);
+        let declared = response.content_length();
+        if declared.is_some_and(|n| n > self.max_bytes as u64) {
             return Err(too_large());
         }
-        let mut body = Vec::new();
+        // Sized once from the declared length (already checked against the limit).
+        let mut body = Vec::with_capacity(declared.map_or(0, |n| n as usize));
         while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
             if body.len() + chunk.len() > self.max_bytes {
                 return Err(too_large());

@@ -106,13 +106,7 @@ pub async fn invocations(
 /// Reads at most `limit` bytes; a larger body is a 413 (from `Content-Length` before a
 /// byte is read, when the client sent one).
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the request body is over the limit of {limit} bytes"),
-        )
-    };
+    let too_large = || ApiError::payload_too_large("the request body", limit);
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
