@@ -219,19 +219,18 @@ impl<E: Executor> Router<E> {
         input: E::Input,
         deadline: Instant,
     ) -> Result<Ticket<E>, SubmitError> {
+        // A refusal drops `admission`, which gives the slot back.
+        let placed = self.shared.enqueue(input.clone(), deadline, None)?;
         // From here the ticket owns the in-flight slot; dropping it gives the slot back.
         admission.holds_slot = false;
-        let mut ticket = Ticket {
+        Ok(Ticket {
             shared: self.shared.clone(),
             input,
             deadline,
             admitted: admission.admitted,
-            placed: None,
+            placed,
             failed_over: false,
-        };
-        let placed = self.shared.enqueue(ticket.input.clone(), deadline, None)?;
-        ticket.placed = Some(placed);
-        Ok(ticket)
+        })
     }
 
     /// Takes an in-flight slot before any work is done for a request (reading its body,
@@ -595,15 +594,15 @@ pub struct Ticket<E: Executor> {
     input: E::Input,
     deadline: Instant,
     admitted: Instant,
-    /// `None` only while `submit` builds it.
-    placed: Option<Placed<E::Output>>,
+    /// Where the request is queued now (moved once on fail-over).
+    placed: Placed<E::Output>,
     failed_over: bool,
 }
 
 impl<E: Executor> Ticket<E> {
     /// The device the request is queued on now.
     pub fn device(&self) -> Option<usize> {
-        self.placed.as_ref().map(|p| p.device)
+        Some(self.placed.device)
     }
 
     /// Waits for the result until the deadline. A device fault (a failed run, a device
@@ -619,9 +618,7 @@ impl<E: Executor> Ticket<E> {
 
     async fn wait_inner(mut self) -> Result<Done<E::Output>, JobError> {
         loop {
-            let Some(placed) = self.placed.as_mut() else {
-                return Err(JobError::Rejected(SubmitError::Stopped));
-            };
+            let placed = &mut self.placed;
             let device = placed.device;
             let state = self.shared.devices[device].state.clone();
             let outcome = tokio::select! {
@@ -654,7 +651,7 @@ impl<E: Executor> Ticket<E> {
                         .shared
                         .enqueue(self.input.clone(), self.deadline, Some(device))
                     {
-                        Ok(next) => self.placed = Some(next),
+                        Ok(next) => self.placed = next,
                         Err(refused) => return Err(JobError::Rejected(refused)),
                     }
                 }
