@@ -106,16 +106,22 @@ struct Buffers {
 
 impl Buffers {
     /// Resize + normalise `image` for `spec` into `self.input`.
-    fn prepare_input(
-        &mut self,
-        image: &RgbImage,
-        spec: &ImageInputSpec,
-    ) -> Result<(), PipelineError> {
-        preprocess::resize_rgb(image, spec.width, spec.height, &mut self.resized);
-        self.input.resize(self.resized.len(), 0.0);
-        preprocess::normalize_into(&self.resized, &spec.normalize, &mut self.input);
-        Ok(())
+    fn prepare_input(&mut self, image: &RgbImage, spec: &ImageInputSpec) {
+        self.input.resize(input_len(spec), 0.0);
+        prepare_into(&mut self.resized, image, spec, &mut self.input);
     }
+}
+
+/// The values of one image's `[1, 3, h, w]` model input.
+fn input_len(spec: &ImageInputSpec) -> usize {
+    batch_of_one(spec, 3).iter().product()
+}
+
+/// Resize (into `resized`) + normalise `image` for `spec` into `out`, which holds
+/// `input_len(spec)` values: one image's slot of a model input.
+fn prepare_into(resized: &mut Vec<u8>, image: &RgbImage, spec: &ImageInputSpec, out: &mut [f32]) {
+    preprocess::resize_rgb(image, spec.width, spec.height, resized);
+    preprocess::normalize_into(resized, &spec.normalize, out);
 }
 
 impl Pipeline {
@@ -139,35 +145,22 @@ impl Pipeline {
     }
 
     /// Runs every stage between decode and composite on `image`, recording the time of
-    /// each in `timings`.
+    /// each in `timings`: a batch of one.
     pub fn run(
         &mut self,
         image: &RgbImage,
         timings: &mut StageTimings,
     ) -> Result<Matte, PipelineError> {
-        let seg = &self.spec.segmentation;
-
-        let t = Instant::now();
-        self.buffers.prepare_input(image, &seg.image)?;
-        timings.preprocess = t.elapsed();
-
-        let t = Instant::now();
-        let out = self.segmentation.run(
-            &[(
-                seg.image.input.as_str(),
-                batch_of_one(&seg.image, 3),
-                &self.buffers.input,
-            )],
-            &seg.output,
-        )?;
-        timings.model = t.elapsed();
-        self.finish(image, &out, timings)
+        self.run_batch(&[image], std::slice::from_mut(timings))?
+            .pop()
+            .ok_or_else(|| stage_err("batch")("no matte for the image".into()))
     }
 
-    /// The device stages of several images with one segmentation run: their inputs are
-    /// stacked into one [N, 3, h, w] tensor (`load` checked that the model's batch
-    /// dimension is dynamic) and the output is split per image; trimap and matting then
-    /// run image by image. Each image's `timings.model` is the whole batch's model time.
+    /// The device stages of several images with one segmentation run: each input is
+    /// normalised into its slot of one [N, 3, h, w] tensor (`load` checked that the
+    /// model's batch dimension is dynamic when N can exceed 1) and the output is split
+    /// per image; trimap and matting then run image by image. Each image's
+    /// `timings.model` is the whole batch's model time.
     pub fn run_batch(
         &mut self,
         images: &[&RgbImage],
@@ -179,24 +172,24 @@ impl Pipeline {
                 reason: format!("{} images but {} timings", images.len(), timings.len()),
             });
         }
-        match (images, &mut *timings) {
-            ([], _) => return Ok(Vec::new()),
-            ([image], [t]) => return Ok(vec![self.run(image, t)?]),
-            _ => {}
+        if images.is_empty() {
+            return Ok(Vec::new());
         }
         let n = images.len();
         let seg = &self.spec.segmentation;
-        self.buffers.batch.clear();
-        for (image, t) in images.iter().zip(timings.iter_mut()) {
+        let per_image = input_len(&seg.image);
+        let buffers = &mut self.buffers;
+        buffers.batch.resize(n * per_image, 0.0);
+        let slots = buffers.batch.chunks_exact_mut(per_image);
+        for ((image, t), slot) in images.iter().zip(timings.iter_mut()).zip(slots) {
             let start = Instant::now();
-            self.buffers.prepare_input(image, &seg.image)?;
-            self.buffers.batch.extend_from_slice(&self.buffers.input);
+            prepare_into(&mut buffers.resized, image, &seg.image, slot);
             t.preprocess = start.elapsed();
         }
         let start = Instant::now();
         let [_, c, h, w] = batch_of_one(&seg.image, 3);
         let out = self.segmentation.run(
-            &[(seg.image.input.as_str(), [n, c, h, w], &self.buffers.batch)],
+            &[(seg.image.input.as_str(), [n, c, h, w], &buffers.batch)],
             &seg.output,
         )?;
         let model_time = start.elapsed();
@@ -294,7 +287,7 @@ fn run_matting_model(
     trimap_input: &str,
     output: &str,
 ) -> Result<Plane, PipelineError> {
-    buffers.prepare_input(image, spec)?;
+    buffers.prepare_input(image, spec);
     let trimap = resample::resize_nearest(small_trimap, spec.width, spec.height);
     let trimap: Vec<f32> = trimap
         .as_raw()
@@ -352,6 +345,9 @@ fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
             stage: "model",
             reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),
         });
+    }
+    if n == 1 {
+        return Ok(vec![out]);
     }
     let per_image = out.data.len() / n;
     let mut shape = out.shape.clone();
