@@ -289,31 +289,41 @@ impl Launcher<'_> {
                 capacity: out.len(),
             });
         }
-        launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
-            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
-            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
         let [m0, m1, m2] = norm.mean;
         let [s0, s1, s2] = norm.std;
         match norm.scale {
-            Scale::Fixed(scale) => match out {
-                ModelInput::F32(out) => {
-                    launch!(self, "resize_rgb8_vertical_normalize_f32", pixels, BLOCK;
-                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
-                    &vertical.weights, &vertical.stride, &scale, &m0, &m1, &m2, &s0, &s1, &s2, out)
+            // The horizontal pass, then the vertical pass fused with the normalisation.
+            Scale::Fixed(scale) => {
+                launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+                    src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
+                    &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+                match out {
+                    ModelInput::F32(out) => {
+                        launch!(self, "resize_rgb8_vertical_normalize_f32", pixels, BLOCK;
+                            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+                            &vertical.weights, &vertical.stride, &scale,
+                            &m0, &m1, &m2, &s0, &s1, &s2, out)
+                    }
+                    ModelInput::F16(out) => {
+                        launch!(self, "resize_rgb8_vertical_normalize_f16", pixels, BLOCK;
+                            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+                            &vertical.weights, &vertical.stride, &scale,
+                            &m0, &m1, &m2, &s0, &s1, &s2, out)
+                    }
                 }
-                ModelInput::F16(out) => {
-                    launch!(self, "resize_rgb8_vertical_normalize_f16", pixels, BLOCK;
-                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
-                    &vertical.weights, &vertical.stride, &scale, &m0, &m1, &m2, &s0, &s1, &s2, out)
-                }
-            },
+            }
+            // The normalisation needs the resized image's max first: the plain resize
+            // (which computes it), then a normalising pass.
             Scale::ImageMax => {
-                need("resized image", resized, pixels * 3)?;
-                need("max", max_value, 1)?;
-                self.stream.memset_zeros(max_value)?;
-                launch!(self, "resize_rgb8_vertical", pixels, BLOCK;
-                    &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
-                    &vertical.weights, &vertical.stride, &mut *resized, &mut *max_value)?;
+                self.resize_rgb8(
+                    src,
+                    (src_w, src_h),
+                    horizontal,
+                    vertical,
+                    tmp,
+                    resized,
+                    max_value,
+                )?;
                 let pixels32 = as_u32("preprocess", pixels)?;
                 let scale_is_max: i32 = 1;
                 let unused_scale = 1.0f32;
