@@ -48,8 +48,8 @@ serve: models build
 
 # Release on purpose: one build profile shared by serve and the tests.
 test: reference
-	cargo fmt --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
 	$(ORT_ENV) cargo test --release
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).

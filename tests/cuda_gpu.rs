@@ -1,6 +1,6 @@
 //! Every CUDA kernel against its CPU stage, and `GpuPipeline` against `Pipeline`, on a
-//! real GPU. Where there is none, each test prints "SKIPPED (no GPU)" straight to the
-//! terminal (past libtest's capture, so the skip is visible) and passes.
+//! GPU: the real one where there is a CUDA driver, celer's stand-in driver otherwise
+//! (tests/gpu_support). Nothing here skips: a test that gets no GPU fails.
 //!
 //! Tolerances: preprocess (f32 and f16), trimap, erosion, NEAREST and composite are
 //! exact. The f32 plane resize is exact on an AVX2 host (the CPU stage's summation order)
@@ -10,41 +10,23 @@
 //! of fit + apply within 1 LSB. The pipelines agree exactly on the trimap and within
 //! 1 LSB on alpha.
 
+mod gpu_support;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use celer::config::MattingSpec;
 use celer::config::{Normalize, PipelineSpec, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
-use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, ModelSource, Probe};
+use celer::cuda::{GpuLimits, GpuPipeline, ModelSource};
 use celer::pipeline::plane::Plane;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use celer::pipeline::{Pipeline, StageTimings};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{GrayImage, Rgb, RgbImage};
-
-/// The GPU to test on, or `None` after printing why the test is skipped.
-fn gpu(test: &str) -> Option<Arc<GpuDevice>> {
-    static DEVICE: OnceLock<Result<Arc<GpuDevice>, String>> = OnceLock::new();
-    let device = DEVICE.get_or_init(|| match probe() {
-        Probe::Ready { gpus, .. } if !gpus.is_empty() => {
-            // A GPU that is there but cannot run the kernels is a failure, not a skip.
-            Ok(GpuDevice::open(gpus[0].clone()).expect("the GPU opens and loads the kernels"))
-        }
-        other => Err(other.summary()),
-    });
-    match device {
-        Ok(d) => Some(d.clone()),
-        Err(why) => {
-            // Straight to the terminal: libtest captures print!/eprint! of passing tests.
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU: {why}): {test}");
-            None
-        }
-    }
-}
 
 fn up<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
     s.clone_htod(data).unwrap()
@@ -113,9 +95,7 @@ fn norms() -> [Normalize; 2] {
 
 #[test]
 fn preprocess_is_bit_exact_in_f32_and_f16() {
-    let Some(dev) = gpu("preprocess_is_bit_exact_in_f32_and_f16") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
@@ -195,9 +175,7 @@ fn preprocess_is_bit_exact_in_f32_and_f16() {
 
 #[test]
 fn probability_and_class_trimaps_are_exact() {
-    let Some(dev) = gpu("probability_and_class_trimaps_are_exact") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
@@ -264,9 +242,7 @@ fn probability_and_class_trimaps_are_exact() {
 
 #[test]
 fn erosion_and_nearest_resize_are_exact() {
-    let Some(dev) = gpu("erosion_and_nearest_resize_are_exact") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
@@ -304,9 +280,7 @@ fn erosion_and_nearest_resize_are_exact() {
 
 #[test]
 fn plane_resize_matches_fast_image_resize() {
-    let Some(dev) = gpu("plane_resize_matches_fast_image_resize") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
     let s = dev.new_stream().unwrap();
     let l = Launcher {
@@ -356,9 +330,7 @@ fn banded_trimap(w: u32, h: u32) -> GrayImage {
 
 #[test]
 fn guided_alpha_applies_the_cpu_model_exactly() {
-    let Some(dev) = gpu("guided_alpha_applies_the_cpu_model_exactly") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
@@ -420,9 +392,7 @@ fn guided_alpha_applies_the_cpu_model_exactly() {
 
 #[test]
 fn fast_guided_filter_matches_the_cpu_stage() {
-    let Some(dev) = gpu("fast_guided_filter_matches_the_cpu_stage") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
     let s = dev.new_stream().unwrap();
     let l = Launcher {
@@ -518,9 +488,7 @@ fn fast_guided_filter_matches_the_cpu_stage() {
 
 #[test]
 fn luma_and_composite_match_the_cpu() {
-    let Some(dev) = gpu("luma_and_composite_match_the_cpu") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
@@ -596,13 +564,7 @@ fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
 }
 
 fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
-    let Some(dev) = gpu(&format!(
-        "pipelines agree on {} ({:?})",
-        spec.source.display(),
-        spec.matting
-    )) else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let mut cpu = Pipeline::load(spec, 2).expect("CPU pipeline");
     let mut gpu = GpuPipeline::load(
         spec,
@@ -666,25 +628,22 @@ fn gpu_pipeline_matches_cpu_pipeline_on_the_fixtures() {
 fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
     let model = repo("onnx/u2netp/u2netp.onnx");
     let fetched = repo("tests/data/fetched");
-    if !model.is_file() {
-        // Not a GPU skip: the model is fetched by `make models`; say so plainly.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (no {}: run `make models`): u2netp pipelines",
-            model.display()
-        );
-        return;
-    }
+    assert!(
+        model.is_file(),
+        "{} is missing: run `make models`",
+        model.display()
+    );
     let images: Vec<(String, RgbImage)> = [
         "astronaut.png",
         "photo-1920x1080.jpg",
         "photo-4032x3024.jpg",
     ]
     .iter()
-    .filter_map(|name| {
-        image::open(fetched.join(name))
-            .ok()
-            .map(|i| (name.to_string(), i.into_rgb8()))
+    .map(|name| {
+        let path = fetched.join(name);
+        let image = image::open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run `make models`)", path.display()));
+        (name.to_string(), image.into_rgb8())
     })
     .collect();
     compare_pipelines(&repo("onnx/u2netp"), &images);
@@ -699,9 +658,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     use celer::sched::gpu::{gpu_device_setup, plan_gpus};
     use celer::sched::{PipelineJob, Router, RouterConfig};
 
-    let Some(dev) = gpu("a GPU device through the router") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let dir = repo("onnx/fixtures/classes-matting");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
     let plans = plan_gpus(&spec, &dir, std::slice::from_ref(&dev.info), false, None)
@@ -760,9 +717,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
 /// engine's float16 output becomes the f32 plane the trimap reads).
 #[test]
 fn f16_to_f32_is_exact_for_every_half() {
-    let Some(dev) = gpu("f16_to_f32 on every half") else {
-        return;
-    };
+    let dev = gpu_support::gpu();
     let s = dev.new_stream().unwrap();
     let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
     let src = up(&s, &all);

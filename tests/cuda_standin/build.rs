@@ -1,0 +1,266 @@
+//! Builds the stand-in CUDA driver, `libcuda.so.1`, into OUT_DIR: the driver (driver/),
+//! and every `.cu` file of celer (src/cuda/kernels) and of the stand-in's own tests
+//! (kernels/) compiled as host C++ through driver/kernel.h. The kernels to register are
+//! found in each file's preprocessed text (every `__global__` function, macro-made ones
+//! included); their parameter types come from the compiler (registry.h), not from here.
+//!
+//! Only the tests depend on this crate, so a plain `cargo build` of celer compiles no C++.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    if let Err(e) = build() {
+        eprintln!("error: building the stand-in CUDA driver: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn build() -> Result<(), String> {
+    let here = PathBuf::from(env("CARGO_MANIFEST_DIR")?);
+    let out = PathBuf::from(env("OUT_DIR")?);
+    let celer_kernels = here.join("../../src/cuda/kernels");
+    let driver = here.join("driver");
+    let test_kernels = here.join("kernels");
+    for dir in [&celer_kernels, &driver, &test_kernels] {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CXX");
+
+    let mut sources: Vec<PathBuf> = Vec::new();
+    for dir in [&celer_kernels, &test_kernels] {
+        sources.extend(files_with_extension(dir, "cu")?);
+    }
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+
+    // One registration file per .cu file.
+    let mut units: Vec<(PathBuf, bool)> = [
+        "driver.cpp",
+        "arena.cpp",
+        "lanes.cpp",
+        "cubin.cpp",
+        "registry.cpp",
+    ]
+    .iter()
+    .map(|f| (driver.join(f), false))
+    .collect();
+    for source in &sources {
+        let kernels = kernels_of(&cxx, source, &celer_kernels)?;
+        if kernels.is_empty() {
+            continue;
+        }
+        let stem = source
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("kernels");
+        let unit = out.join(format!("kernels_{stem}.cpp"));
+        std::fs::write(&unit, registration(source, &kernels)?)
+            .map_err(|e| format!("writing {}: {e}", unit.display()))?;
+        units.push((unit, true));
+    }
+
+    // Compile in parallel (a handful of files), then link.
+    let flags = [
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-ffp-contract=off",
+        "-fno-fast-math",
+        "-U_FORTIFY_SOURCE",
+        "-D_FORTIFY_SOURCE=0",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+    ];
+    let mut children = Vec::new();
+    let mut objects = Vec::new();
+    for (unit, is_kernels) in &units {
+        let object = out.join(format!(
+            "{}.o",
+            unit.file_stem().and_then(|s| s.to_str()).unwrap_or("unit")
+        ));
+        let mut command = Command::new(&cxx);
+        command
+            .args(flags)
+            .arg("-I")
+            .arg(&driver)
+            .arg("-I")
+            .arg(&celer_kernels)
+            .arg("-c")
+            .arg(unit)
+            .arg("-o")
+            .arg(&object);
+        if *is_kernels {
+            command.arg("-include").arg(driver.join("kernel.h"));
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("running {cxx} (needed to build the stand-in): {e}"))?;
+        children.push((unit.clone(), child));
+        objects.push(object);
+    }
+    let mut failed = Vec::new();
+    for (unit, child) in children {
+        let status = child.wait_with_output().map_err(|e| e.to_string())?.status;
+        if !status.success() {
+            failed.push(unit.display().to_string());
+        }
+    }
+    if !failed.is_empty() {
+        return Err(format!("{cxx} failed on {}", failed.join(", ")));
+    }
+    let lib_dir = out.join("lib");
+    std::fs::create_dir_all(&lib_dir).map_err(|e| e.to_string())?;
+    let library = lib_dir.join("libcuda.so.1");
+    // Only the driver API and the stand-in's controls leave the library.
+    let exports = out.join("exports.map");
+    std::fs::write(&exports, "{ global: cu*; celer_standin_*; local: *; };\n")
+        .map_err(|e| e.to_string())?;
+    let status = Command::new(&cxx)
+        .arg("-shared")
+        .arg(format!("-Wl,--version-script={}", exports.display()))
+        .arg("-o")
+        .arg(&library)
+        .arg("-Wl,-soname,libcuda.so.1")
+        .arg("-Wl,--no-undefined")
+        .args(&objects)
+        .arg("-lpthread")
+        .status()
+        .map_err(|e| format!("running {cxx}: {e}"))?;
+    if !status.success() {
+        return Err(format!("linking {} failed", library.display()));
+    }
+    // The development name too, which cudarc tries first: a directory holding both shadows
+    // a real driver for processes started with it on LD_LIBRARY_PATH.
+    let dev_name = lib_dir.join("libcuda.so");
+    let _ = std::fs::remove_file(&dev_name);
+    std::os::unix::fs::symlink("libcuda.so.1", &dev_name).map_err(|e| e.to_string())?;
+    println!(
+        "cargo:rustc-env=CELER_CUDA_STANDIN_LIBRARY={}",
+        library.display()
+    );
+    Ok(())
+}
+
+fn env(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set"))
+}
+
+fn files_with_extension(dir: &Path, extension: &str) -> Result<Vec<PathBuf>, String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some(extension))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// A kernel as the source declares it: its name and parameter list.
+struct Kernel {
+    name: String,
+    signature: String,
+}
+
+/// The `__global__` functions of `source`, found in its preprocessed text (so that
+/// kernels made by macros are found, with their parameters as the macro wrote them).
+fn kernels_of(cxx: &str, source: &Path, include: &Path) -> Result<Vec<Kernel>, String> {
+    let output = Command::new(cxx)
+        .args(["-E", "-P", "-x", "c++", "-I"])
+        .arg(include)
+        .arg(source)
+        .output()
+        .map_err(|e| format!("running {cxx} -E: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "preprocessing {}: {}",
+            source.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut kernels = Vec::new();
+    let mut rest: &str = &text;
+    while let Some(at) = find_word(rest, "__global__") {
+        rest = &rest[at + "__global__".len()..];
+        let Some(after_void) = rest.trim_start().strip_prefix("void") else {
+            continue;
+        };
+        let after_void = after_void.trim_start();
+        let name: String = after_void
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let after_name = after_void[name.len()..].trim_start();
+        if name.is_empty() || !after_name.starts_with('(') {
+            continue;
+        }
+        let mut depth = 0;
+        let mut end = None;
+        for (i, c) in after_name.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end =
+            end.ok_or_else(|| format!("{}: unbalanced parameters of {name}", source.display()))?;
+        let signature = after_name[1..end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        kernels.push(Kernel { name, signature });
+    }
+    Ok(kernels)
+}
+
+/// The first `word` in `text` that stands alone (not part of a longer identifier).
+fn find_word(text: &str, word: &str) -> Option<usize> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut from = 0;
+    while let Some(i) = text[from..].find(word) {
+        let at = from + i;
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        if !before.is_some_and(is_ident) && !after.is_some_and(is_ident) {
+            return Some(at);
+        }
+        from = at + word.len();
+    }
+    None
+}
+
+fn registration(source: &Path, kernels: &[Kernel]) -> Result<String, String> {
+    let file = source
+        .file_name()
+        .and_then(|f| f.to_str())
+        .ok_or("a kernel file without a name")?;
+    let path = source
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", source.display()))?;
+    let mut text = format!(
+        "// Generated by tests/cuda_standin/build.rs from {file}: its kernels' host builds.\n\
+         #include \"{}\"\n#include \"registry.h\"\nnamespace {{\nconst ::standin::KernelEntry entries[] = {{\n",
+        path.display()
+    );
+    for k in kernels {
+        text.push_str(&format!(
+            "    STANDIN_KERNEL({}, {:?}, {:?}),\n",
+            k.name, file, k.signature
+        ));
+    }
+    text.push_str(
+        "};\nconst ::standin::Registration registration(entries, sizeof(entries) / sizeof(entries[0]));\n}  // namespace\n",
+    );
+    Ok(text)
+}

@@ -1,0 +1,240 @@
+// Device memory and pinned host memory of the stand-in driver.
+//
+// Device memory: one range of the address space reserved (PROT_NONE, MAP_NORESERVE) at
+// first use, so that no host allocation can ever sit there and a host pointer is never
+// mistaken for a device one. Allocations are handed out in address order and never
+// reused: [guard page][pages...] with the allocation's last byte on the last byte of its
+// pages, so the next allocation's guard page starts right after it and a one-byte
+// overrun faults. Freed pages go back to PROT_NONE (and their memory to the kernel).
+// Fresh pages read as zero, as most fresh GPU memory does; nothing here catches a read
+// of memory that was never written.
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+
+#include "standin.h"
+
+namespace standin {
+namespace {
+
+// 4 TiB of addresses: far more than any test allocates over its life (addresses are
+// never reused), and nothing is committed until an allocation's pages are touched.
+constexpr size_t kArenaBytes = size_t(4) << 40;
+
+struct Allocation {
+    size_t size;
+    size_t pages_bytes;  // the accessible pages (size rounded up)
+    bool live;
+    const char* ended_by;
+    uint64_t generation;
+};
+
+struct Arena {
+    std::mutex mutex;
+    uintptr_t begin = 0;
+    uintptr_t cursor = 0;  // the next allocation's guard page
+    size_t page = 4096;
+    size_t in_use = 0;
+    // By base address. Ended allocations stay, to name them in messages.
+    std::map<uintptr_t, Allocation> allocations;
+    std::map<uintptr_t, std::pair<size_t, unsigned int>> pinned;  // base -> (bytes, flags)
+
+    bool reserve() {
+        if (begin != 0) return true;
+        page = size_t(sysconf(_SC_PAGESIZE));
+        void* p = mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return false;
+        begin = reinterpret_cast<uintptr_t>(p);
+        cursor = begin;
+        return true;
+    }
+};
+
+Arena& arena() {
+    static Arena* instance = new Arena();  // never destroyed: kernels may run at exit
+    return *instance;
+}
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+bool arena_contains(uintptr_t address) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    return a.begin != 0 && address >= a.begin && address < a.begin + kArenaBytes;
+}
+
+int device_alloc(size_t bytes, uint64_t generation, uintptr_t* out) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    if (!a.reserve()) {
+        return fail(OUT_OF_MEMORY, format("cannot reserve the device arena: %s", strerror(errno)));
+    }
+    size_t pages_bytes = round_up(bytes, a.page);
+    uintptr_t pages = a.cursor + a.page;  // after the guard page
+    if (pages + pages_bytes + a.page > a.begin + kArenaBytes) {
+        return fail(OUT_OF_MEMORY, "the stand-in's device address range is used up");
+    }
+    if (pages_bytes > 0 && mprotect(reinterpret_cast<void*>(pages), pages_bytes, PROT_READ | PROT_WRITE) != 0) {
+        return fail(OUT_OF_MEMORY, format("cannot map %zu bytes of device memory: %s", bytes, strerror(errno)));
+    }
+    uintptr_t base = pages + pages_bytes - bytes;
+    a.cursor = pages + pages_bytes;
+    a.allocations[base] = Allocation{bytes, pages_bytes, true, nullptr, generation};
+    a.in_use += bytes;
+    *out = base;
+    return SUCCESS;
+}
+
+namespace {
+void release(Arena& a, uintptr_t base, Allocation& allocation, const char* why) {
+    uintptr_t pages = base + allocation.size - allocation.pages_bytes;
+    if (allocation.pages_bytes > 0) {
+        madvise(reinterpret_cast<void*>(pages), allocation.pages_bytes, MADV_DONTNEED);
+        mprotect(reinterpret_cast<void*>(pages), allocation.pages_bytes, PROT_NONE);
+    }
+    allocation.live = false;
+    allocation.ended_by = why;
+    a.in_use -= allocation.size;
+}
+}  // namespace
+
+int device_free(uintptr_t base, const char* why) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.allocations.find(base);
+    if (it == a.allocations.end()) {
+        return fail(INVALID_VALUE, format("%s(0x%lx): not the start of a device allocation", why,
+                                          static_cast<unsigned long>(base)));
+    }
+    if (!it->second.live) {
+        return fail(INVALID_VALUE, format("%s(0x%lx): the allocation was already freed (by %s)", why,
+                                          static_cast<unsigned long>(base), it->second.ended_by));
+    }
+    release(a, base, it->second, why);
+    return SUCCESS;
+}
+
+void device_free_generation(uint64_t generation, const char* why) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    for (auto& [base, allocation] : a.allocations) {
+        if (allocation.live && allocation.generation == generation) release(a, base, allocation, why);
+    }
+}
+
+bool find_allocation(uintptr_t address, size_t bytes, AllocationView* out) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.allocations.upper_bound(address);
+    if (it == a.allocations.begin()) return false;
+    --it;
+    const Allocation& found = it->second;
+    // An empty range may sit at the very end of an allocation (an empty view).
+    if (address + bytes > it->first + found.size) return false;
+    *out = AllocationView{it->first, found.size, found.live, found.ended_by, found.generation};
+    return true;
+}
+
+std::string describe_address(uintptr_t address) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    if (a.begin == 0 || address < a.begin || address >= a.begin + kArenaBytes) {
+        return format("0x%lx is not device memory (a host address, or garbage)", static_cast<unsigned long>(address));
+    }
+    auto after = a.allocations.upper_bound(address);
+    if (after != a.allocations.begin()) {
+        auto before = std::prev(after);
+        uintptr_t base = before->first;
+        const Allocation& alloc = before->second;
+        uintptr_t pages_end = base + alloc.size;
+        if (address < pages_end) {
+            if (!alloc.live) {
+                return format("0x%lx is %lu bytes into the %zu-byte allocation at 0x%lx, freed by %s",
+                              static_cast<unsigned long>(address), static_cast<unsigned long>(address - base),
+                              alloc.size, static_cast<unsigned long>(base), alloc.ended_by);
+            }
+            return format("0x%lx is %lu bytes into the live %zu-byte allocation at 0x%lx",
+                          static_cast<unsigned long>(address), static_cast<unsigned long>(address - base),
+                          alloc.size, static_cast<unsigned long>(base));
+        }
+        if (address < pages_end + a.page) {
+            return format("0x%lx is %lu bytes past the end of the %zu-byte allocation at 0x%lx%s",
+                          static_cast<unsigned long>(address), static_cast<unsigned long>(address - pages_end),
+                          alloc.size, static_cast<unsigned long>(base), alloc.live ? "" : " (itself freed)");
+        }
+    }
+    if (after != a.allocations.end()) {
+        uintptr_t pages = after->first + after->second.size - after->second.pages_bytes;
+        if (address < after->first && address + a.page >= pages) {
+            return format("0x%lx is %lu bytes before the start of the %zu-byte allocation at 0x%lx",
+                          static_cast<unsigned long>(address), static_cast<unsigned long>(after->first - address),
+                          after->second.size, static_cast<unsigned long>(after->first));
+        }
+    }
+    return format("0x%lx is device address space that no allocation holds", static_cast<unsigned long>(address));
+}
+
+size_t device_bytes_in_use() {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    return a.in_use;
+}
+
+bool device_range_ok(uintptr_t address, size_t bytes, std::string* why) {
+    AllocationView view;
+    if (!find_allocation(address, bytes, &view)) {
+        if (bytes > 0 && find_allocation(address, 0, &view)) {
+            *why = format("[0x%lx, +%zu) runs %zu bytes past the end of the %zu-byte allocation at 0x%lx",
+                          static_cast<unsigned long>(address), bytes,
+                          static_cast<size_t>(address + bytes - view.base - view.size), view.size,
+                          static_cast<unsigned long>(view.base));
+        } else {
+            *why = describe_address(address);
+        }
+        return false;
+    }
+    if (!view.live) {
+        *why = format("0x%lx is in the %zu-byte allocation at 0x%lx, freed by %s", static_cast<unsigned long>(address),
+                      view.size, static_cast<unsigned long>(view.base), view.ended_by);
+        return false;
+    }
+    return true;
+}
+
+void* pinned_alloc(size_t bytes, unsigned int flags) {
+    Arena& a = arena();
+    size_t length = bytes == 0 ? 1 : bytes;
+    void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.pinned[reinterpret_cast<uintptr_t>(p)] = {length, flags};
+    return p;
+}
+
+bool pinned_free(void* pointer) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.pinned.find(reinterpret_cast<uintptr_t>(pointer));
+    if (it == a.pinned.end()) return false;
+    munmap(pointer, it->second.first);
+    a.pinned.erase(it);
+    return true;
+}
+
+bool is_pinned(const void* pointer, size_t bytes) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+    auto it = a.pinned.upper_bound(address);
+    if (it == a.pinned.begin()) return false;
+    --it;
+    return address + bytes <= it->first + it->second.first;
+}
+
+}  // namespace standin

@@ -1,0 +1,1508 @@
+// celer's stand-in CUDA driver: a libcuda.so.1 that cudarc loads exactly as it loads the
+// real one, and that runs celer's own kernels on the CPU, so that the GPU request path
+// runs on every commit on machines without a GPU. It is built for the tests (build.rs)
+// and never ships.
+//
+// What it holds to, so that the bugs a GPU would show are caught here too:
+// - Device memory is its own address range (arena.cpp): a host pointer passed as a device
+//   pointer is refused, naming the call and the parameter; a kernel's access past the end
+//   of an allocation, or to freed memory, is an illegal address naming the launch.
+// - Each stream is a queue that runs only when it is synchronised (cuStreamSynchronize,
+//   cuEventSynchronize, a synchronous copy): a missing synchronisation is never hidden by
+//   work that already ran. A copy into pinned memory fills its destination with garbage
+//   (0xCB bytes) when it is queued, so reading it before the sync reads garbage; a pinned
+//   source changed while its copy is queued is an error. Pageable copies behave as CUDA
+//   documents them (staged at once, or synchronous).
+// - cuMemAllocAsync/cuMemFreeAsync follow stream order; freed memory faults on access.
+// - Events record the time their stream reached them; cuEventElapsedTime refuses events
+//   created with CU_EVENT_DISABLE_TIMING, as the real driver does.
+// - cuLaunchKernel reads kernelParams[k] as the k-th declared parameter type of the host
+//   build (registry.h), checks pointer parameters, and cuModuleLoadData checks each
+//   kernel's parameter bytes against the CUBIN's own record.
+// - An error in a kernel (illegal address, a lane that returned before a shuffle naming
+//   it) makes the context's error sticky, as on a GPU: every later call in the context
+//   fails until the context is destroyed (last cuDevicePrimaryCtxRelease) or reset.
+//
+// Fault injection, for recovery tests: CELER_CUDA_STANDIN_FAIL_LAUNCH=N fails the N-th
+// cuLaunchKernel with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky);
+// CELER_CUDA_STANDIN_STICKY_LAUNCH=N makes the N-th launch fault with a sticky
+// CUDA_ERROR_ILLEGAL_ADDRESS when it runs. In-process tests use celer_standin_inject.
+// Other settings: CELER_CUDA_STANDIN_DEVICES (GPUs, default 1), CELER_CUDA_STANDIN_SM
+// (compute capability, default 90), CELER_CUDA_STANDIN_MEMORY_MIB (default 16384),
+// CELER_CUDA_STANDIN_QUIET (no error details on stderr).
+//
+// Driver functions provided (celer's code path and cudarc's wrappers of it):
+//   probe:     cuDriverGetVersion cuInit cuDeviceGetCount cuDeviceGet cuDeviceGetName
+//              cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceTotalMem_v2 cuDeviceGetAttribute
+//   context:   cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
+//              cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxSetFlags_v2
+//              cuDevicePrimaryCtxGetState cuCtxGetCurrent cuCtxSetCurrent cuCtxGetDevice
+//              cuCtxSetFlags cuCtxGetFlags cuCtxSynchronize
+//   modules:   cuModuleLoadData cuModuleGetFunction cuModuleUnload
+//   streams:   cuStreamCreate cuStreamSynchronize cuStreamQuery cuStreamWaitEvent
+//              cuStreamDestroy_v2
+//   events:    cuEventCreate cuEventRecord cuEventSynchronize cuEventQuery
+//              cuEventElapsedTime cuEventElapsedTime_v2 cuEventDestroy_v2
+//   memory:    cuMemAllocAsync cuMemFreeAsync cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2
+//              cuMemsetD8Async cuMemsetD8_v2 cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2
+//              cuMemcpyDtoDAsync_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemHostAlloc
+//              cuMemFreeHost
+//   launch:    cuLaunchKernel
+//   errors:    cuGetErrorString cuGetErrorName
+//   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
+//              stand-in has none)
+// Not provided (cudarc panics with "Missing symbol" if one is ever called, which shows at
+// once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "standin.h"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+struct CUuuid {
+    char bytes[16];
+};
+
+namespace standin {
+
+// ---- errors ---------------------------------------------------------------------------
+
+namespace {
+std::mutex last_error_mutex;
+std::string last_error_text;
+}  // namespace
+
+std::string format(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    va_list copy;
+    va_copy(copy, args);
+    int n = vsnprintf(nullptr, 0, fmt, copy);
+    va_end(copy);
+    std::string out(n > 0 ? size_t(n) : 0, '\0');
+    if (n > 0) vsnprintf(&out[0], size_t(n) + 1, fmt, args);
+    va_end(args);
+    return out;
+}
+
+int fail(int result, const std::string& message) {
+    {
+        std::lock_guard<std::mutex> lock(last_error_mutex);
+        last_error_text = format("%s: %s", result_name(result), message.c_str());
+    }
+    if (getenv("CELER_CUDA_STANDIN_QUIET") == nullptr) {
+        fprintf(stderr, "cuda stand-in: %s: %s\n", result_name(result), message.c_str());
+    }
+    return result;
+}
+
+const char* result_name(int result) {
+    switch (result) {
+        case SUCCESS: return "CUDA_SUCCESS";
+        case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+        case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+        case NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+        case NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+        case INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+        case INVALID_IMAGE: return "CUDA_ERROR_INVALID_IMAGE";
+        case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+        case NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
+        case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+        case NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+        case NOT_READY: return "CUDA_ERROR_NOT_READY";
+        case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+        case LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
+        case CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
+        case HARDWARE_STACK_ERROR: return "CUDA_ERROR_HARDWARE_STACK_ERROR";
+        case ILLEGAL_INSTRUCTION: return "CUDA_ERROR_ILLEGAL_INSTRUCTION";
+        case MISALIGNED_ADDRESS: return "CUDA_ERROR_MISALIGNED_ADDRESS";
+        case LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
+        case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+        default: return "CUDA_ERROR_UNKNOWN";
+    }
+}
+
+const char* result_string(int result) {
+    switch (result) {
+        case SUCCESS: return "no error";
+        case INVALID_VALUE: return "invalid argument";
+        case OUT_OF_MEMORY: return "out of memory";
+        case NOT_INITIALIZED: return "initialization error";
+        case NO_DEVICE: return "no CUDA-capable device is detected";
+        case INVALID_DEVICE: return "invalid device ordinal";
+        case INVALID_IMAGE: return "device kernel image is invalid";
+        case INVALID_CONTEXT: return "invalid device context";
+        case NO_BINARY_FOR_GPU: return "no kernel image is available for execution on the device";
+        case INVALID_HANDLE: return "invalid resource handle";
+        case NOT_FOUND: return "named symbol not found";
+        case NOT_READY: return "device not ready";
+        case ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
+        case LAUNCH_OUT_OF_RESOURCES: return "too many resources requested for launch";
+        case CONTEXT_IS_DESTROYED: return "context is destroyed";
+        case HARDWARE_STACK_ERROR: return "hardware stack error";
+        case ILLEGAL_INSTRUCTION: return "an illegal instruction was encountered";
+        case MISALIGNED_ADDRESS: return "misaligned address";
+        case LAUNCH_FAILED: return "unspecified launch failure";
+        case NOT_SUPPORTED: return "operation not supported";
+        default: return "unknown error";
+    }
+}
+
+namespace {
+
+// ---- settings and counters ------------------------------------------------------------
+
+long env_number(const char* name, long fallback) {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == '\0') return fallback;
+    char* end = nullptr;
+    long n = strtol(v, &end, 10);
+    return end != nullptr && *end == '\0' ? n : fallback;
+}
+
+struct Counters {
+    std::atomic<uint64_t> launches_enqueued{0};
+    std::atomic<uint64_t> launches_run{0};
+    std::atomic<uint64_t> htod_copies{0};
+    std::atomic<uint64_t> htod_bytes{0};
+    std::atomic<uint64_t> dtoh_copies{0};
+    std::atomic<uint64_t> dtoh_bytes{0};
+    std::atomic<uint64_t> contexts_created{0};
+    std::atomic<uint64_t> stream_syncs{0};
+    std::atomic<uint64_t> sticky_errors{0};
+    // Launch numbers (counted from 1) at which to inject a fault; 0 = none.
+    std::atomic<uint64_t> fail_launch_at{0};
+    std::atomic<uint64_t> sticky_launch_at{0};
+};
+Counters counters;
+
+// ---- objects --------------------------------------------------------------------------
+
+struct Context;
+struct Stream;
+
+struct Event {
+    Context* context;
+    unsigned int flags;
+    // Each cuEventRecord starts a new generation; the event completes when its stream
+    // reaches the record of the latest one.
+    uint64_t generation = 0;
+    Stream* stream = nullptr;
+    uint64_t seq = 0;
+    bool completed = true;  // an event never recorded counts as complete
+    std::chrono::steady_clock::time_point time{};
+};
+
+struct Op {
+    enum Kind { Launch, HtoD, DtoH, DtoD, Memset, Record, Wait, Free } kind;
+    uint64_t seq = 0;
+    std::string label;
+    // Launch
+    const KernelEntry* kernel = nullptr;
+    LaunchShape shape{};
+    std::vector<unsigned char> params;
+    std::vector<size_t> param_offsets;
+    bool inject_sticky = false;
+    // Copies, memset, free
+    uintptr_t device = 0;
+    uintptr_t device_src = 0;
+    void* host = nullptr;
+    size_t bytes = 0;
+    bool pinned = false;
+    std::vector<unsigned char> staged;
+    uint64_t source_hash = 0;
+    unsigned char value = 0;
+    // Record, Wait
+    Event* event = nullptr;
+    uint64_t event_generation = 0;
+};
+
+struct Stream {
+    Context* context;
+    bool is_null;
+    std::mutex queue_mutex;
+    std::deque<Op> queue;
+    uint64_t next_seq = 1;
+    // Held while the stream's work runs, so that two synchronising threads take turns.
+    std::recursive_mutex run_mutex;
+};
+
+struct Function;
+
+struct Module {
+    Context* context;
+    std::string arch;
+    std::vector<CubinKernel> kernels;
+    std::map<std::string, Function*> functions;
+};
+
+struct Function {
+    Module* module;
+    const KernelEntry* kernel;
+};
+
+struct Context {
+    int device;
+    uint64_t generation;
+    unsigned int flags;
+    std::atomic<int> sticky{SUCCESS};
+    std::string sticky_message;
+    Stream* null_stream = nullptr;
+    std::set<Stream*> streams;
+    std::set<Event*> events;
+    std::set<Module*> modules;
+};
+
+struct Device {
+    int retains = 0;
+    unsigned int primary_flags = 0;
+    Context* primary = nullptr;
+};
+
+struct State {
+    std::recursive_mutex mutex;
+    bool initialized = false;
+    int sm = 90;
+    size_t memory_bytes = size_t(16) << 30;
+    std::vector<Device> devices;
+    uint64_t next_generation = 1;
+    // Live handles, to refuse a destroyed or foreign one instead of crashing.
+    std::set<Context*> contexts;
+    std::set<Stream*> streams;
+    std::set<Event*> events;
+    std::set<Module*> modules;
+    std::set<Function*> functions;
+    // Device allocations with a cuMemFreeAsync queued: using them after that is an error.
+    std::set<uintptr_t> freeing;
+};
+
+State& state() {
+    static State* s = new State();  // never destroyed: cudarc may call in at exit
+    return *s;
+}
+
+thread_local Context* current = nullptr;
+
+using Lock = std::lock_guard<std::recursive_mutex>;
+
+uint64_t fnv1a(const void* data, size_t bytes) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < bytes; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+bool context_alive(Context* c) { return c != nullptr && state().contexts.count(c) != 0; }
+
+void make_sticky(Context* c, int result, const std::string& message) {
+    int expected = SUCCESS;
+    if (c->sticky.compare_exchange_strong(expected, result)) {
+        c->sticky_message = message;
+        counters.sticky_errors++;
+        fail(result, message + " (the context's error is now sticky: every call fails until it is destroyed or reset)");
+    }
+}
+
+// The error every call in a context returns once it is sticky.
+int sticky_error(Context* c) { return c->sticky.load(); }
+
+std::string pointer_text(uintptr_t p) { return format("0x%lx", static_cast<unsigned long>(p)); }
+
+// ---- running queued work --------------------------------------------------------------
+
+void run_until(Stream* s, uint64_t seq);
+
+void complete_event(Event* e, uint64_t generation) {
+    if (e->generation == generation) {
+        e->completed = true;
+        e->time = std::chrono::steady_clock::now();
+    }
+}
+
+// Runs one queued operation; on a fault the context becomes sticky.
+void execute(Stream* s, Op& op) {
+    Context* c = s->context;
+    if (c->sticky.load() != SUCCESS) {
+        // A sticky context runs nothing more; frees still free (memory goes with it).
+        if (op.kind == Op::Free) {
+            device_free(op.device, "cuMemFreeAsync");
+            std::lock_guard<std::recursive_mutex> lock(state().mutex);
+            state().freeing.erase(op.device);
+        }
+        return;
+    }
+    std::string why;
+    switch (op.kind) {
+        case Op::Launch: {
+            if (op.inject_sticky) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": injected fault (CELER_CUDA_STANDIN_STICKY_LAUNCH)");
+                return;
+            }
+            // The pointers were checked when queued; a free queued since would show here.
+            for (size_t k = 0; k < op.kernel->param_count; ++k) {
+                const ParamInfo& p = op.kernel->params[k];
+                if (!p.is_pointer) continue;
+                uintptr_t v;
+                memcpy(&v, op.params.data() + op.param_offsets[k], sizeof(v));
+                if (v != 0 && !device_range_ok(v, 0, &why)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, format("%s: parameter %zu: %s", op.label.c_str(), k, why.c_str()));
+                    return;
+                }
+            }
+            std::vector<void*> args(op.kernel->param_count + 1);
+            for (size_t k = 0; k < op.kernel->param_count; ++k) args[k] = op.params.data() + op.param_offsets[k];
+            KernelFault fault;
+            counters.launches_run++;
+            if (!run_kernel(*op.kernel, op.shape, args.data(), op.label, &fault)) {
+                make_sticky(c, fault.result, fault.message);
+            }
+            return;
+        }
+        case Op::HtoD: {
+            if (!device_range_ok(op.device, op.bytes, &why)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": destination " + why);
+                return;
+            }
+            const void* source = op.staged.data();
+            if (op.pinned) {
+                if (!is_pinned(op.host, op.bytes)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned source was freed while its copy was queued");
+                    return;
+                }
+                if (fnv1a(op.host, op.bytes) != op.source_hash) {
+                    make_sticky(c, ILLEGAL_ADDRESS,
+                                op.label + ": the pinned source changed between cuMemcpyHtoDAsync and the copy: the "
+                                           "host wrote the staging buffer before the stream reached the copy");
+                    return;
+                }
+                source = op.host;
+            }
+            memcpy(reinterpret_cast<void*>(op.device), source, op.bytes);
+            return;
+        }
+        case Op::DtoH: {
+            if (!device_range_ok(op.device_src, op.bytes, &why)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": source " + why);
+                return;
+            }
+            if (op.pinned && !is_pinned(op.host, op.bytes)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned destination was freed while its copy was queued");
+                return;
+            }
+            memcpy(op.host, reinterpret_cast<const void*>(op.device_src), op.bytes);
+            return;
+        }
+        case Op::DtoD: {
+            if (!device_range_ok(op.device_src, op.bytes, &why)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": source " + why);
+                return;
+            }
+            if (!device_range_ok(op.device, op.bytes, &why)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": destination " + why);
+                return;
+            }
+            memmove(reinterpret_cast<void*>(op.device), reinterpret_cast<const void*>(op.device_src), op.bytes);
+            return;
+        }
+        case Op::Memset: {
+            if (!device_range_ok(op.device, op.bytes, &why)) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": " + why);
+                return;
+            }
+            memset(reinterpret_cast<void*>(op.device), op.value, op.bytes);
+            return;
+        }
+        case Op::Record: {
+            std::lock_guard<std::recursive_mutex> lock(state().mutex);
+            if (state().events.count(op.event)) complete_event(op.event, op.event_generation);
+            return;
+        }
+        case Op::Wait: {
+            Stream* other = nullptr;
+            uint64_t seq = 0;
+            {
+                std::lock_guard<std::recursive_mutex> lock(state().mutex);
+                if (state().events.count(op.event) && op.event->generation == op.event_generation &&
+                    !op.event->completed) {
+                    other = op.event->stream;
+                    seq = op.event->seq;
+                }
+            }
+            if (other != nullptr && other != s) run_until(other, seq);
+            return;
+        }
+        case Op::Free: {
+            device_free(op.device, "cuMemFreeAsync");
+            std::lock_guard<std::recursive_mutex> lock(state().mutex);
+            state().freeing.erase(op.device);
+            return;
+        }
+    }
+}
+
+// Runs stream `s`'s queued work up to and including operation `seq` (all of it for
+// UINT64_MAX), on the calling thread.
+void run_until(Stream* s, uint64_t seq) {
+    std::lock_guard<std::recursive_mutex> running(s->run_mutex);
+    for (;;) {
+        Op op;
+        {
+            std::lock_guard<std::mutex> lock(s->queue_mutex);
+            if (s->queue.empty() || s->queue.front().seq > seq) return;
+            op = std::move(s->queue.front());
+            s->queue.pop_front();
+        }
+        execute(s, op);
+    }
+}
+
+uint64_t enqueue(Stream* s, Op&& op) {
+    std::lock_guard<std::mutex> lock(s->queue_mutex);
+    op.seq = s->next_seq++;
+    uint64_t seq = op.seq;
+    s->queue.push_back(std::move(op));
+    return seq;
+}
+
+// ---- handles ----------------------------------------------------------------------------
+
+// The stream a call names: its own, or the context's null stream for 0 (and the legacy
+// and per-thread handles 1 and 2).
+int resolve_stream(void* handle, Stream** out, const char* call) {
+    State& st = state();
+    if (reinterpret_cast<uintptr_t>(handle) <= 2) {
+        if (!context_alive(current)) return fail(INVALID_CONTEXT, format("%s: no current context", call));
+        *out = current->null_stream;
+        return SUCCESS;
+    }
+    Stream* s = static_cast<Stream*>(handle);
+    if (!st.streams.count(s)) return fail(INVALID_HANDLE, format("%s: %p is not a live stream", call, handle));
+    *out = s;
+    return SUCCESS;
+}
+
+std::string stream_text(const Stream* s) {
+    return s->is_null ? std::string("the null stream") : format("stream %p", static_cast<const void*>(s));
+}
+
+Context* new_context(int device, unsigned int flags) {
+    State& st = state();
+    Context* c = new Context();
+    c->device = device;
+    c->generation = st.next_generation++;
+    c->flags = flags;
+    Stream* null_stream = new Stream();
+    null_stream->context = c;
+    null_stream->is_null = true;
+    c->null_stream = null_stream;
+    st.contexts.insert(c);
+    st.streams.insert(null_stream);
+    counters.contexts_created++;
+    return c;
+}
+
+// Destroys a context and everything in it: its memory is freed, its handles die.
+void destroy_context(Context* c, const char* why) {
+    State& st = state();
+    device_free_generation(c->generation, why);
+    for (Stream* s : c->streams) {
+        st.streams.erase(s);
+        delete s;
+    }
+    st.streams.erase(c->null_stream);
+    delete c->null_stream;
+    for (Event* e : c->events) {
+        st.events.erase(e);
+        delete e;
+    }
+    for (Module* m : c->modules) {
+        for (auto& [name, f] : m->functions) {
+            st.functions.erase(f);
+            delete f;
+        }
+        st.modules.erase(m);
+        delete m;
+    }
+    st.contexts.erase(c);
+    if (current == c) current = nullptr;
+    delete c;
+}
+
+// Checks that `device` is a device and the driver was initialised.
+int check_device(int device, const char* call) {
+    State& st = state();
+    if (!st.initialized) return fail(NOT_INITIALIZED, format("%s before cuInit", call));
+    if (device < 0 || size_t(device) >= st.devices.size()) {
+        return fail(INVALID_DEVICE, format("%s: device %d (the stand-in has %zu)", call, device, st.devices.size()));
+    }
+    return SUCCESS;
+}
+
+// Checks the context a call works in: live, and not sticky.
+int check_context(Context* c, const char* call) {
+    if (!context_alive(c)) return fail(INVALID_CONTEXT, format("%s: no live context", call));
+    return sticky_error(c);
+}
+
+// [address, address + bytes) as a copy or memset target, checked when queued.
+int check_device_range(uintptr_t address, size_t bytes, const char* call, const char* what) {
+    std::string why;
+    if (!device_range_ok(address, bytes, &why)) {
+        return fail(INVALID_VALUE, format("%s: %s %s", call, what, why.c_str()));
+    }
+    AllocationView view;
+    if (find_allocation(address, bytes, &view) && state().freeing.count(view.base)) {
+        return fail(INVALID_VALUE, format("%s: %s %s is in an allocation whose cuMemFreeAsync is already queued", call,
+                                          what, pointer_text(address).c_str()));
+    }
+    return SUCCESS;
+}
+
+int check_host_pointer(const void* host, size_t bytes, const char* call, const char* what) {
+    if (bytes > 0 && host == nullptr) return fail(INVALID_VALUE, format("%s: %s is null", call, what));
+    if (arena_contains(reinterpret_cast<uintptr_t>(host))) {
+        return fail(INVALID_VALUE, format("%s: %s %p is device memory, not host memory", call, what, host));
+    }
+    return SUCCESS;
+}
+
+// ---- kernel parameters ------------------------------------------------------------------
+
+// Reads kernelParams[k] as the k-th parameter type (kernelParams[k] points at the k-th
+// argument). An entry that cannot be read (fewer arguments than the kernel takes) is an
+// error of the launch instead of a crash of the caller.
+int capture_params(const KernelEntry& k, void** params, Op* op, const std::string& label) {
+    size_t offset = 0;
+    op->param_offsets.resize(k.param_count);
+    for (size_t i = 0; i < k.param_count; ++i) {
+        size_t align = k.params[i].align == 0 ? 1 : k.params[i].align;
+        offset = (offset + align - 1) / align * align;
+        op->param_offsets[i] = offset;
+        offset += k.params[i].size;
+    }
+    op->params.assign(offset + 8, 0);
+    if (k.param_count > 0 && params == nullptr) {
+        return fail(INVALID_VALUE, format("%s: kernelParams is null but %s takes %zu parameters (%s)", label.c_str(),
+                                          k.name, k.param_count, k.signature));
+    }
+    for (size_t i = 0; i < k.param_count; ++i) {
+        void* argument = nullptr;
+        if (!guarded_copy(&argument, &params[i], sizeof(argument)) ||
+            !guarded_copy(op->params.data() + op->param_offsets[i], argument, k.params[i].size)) {
+            return fail(INVALID_VALUE, format("%s: kernelParams[%zu] cannot be read: fewer arguments than %s(%s) takes",
+                                              label.c_str(), i, k.name, k.signature));
+        }
+    }
+    // Pointer parameters: device memory, live, not being freed, aligned for their type.
+    for (size_t i = 0; i < k.param_count; ++i) {
+        const ParamInfo& p = k.params[i];
+        if (!p.is_pointer) continue;
+        uintptr_t v;
+        memcpy(&v, op->params.data() + op->param_offsets[i], sizeof(v));
+        if (v == 0) continue;  // a null pointer faults only if the kernel uses it
+        std::string why;
+        std::string param = format("parameter %zu of %s(%s)", i, k.name, k.signature);
+        if (!arena_contains(v)) {
+            return fail(INVALID_VALUE, format("%s: %s is %s, not device memory (a host pointer, or an argument of "
+                                              "another type in its place: swapped or missing arguments?)",
+                                              label.c_str(), param.c_str(), pointer_text(v).c_str()));
+        }
+        if (!device_range_ok(v, 0, &why)) {
+            return fail(INVALID_VALUE, format("%s: %s: %s", label.c_str(), param.c_str(), why.c_str()));
+        }
+        AllocationView view;
+        if (find_allocation(v, 0, &view) && state().freeing.count(view.base)) {
+            return fail(INVALID_VALUE, format("%s: %s points into an allocation whose cuMemFreeAsync is already queued",
+                                              label.c_str(), param.c_str()));
+        }
+        if (p.pointee_align > 1 && v % p.pointee_align != 0) {
+            return fail(INVALID_VALUE, format("%s: %s is %s, not aligned to its type's %zu bytes (a GPU faults with "
+                                              "CUDA_ERROR_MISALIGNED_ADDRESS)",
+                                              label.c_str(), param.c_str(), pointer_text(v).c_str(), p.pointee_align));
+        }
+    }
+    return SUCCESS;
+}
+
+size_t host_param_bytes(const KernelEntry& k) {
+    size_t offset = 0;
+    for (size_t i = 0; i < k.param_count; ++i) {
+        size_t align = k.params[i].align == 0 ? 1 : k.params[i].align;
+        offset = (offset + align - 1) / align * align + k.params[i].size;
+    }
+    return offset;
+}
+
+}  // namespace
+}  // namespace standin
+
+using namespace standin;
+
+// ---- probe -----------------------------------------------------------------------------
+
+EXPORT CUresult cuDriverGetVersion(int* version) {
+    if (version == nullptr) return INVALID_VALUE;
+    *version = 13000;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return fail(INVALID_VALUE, "cuInit: flags must be 0");
+    State& st = state();
+    Lock lock(st.mutex);
+    if (!st.initialized) {
+        long devices = env_number("CELER_CUDA_STANDIN_DEVICES", 1);
+        st.devices.assign(size_t(devices < 0 ? 0 : devices), Device{});
+        st.sm = int(env_number("CELER_CUDA_STANDIN_SM", 90));
+        st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
+        long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
+        long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
+        counters.fail_launch_at = fail_at > 0 ? uint64_t(fail_at) : 0;
+        counters.sticky_launch_at = sticky_at > 0 ? uint64_t(sticky_at) : 0;
+        install_fault_handlers();
+        st.initialized = true;
+    }
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int* count) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (!st.initialized) return fail(NOT_INITIALIZED, "cuDeviceGetCount before cuInit");
+    if (count == nullptr) return INVALID_VALUE;
+    *count = int(st.devices.size());
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(ordinal, "cuDeviceGet")) return r;
+    if (device == nullptr) return INVALID_VALUE;
+    *device = ordinal;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDeviceGetName")) return r;
+    if (name == nullptr || length <= 0) return INVALID_VALUE;
+    snprintf(name, size_t(length), "celer CUDA stand-in (sm_%d on the CPU)", st.sm);
+    return SUCCESS;
+}
+
+static void uuid_of(int device, char* bytes) {
+    for (int i = 0; i < 16; ++i) bytes[i] = char((0x5a + i * 29 + device * 71) & 0xff);
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDeviceGetUuid")) return r;
+    if (uuid == nullptr) return INVALID_VALUE;
+    uuid_of(device, uuid->bytes);
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) { return cuDeviceGetUuid(uuid, device); }
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDeviceTotalMem")) return r;
+    if (bytes == nullptr) return INVALID_VALUE;
+    *bytes = st.memory_bytes;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDeviceGetAttribute")) return r;
+    if (value == nullptr) return INVALID_VALUE;
+    switch (attribute) {
+        case 1: *value = 1024; break;                   // MAX_THREADS_PER_BLOCK
+        case 2: case 3: *value = 1024; break;           // MAX_BLOCK_DIM_X, Y
+        case 4: *value = 64; break;                     // MAX_BLOCK_DIM_Z
+        case 5: *value = 2147483647; break;             // MAX_GRID_DIM_X
+        case 6: case 7: *value = 65535; break;          // MAX_GRID_DIM_Y, Z
+        case 8: *value = 48 * 1024; break;              // MAX_SHARED_MEMORY_PER_BLOCK
+        case 10: *value = 32; break;                    // WARP_SIZE
+        case 13: *value = 1000000; break;               // CLOCK_RATE (kHz)
+        case 16: *value = 2; break;                     // MULTIPROCESSOR_COUNT
+        case 19: *value = 1; break;                     // CAN_MAP_HOST_MEMORY
+        case 33: *value = 0; break;                     // PCI_BUS_ID
+        case 36: *value = 1000000; break;               // MEMORY_CLOCK_RATE (kHz)
+        case 37: *value = 128; break;                   // GLOBAL_MEMORY_BUS_WIDTH
+        case 38: *value = 4 << 20; break;               // L2_CACHE_SIZE
+        case 39: *value = 2048; break;                  // MAX_THREADS_PER_MULTIPROCESSOR
+        case 40: *value = 2; break;                     // ASYNC_ENGINE_COUNT
+        case 41: *value = 1; break;                     // UNIFIED_ADDRESSING
+        case 75: *value = st.sm / 10; break;            // COMPUTE_CAPABILITY_MAJOR
+        case 76: *value = st.sm % 10; break;            // COMPUTE_CAPABILITY_MINOR
+        case 115: *value = 1; break;                    // MEMORY_POOLS_SUPPORTED
+        default: *value = 0; break;
+    }
+    return SUCCESS;
+}
+
+// ---- contexts ----------------------------------------------------------------------------
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDevicePrimaryCtxRetain")) return r;
+    if (context == nullptr) return INVALID_VALUE;
+    Device& d = st.devices[size_t(device)];
+    if (d.primary == nullptr) d.primary = new_context(device, d.primary_flags);
+    d.retains += 1;
+    *context = d.primary;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDevicePrimaryCtxRelease")) return r;
+    Device& d = st.devices[size_t(device)];
+    if (d.retains <= 0 || d.primary == nullptr) {
+        return fail(INVALID_CONTEXT, format("cuDevicePrimaryCtxRelease(%d): the primary context is not retained", device));
+    }
+    d.retains -= 1;
+    if (d.retains == 0) {
+        // The last release destroys the primary context, sticky error and all; the next
+        // retain makes a new one.
+        destroy_context(d.primary, "the primary context's destruction (last cuDevicePrimaryCtxRelease)");
+        d.primary = nullptr;
+    }
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDevicePrimaryCtxReset")) return r;
+    Device& d = st.devices[size_t(device)];
+    if (d.primary != nullptr) {
+        destroy_context(d.primary, "cuDevicePrimaryCtxReset");
+        d.primary = nullptr;
+        d.retains = 0;
+    }
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDevicePrimaryCtxSetFlags")) return r;
+    Device& d = st.devices[size_t(device)];
+    d.primary_flags = flags;
+    if (d.primary != nullptr) d.primary->flags = flags;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuDevicePrimaryCtxGetState")) return r;
+    if (flags == nullptr || active == nullptr) return INVALID_VALUE;
+    Device& d = st.devices[size_t(device)];
+    *flags = d.primary != nullptr ? d.primary->flags : d.primary_flags;
+    *active = d.primary != nullptr ? 1 : 0;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(void** context) {
+    Lock lock(state().mutex);
+    if (context == nullptr) return INVALID_VALUE;
+    *context = context_alive(current) ? current : nullptr;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(void* context) {
+    Lock lock(state().mutex);
+    Context* c = static_cast<Context*>(context);
+    if (c != nullptr && !context_alive(c)) {
+        return fail(INVALID_CONTEXT, format("cuCtxSetCurrent(%p): not a live context (destroyed?)", context));
+    }
+    current = c;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
+    Lock lock(state().mutex);
+    if (!context_alive(current)) return fail(INVALID_CONTEXT, "cuCtxGetDevice: no current context");
+    if (device == nullptr) return INVALID_VALUE;
+    *device = current->device;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_context(current, "cuCtxSetFlags")) return r;
+    current->flags = flags;
+    st.devices[size_t(current->device)].primary_flags = flags;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
+    Lock lock(state().mutex);
+    if (!context_alive(current)) return fail(INVALID_CONTEXT, "cuCtxGetFlags: no current context");
+    if (flags == nullptr) return INVALID_VALUE;
+    *flags = current->flags;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize() {
+    std::vector<Stream*> streams;
+    Context* c;
+    {
+        Lock lock(state().mutex);
+        c = current;
+        if (!context_alive(c)) return fail(INVALID_CONTEXT, "cuCtxSynchronize: no current context");
+        streams.assign(c->streams.begin(), c->streams.end());
+        streams.push_back(c->null_stream);
+    }
+    for (Stream* s : streams) run_until(s, UINT64_MAX);
+    counters.stream_syncs++;
+    return sticky_error(c);
+}
+
+// ---- modules -------------------------------------------------------------------------------
+
+EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_context(current, "cuModuleLoadData")) return r;
+    if (module == nullptr || image == nullptr) return INVALID_VALUE;
+    std::string why, arch;
+    std::vector<CubinKernel> kernels;
+    if (!read_cubin(image, &why, &arch, &kernels)) return fail(INVALID_IMAGE, "cuModuleLoadData: " + why);
+    int cubin_sm = atoi(arch.c_str() + 3);
+    // A CUBIN runs on its own major architecture, at its minor version or a later one.
+    if (cubin_sm / 10 != st.sm / 10 || cubin_sm % 10 > st.sm % 10) {
+        return fail(NO_BINARY_FOR_GPU, format("cuModuleLoadData: a CUBIN for %s cannot run on this sm_%d device",
+                                              arch.c_str(), st.sm));
+    }
+    for (const CubinKernel& k : kernels) {
+        const KernelEntry* host = find_kernel(k.name.c_str());
+        if (host != nullptr && k.param_bytes != host_param_bytes(*host)) {
+            return fail(INVALID_IMAGE,
+                        format("cuModuleLoadData: kernel %s takes %zu bytes of parameters in the CUBIN but %zu in the "
+                               "stand-in's host build (%s): the stand-in was built from other sources",
+                               k.name.c_str(), k.param_bytes, host_param_bytes(*host), host->signature));
+        }
+    }
+    Module* m = new Module();
+    m->context = current;
+    m->arch = arch;
+    m->kernels = std::move(kernels);
+    current->modules.insert(m);
+    st.modules.insert(m);
+    *module = m;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
+    State& st = state();
+    Lock lock(st.mutex);
+    Module* m = static_cast<Module*>(module);
+    if (!st.modules.count(m)) return fail(INVALID_HANDLE, format("cuModuleGetFunction: %p is not a live module", module));
+    if (int r = check_context(m->context, "cuModuleGetFunction")) return r;
+    if (function == nullptr || name == nullptr) return INVALID_VALUE;
+    auto cached = m->functions.find(name);
+    if (cached != m->functions.end()) {
+        *function = cached->second;
+        return SUCCESS;
+    }
+    bool in_cubin = false;
+    for (const CubinKernel& k : m->kernels) in_cubin = in_cubin || k.name == name;
+    if (!in_cubin) return fail(NOT_FOUND, format("cuModuleGetFunction: the module has no kernel `%s`", name));
+    const KernelEntry* host = find_kernel(name);
+    if (host == nullptr) {
+        return fail(NOT_FOUND, format("cuModuleGetFunction: the stand-in has no host build of kernel `%s` (rebuild it "
+                                      "from the same .cu sources)",
+                                      name));
+    }
+    Function* f = new Function{m, host};
+    m->functions[name] = f;
+    st.functions.insert(f);
+    *function = f;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuModuleUnload(void* module) {
+    State& st = state();
+    Lock lock(st.mutex);
+    Module* m = static_cast<Module*>(module);
+    if (!st.modules.count(m)) return fail(INVALID_HANDLE, format("cuModuleUnload: %p is not a live module", module));
+    for (auto& [name, f] : m->functions) {
+        st.functions.erase(f);
+        delete f;
+    }
+    m->context->modules.erase(m);
+    st.modules.erase(m);
+    delete m;
+    return SUCCESS;
+}
+
+// ---- streams -------------------------------------------------------------------------------
+
+EXPORT CUresult cuStreamCreate(void** stream, unsigned int flags) {
+    (void)flags;  // blocking or not, a stream is its own queue here
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_context(current, "cuStreamCreate")) return r;
+    if (stream == nullptr) return INVALID_VALUE;
+    Stream* s = new Stream();
+    s->context = current;
+    s->is_null = false;
+    current->streams.insert(s);
+    st.streams.insert(s);
+    *stream = s;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(void* stream) {
+    Stream* s;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, "cuStreamSynchronize")) return r;
+    }
+    run_until(s, UINT64_MAX);
+    counters.stream_syncs++;
+    return sticky_error(s->context);
+}
+
+EXPORT CUresult cuStreamQuery(void* stream) {
+    Stream* s;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, "cuStreamQuery")) return r;
+        if (int r = sticky_error(s->context)) return r;
+    }
+    bool idle;
+    {
+        std::lock_guard<std::mutex> lock(s->queue_mutex);
+        idle = s->queue.empty();
+    }
+    if (idle) return SUCCESS;
+    // A GPU makes progress while the host polls: the work runs, and the next query sees it.
+    run_until(s, UINT64_MAX);
+    return NOT_READY;
+}
+
+EXPORT CUresult cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
+    (void)flags;
+    State& st = state();
+    Stream* s;
+    Op op;
+    {
+        Lock lock(st.mutex);
+        if (int r = resolve_stream(stream, &s, "cuStreamWaitEvent")) return r;
+        if (int r = check_context(s->context, "cuStreamWaitEvent")) return r;
+        Event* e = static_cast<Event*>(event);
+        if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuStreamWaitEvent: %p is not a live event", event));
+        if (e->completed) return SUCCESS;
+        op.kind = Op::Wait;
+        op.event = e;
+        op.event_generation = e->generation;
+    }
+    enqueue(s, std::move(op));
+    return SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(void* stream) {
+    State& st = state();
+    Stream* s;
+    {
+        Lock lock(st.mutex);
+        s = static_cast<Stream*>(stream);
+        if (!st.streams.count(s) || s->is_null) {
+            return fail(INVALID_HANDLE, format("cuStreamDestroy: %p is not a live stream", stream));
+        }
+    }
+    // As on a GPU, work already queued still runs (and its frees free).
+    run_until(s, UINT64_MAX);
+    Lock lock(st.mutex);
+    if (!st.streams.count(s)) return SUCCESS;  // its context went meanwhile
+    s->context->streams.erase(s);
+    st.streams.erase(s);
+    {
+        // Events recorded on it keep their times but can no longer be waited through it.
+        for (Event* e : st.events) {
+            if (e->stream == s) e->stream = nullptr;
+        }
+    }
+    delete s;
+    return SUCCESS;
+}
+
+// ---- events ----------------------------------------------------------------------------------
+
+EXPORT CUresult cuEventCreate(void** event, unsigned int flags) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_context(current, "cuEventCreate")) return r;
+    if (event == nullptr) return INVALID_VALUE;
+    Event* e = new Event();
+    e->context = current;
+    e->flags = flags;
+    current->events.insert(e);
+    st.events.insert(e);
+    *event = e;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(void* event, void* stream) {
+    State& st = state();
+    Stream* s;
+    Op op;
+    {
+        Lock lock(st.mutex);
+        Event* e = static_cast<Event*>(event);
+        if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventRecord: %p is not a live event", event));
+        if (int r = resolve_stream(stream, &s, "cuEventRecord")) return r;
+        if (int r = check_context(s->context, "cuEventRecord")) return r;
+        if (s->context != e->context) {
+            return fail(INVALID_CONTEXT, "cuEventRecord: the event and the stream belong to different contexts");
+        }
+        e->generation += 1;
+        e->completed = false;
+        e->stream = s;
+        op.kind = Op::Record;
+        op.event = e;
+        op.event_generation = e->generation;
+        // Queued under the state lock, so that the event's seq is the record's own.
+        std::lock_guard<std::mutex> queue_lock(s->queue_mutex);
+        op.seq = s->next_seq++;
+        e->seq = op.seq;
+        s->queue.push_back(std::move(op));
+    }
+    return SUCCESS;
+}
+
+EXPORT CUresult cuEventSynchronize(void* event) {
+    State& st = state();
+    Stream* s = nullptr;
+    uint64_t seq = 0;
+    Context* c;
+    {
+        Lock lock(st.mutex);
+        Event* e = static_cast<Event*>(event);
+        if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventSynchronize: %p is not a live event", event));
+        c = e->context;
+        if (!e->completed && e->stream != nullptr) {
+            s = e->stream;
+            seq = e->seq;
+        }
+    }
+    if (s != nullptr) run_until(s, seq);
+    return sticky_error(c);
+}
+
+EXPORT CUresult cuEventQuery(void* event) {
+    State& st = state();
+    Stream* s = nullptr;
+    uint64_t seq = 0;
+    {
+        Lock lock(st.mutex);
+        Event* e = static_cast<Event*>(event);
+        if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventQuery: %p is not a live event", event));
+        if (int r = sticky_error(e->context)) return r;
+        if (e->completed || e->stream == nullptr) return SUCCESS;
+        s = e->stream;
+        seq = e->seq;
+    }
+    // Not complete now; the polled GPU gets on with it for the next query.
+    run_until(s, seq);
+    return NOT_READY;
+}
+
+static CUresult elapsed(float* ms, void* start, void* end) {
+    State& st = state();
+    Lock lock(st.mutex);
+    Event* a = static_cast<Event*>(start);
+    Event* b = static_cast<Event*>(end);
+    if (!st.events.count(a) || !st.events.count(b)) {
+        return fail(INVALID_HANDLE, "cuEventElapsedTime: not live events");
+    }
+    if (int r = sticky_error(a->context)) return r;
+    if (ms == nullptr) return INVALID_VALUE;
+    if ((a->flags | b->flags) & 0x2) {
+        return fail(INVALID_HANDLE,
+                    "cuEventElapsedTime: an event was created with CU_EVENT_DISABLE_TIMING (cudarc's default flags)");
+    }
+    if (a->generation == 0 || b->generation == 0) {
+        return fail(INVALID_HANDLE, "cuEventElapsedTime: an event was never recorded");
+    }
+    if (!a->completed || !b->completed) return NOT_READY;
+    *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+    return SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float* ms, void* start, void* end) { return elapsed(ms, start, end); }
+EXPORT CUresult cuEventElapsedTime_v2(float* ms, void* start, void* end) { return elapsed(ms, start, end); }
+
+EXPORT CUresult cuEventDestroy_v2(void* event) {
+    State& st = state();
+    Lock lock(st.mutex);
+    Event* e = static_cast<Event*>(event);
+    if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventDestroy: %p is not a live event", event));
+    // Queued records of it find it gone and do nothing.
+    e->context->events.erase(e);
+    st.events.erase(e);
+    delete e;
+    return SUCCESS;
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+static CUresult alloc_in(Context* c, CUdeviceptr* pointer, size_t bytes, const char* call) {
+    State& st = state();
+    if (pointer == nullptr) return INVALID_VALUE;
+    if (device_bytes_in_use() + bytes > st.memory_bytes) {
+        return fail(OUT_OF_MEMORY, format("%s(%zu bytes): %zu of the stand-in's %zu bytes are in use", call, bytes,
+                                          device_bytes_in_use(), st.memory_bytes));
+    }
+    uintptr_t base = 0;
+    if (int r = device_alloc(bytes, c->generation, &base)) return r;
+    *pointer = base;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, void* stream) {
+    Lock lock(state().mutex);
+    Stream* s;
+    if (int r = resolve_stream(stream, &s, "cuMemAllocAsync")) return r;
+    if (int r = check_context(s->context, "cuMemAllocAsync")) return r;
+    // The memory is the stream's from here in stream order, and no one else's before.
+    return alloc_in(s->context, pointer, bytes, "cuMemAllocAsync");
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
+    Lock lock(state().mutex);
+    if (int r = check_context(current, "cuMemAlloc")) return r;
+    return alloc_in(current, pointer, bytes, "cuMemAlloc");
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
+    State& st = state();
+    Stream* s;
+    Op op;
+    {
+        Lock lock(st.mutex);
+        if (int r = resolve_stream(stream, &s, "cuMemFreeAsync")) return r;
+        AllocationView view;
+        if (!find_allocation(pointer, 0, &view) || view.base != pointer) {
+            return fail(INVALID_VALUE, format("cuMemFreeAsync(%s): not the start of a device allocation",
+                                              pointer_text(pointer).c_str()));
+        }
+        if (!view.live) return SUCCESS;  // freed with its context already
+        if (st.freeing.count(pointer)) {
+            return fail(INVALID_VALUE, format("cuMemFreeAsync(%s): a free of it is already queued (double free)",
+                                              pointer_text(pointer).c_str()));
+        }
+        st.freeing.insert(pointer);
+        op.kind = Op::Free;
+        op.device = pointer;
+        op.label = format("cuMemFreeAsync(%s) on %s", pointer_text(pointer).c_str(), stream_text(s).c_str());
+    }
+    enqueue(s, std::move(op));
+    return sticky_error(s->context);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+    Lock lock(state().mutex);
+    if (int r = check_device_range(pointer, 0, "cuMemFree", "pointer")) return r;
+    return device_free(pointer, "cuMemFree");
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_context(current, "cuMemGetInfo")) return r;
+    if (free_bytes == nullptr || total_bytes == nullptr) return INVALID_VALUE;
+    *total_bytes = st.memory_bytes;
+    *free_bytes = st.memory_bytes - device_bytes_in_use();
+    return SUCCESS;
+}
+
+EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+    Lock lock(state().mutex);
+    if (int r = check_context(current, "cuMemHostAlloc")) return r;
+    if (pointer == nullptr) return INVALID_VALUE;
+    void* p = pinned_alloc(bytes, flags);
+    if (p == nullptr) return fail(OUT_OF_MEMORY, format("cuMemHostAlloc(%zu bytes): no memory", bytes));
+    *pointer = p;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void* pointer) {
+    Lock lock(state().mutex);
+    if (!pinned_free(pointer)) {
+        return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc", pointer));
+    }
+    return SUCCESS;
+}
+
+static CUresult memset_d8(CUdeviceptr pointer, unsigned char value, size_t bytes, void* stream, const char* call,
+                          bool synchronous) {
+    Stream* s;
+    Op op;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, call)) return r;
+        if (int r = check_context(s->context, call)) return r;
+        if (int r = check_device_range(pointer, bytes, call, "destination")) return r;
+        op.kind = Op::Memset;
+        op.device = pointer;
+        op.bytes = bytes;
+        op.value = value;
+        op.label = format("%s(%s, %u, %zu bytes) on %s", call, pointer_text(pointer).c_str(), value, bytes,
+                          stream_text(s).c_str());
+    }
+    uint64_t seq = enqueue(s, std::move(op));
+    if (synchronous) run_until(s, seq);
+    return sticky_error(s->context);
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr pointer, unsigned char value, size_t bytes, void* stream) {
+    return memset_d8(pointer, value, bytes, stream, "cuMemsetD8Async", false);
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr pointer, unsigned char value, size_t bytes) {
+    return memset_d8(pointer, value, bytes, nullptr, "cuMemsetD8", true);
+}
+
+static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* stream, const char* call,
+                          bool synchronous) {
+    Stream* s;
+    Op op;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, call)) return r;
+        if (int r = check_context(s->context, call)) return r;
+        if (int r = check_device_range(dst, bytes, call, "destination")) return r;
+        if (int r = check_host_pointer(src, bytes, call, "source")) return r;
+        op.kind = Op::HtoD;
+        op.device = dst;
+        op.host = const_cast<void*>(src);
+        op.bytes = bytes;
+        op.pinned = bytes > 0 && is_pinned(src, bytes);
+        op.label = format("%s(%s <- %p, %zu bytes) on %s", call, pointer_text(dst).c_str(), src, bytes,
+                          stream_text(s).c_str());
+    }
+    if (op.pinned && !synchronous) {
+        // DMA from pinned memory reads it when the stream gets there: remember what it
+        // held, to tell if the host changes it before then.
+        op.source_hash = fnv1a(src, bytes);
+    } else {
+        // From pageable memory CUDA stages the bytes before the call returns.
+        op.pinned = false;
+        op.staged.assign(static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
+    }
+    counters.htod_copies++;
+    counters.htod_bytes += bytes;
+    uint64_t seq = enqueue(s, std::move(op));
+    if (synchronous) run_until(s, seq);
+    return sticky_error(s->context);
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
+    return copy_htod(dst, src, bytes, stream, "cuMemcpyHtoDAsync", false);
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+    return copy_htod(dst, src, bytes, nullptr, "cuMemcpyHtoD", true);
+}
+
+// Bytes a download's pinned destination holds until the copy runs.
+static const unsigned char kGarbage = 0xCB;
+
+static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream, const char* call,
+                          bool synchronous) {
+    Stream* s;
+    Op op;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, call)) return r;
+        if (int r = check_context(s->context, call)) return r;
+        if (int r = check_device_range(src, bytes, call, "source")) return r;
+        if (int r = check_host_pointer(dst, bytes, call, "destination")) return r;
+        op.kind = Op::DtoH;
+        op.device_src = src;
+        op.host = dst;
+        op.bytes = bytes;
+        op.pinned = bytes > 0 && is_pinned(dst, bytes);
+        op.label = format("%s(%p <- %s, %zu bytes) on %s", call, dst, pointer_text(src).c_str(), bytes,
+                          stream_text(s).c_str());
+    }
+    counters.dtoh_copies++;
+    counters.dtoh_bytes += bytes;
+    bool asynchronous = op.pinned && !synchronous;
+    if (asynchronous) memset(dst, kGarbage, bytes);
+    uint64_t seq = enqueue(s, std::move(op));
+    // Into pageable memory the copy is complete when the call returns, as CUDA documents.
+    if (!asynchronous) run_until(s, seq);
+    return sticky_error(s->context);
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
+    return copy_dtoh(dst, src, bytes, stream, "cuMemcpyDtoHAsync", false);
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+    return copy_dtoh(dst, src, bytes, nullptr, "cuMemcpyDtoH", true);
+}
+
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
+    Stream* s;
+    Op op;
+    {
+        Lock lock(state().mutex);
+        if (int r = resolve_stream(stream, &s, "cuMemcpyDtoDAsync")) return r;
+        if (int r = check_context(s->context, "cuMemcpyDtoDAsync")) return r;
+        if (int r = check_device_range(src, bytes, "cuMemcpyDtoDAsync", "source")) return r;
+        if (int r = check_device_range(dst, bytes, "cuMemcpyDtoDAsync", "destination")) return r;
+        op.kind = Op::DtoD;
+        op.device = dst;
+        op.device_src = src;
+        op.bytes = bytes;
+        op.label = format("cuMemcpyDtoDAsync(%s <- %s, %zu bytes) on %s", pointer_text(dst).c_str(),
+                          pointer_text(src).c_str(), bytes, stream_text(s).c_str());
+    }
+    enqueue(s, std::move(op));
+    return sticky_error(s->context);
+}
+
+// ---- launch --------------------------------------------------------------------------------------
+
+EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                               unsigned int by, unsigned int bz, unsigned int shared_bytes, void* stream,
+                               void** params, void** extra) {
+    State& st = state();
+    Stream* s;
+    Op op;
+    {
+        Lock lock(st.mutex);
+        Function* f = static_cast<Function*>(function);
+        if (!st.functions.count(f)) {
+            return fail(INVALID_HANDLE, format("cuLaunchKernel: %p is not a live function", function));
+        }
+        if (int r = resolve_stream(stream, &s, "cuLaunchKernel")) return r;
+        if (int r = check_context(s->context, "cuLaunchKernel")) return r;
+        if (f->module->context != s->context) {
+            return fail(INVALID_CONTEXT, "cuLaunchKernel: the kernel's module and the stream are in different contexts");
+        }
+        const KernelEntry& k = *f->kernel;
+        uint64_t number = ++counters.launches_enqueued;
+        op.label = format("kernel %s (launch %llu: grid %ux%ux%u, block %ux%ux%u, on %s)", k.name,
+                          static_cast<unsigned long long>(number), gx, gy, gz, bx, by, bz, stream_text(s).c_str());
+        if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) {
+            return fail(INVALID_VALUE, op.label + ": a grid or block dimension is 0");
+        }
+        if (uint64_t(bx) * by * bz > 1024 || bx > 1024 || by > 1024 || bz > 64 || gy > 65535 || gz > 65535 ||
+            gx > 2147483647u) {
+            return fail(INVALID_VALUE, op.label + ": over the device's grid or block limits");
+        }
+        if (shared_bytes != 0) {
+            return fail(NOT_SUPPORTED, op.label + ": dynamic shared memory is not emulated");
+        }
+        if (extra != nullptr) return fail(NOT_SUPPORTED, op.label + ": `extra` launch arguments are not emulated");
+        if (int r = capture_params(k, params, &op, op.label)) return r;
+        if (counters.fail_launch_at != 0 && number == counters.fail_launch_at) {
+            return fail(LAUNCH_OUT_OF_RESOURCES, op.label + ": injected failure (CELER_CUDA_STANDIN_FAIL_LAUNCH)");
+        }
+        op.inject_sticky = counters.sticky_launch_at != 0 && number == counters.sticky_launch_at;
+        op.kind = Op::Launch;
+        op.kernel = &k;
+        op.shape = LaunchShape{{gx, gy, gz}, {bx, by, bz}};
+    }
+    enqueue(s, std::move(op));
+    return SUCCESS;
+}
+
+// ---- errors ------------------------------------------------------------------------------------------
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
+    if (text == nullptr) return INVALID_VALUE;
+    *text = result_string(error);
+    return SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char** text) {
+    if (text == nullptr) return INVALID_VALUE;
+    *text = result_name(error);
+    return SUCCESS;
+}
+
+// NVRTC looks for the driver's private export tables when libcuda is loaded in the
+// process; the stand-in has none, and says so, so that NVRTC compiles on its own.
+EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
+    (void)id;
+    if (table != nullptr) *table = nullptr;
+    return NOT_SUPPORTED;
+}
+
+// ---- the stand-in's own controls, for tests (not part of the CUDA API) ------------------------------
+
+// The last error's details (what cudarc's error codes cannot say), or "" when none.
+EXPORT const char* celer_standin_last_error() {
+    static thread_local std::string copy;
+    std::lock_guard<std::mutex> lock(last_error_mutex);
+    copy = last_error_text;
+    return copy.c_str();
+}
+
+EXPORT void celer_standin_clear_last_error() {
+    std::lock_guard<std::mutex> lock(last_error_mutex);
+    last_error_text.clear();
+}
+
+// Arms a fault for the `nth` launch from now (1 = the next): kind 0 fails the launch call
+// (not sticky); kind 1 makes it fault, sticky, when it runs. nth 0 disarms.
+EXPORT void celer_standin_inject(int kind, uint64_t nth) {
+    uint64_t at = nth == 0 ? 0 : counters.launches_enqueued.load() + nth;
+    if (kind == 0) counters.fail_launch_at = at;
+    if (kind == 1) counters.sticky_launch_at = at;
+}
+
+// A counter by name: launches_enqueued, launches_run, htod_copies, htod_bytes,
+// dtoh_copies, dtoh_bytes, contexts_created, stream_syncs, sticky_errors, device_bytes.
+EXPORT uint64_t celer_standin_counter(const char* name) {
+    std::string n = name == nullptr ? "" : name;
+    if (n == "launches_enqueued") return counters.launches_enqueued;
+    if (n == "launches_run") return counters.launches_run;
+    if (n == "htod_copies") return counters.htod_copies;
+    if (n == "htod_bytes") return counters.htod_bytes;
+    if (n == "dtoh_copies") return counters.dtoh_copies;
+    if (n == "dtoh_bytes") return counters.dtoh_bytes;
+    if (n == "contexts_created") return counters.contexts_created;
+    if (n == "stream_syncs") return counters.stream_syncs;
+    if (n == "sticky_errors") return counters.sticky_errors;
+    if (n == "device_bytes") return device_bytes_in_use();
+    return UINT64_MAX;
+}

@@ -1,0 +1,123 @@
+// Internal declarations shared by the stand-in driver's files. Nothing here is part of
+// the driver API: see driver.cpp for the exported `cu*` functions.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "registry.h"
+
+namespace standin {
+
+// CUresult values the stand-in returns (a subset of cuda.h; cudarc turns any of them
+// into its DriverError, so only values of the real enum may be returned).
+enum Result : int {
+    SUCCESS = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    NOT_INITIALIZED = 3,
+    NO_DEVICE = 100,
+    INVALID_DEVICE = 101,
+    INVALID_IMAGE = 200,
+    INVALID_CONTEXT = 201,
+    NO_BINARY_FOR_GPU = 209,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    NOT_READY = 600,
+    ILLEGAL_ADDRESS = 700,
+    LAUNCH_OUT_OF_RESOURCES = 701,
+    CONTEXT_IS_DESTROYED = 709,
+    HARDWARE_STACK_ERROR = 714,
+    ILLEGAL_INSTRUCTION = 715,
+    MISALIGNED_ADDRESS = 716,
+    LAUNCH_FAILED = 719,
+    NOT_SUPPORTED = 801,
+    UNKNOWN = 999,
+};
+
+const char* result_name(int result);
+const char* result_string(int result);
+
+// Records `message` as the last error (celer_standin_last_error) and prints it to
+// stderr unless CELER_CUDA_STANDIN_QUIET is set; returns `result` for `return fail(...)`.
+int fail(int result, const std::string& message);
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ---- device memory (arena.cpp) ------------------------------------------------------
+//
+// Device memory is one reserved range of the address space that host allocations never
+// use. Each allocation gets its own pages, ending exactly where an inaccessible guard
+// page begins, so an access one byte past its end faults; freed pages become
+// inaccessible and their addresses are never handed out again.
+
+struct AllocationView {
+    uintptr_t base;
+    size_t size;
+    bool live;
+    // Why it is no longer live ("cuMemFreeAsync", "context reset").
+    const char* ended_by;
+    uint64_t context_generation;
+};
+
+bool arena_contains(uintptr_t address);
+int device_alloc(size_t bytes, uint64_t context_generation, uintptr_t* out);
+// Frees the allocation starting at `base`; `why` names what freed it.
+int device_free(uintptr_t base, const char* why);
+// Frees every live allocation of a context generation (context destroyed or reset).
+void device_free_generation(uint64_t context_generation, const char* why);
+// The allocation holding [address, address + bytes), live or not. False when none does.
+bool find_allocation(uintptr_t address, size_t bytes, AllocationView* out);
+// Describes an address for a message: which allocation it is in or near, and how.
+std::string describe_address(uintptr_t address);
+size_t device_bytes_in_use();
+// Whether [address, address + bytes) is inside one live allocation; if not, `why` says so.
+bool device_range_ok(uintptr_t address, size_t bytes, std::string* why);
+
+// Page-locked host memory (cuMemHostAlloc): ordinary pages, remembered so that copies to
+// and from it run asynchronously, as DMA from pinned memory does.
+void* pinned_alloc(size_t bytes, unsigned int flags);
+bool pinned_free(void* pointer);
+// Whether [pointer, pointer + bytes) lies in one live pinned allocation.
+bool is_pinned(const void* pointer, size_t bytes);
+
+// ---- kernels on lanes (lanes.cpp) ---------------------------------------------------
+
+struct LaunchShape {
+    unsigned int grid[3];
+    unsigned int block[3];
+};
+
+// How a launch ended when it did not complete.
+struct KernelFault {
+    int result;
+    std::string message;
+};
+
+// Runs every thread of a launch on this OS thread. False (and `fault` filled) when a
+// lane touched memory it may not, returned before a shuffle that names it, or the
+// lanes deadlocked at a barrier.
+bool run_kernel(const KernelEntry& kernel, const LaunchShape& shape, void* const* args,
+                const std::string& launch_label, KernelFault* fault);
+// Copies `bytes` from `source`, or returns false if reading it faults (a bad pointer
+// from the caller) instead of crashing.
+bool guarded_copy(void* destination, const void* source, size_t bytes);
+// Installs the SIGSEGV/SIGBUS/SIGFPE handlers that turn a fault inside a kernel into an
+// error of that launch (and pass any other fault on to the previous handler).
+void install_fault_handlers();
+
+// ---- NVRTC output (cubin.cpp) -------------------------------------------------------
+
+struct CubinKernel {
+    std::string name;
+    // Bytes of the parameter buffer, from the kernel's .nv.info (0 when not recorded).
+    size_t param_bytes;
+};
+
+// Reads the kernel names (and parameter buffer sizes) of a CUBIN (an ELF of machine
+// EM_CUDA). False, with `why`, when `image` is not one.
+bool read_cubin(const void* image, std::string* why, std::string* arch, std::vector<CubinKernel>* kernels);
+
+}  // namespace standin

@@ -1,0 +1,53 @@
+// Test kernels for the stand-in's own tests (tests/standin_catches.rs): each correct
+// kernel has a twin with one planted bug of a kind the stand-in must catch. Never used by
+// celer itself.
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 thread_index() {
+    return (u64)blockIdx.x * (u64)blockDim.x + (u64)threadIdx.x;
+}
+
+// dst[i] = src[i] * factor for i < n.
+extern "C" __global__ void scale(const float* src, u32 n, float factor, float* dst) {
+    u64 i = thread_index();
+    if (i >= n) return;
+    dst[i] = src[i] * factor;
+}
+
+// dst[i] = value for i < n ... with an off-by-one bound: thread n writes one past the end.
+extern "C" __global__ void fill_off_by_one(float* dst, u32 n, float value) {
+    u64 i = thread_index();
+    if (i > n) return;
+    dst[i] = value;
+}
+
+// The sum of src[0..n) per warp, in out[warp]: every lane takes part in the shuffles.
+extern "C" __global__ void warp_sums(const u32* src, u32 n, u32* out) {
+    u64 i = thread_index();
+    u32 v = i < n ? src[i] : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    if ((threadIdx.x & 31u) == 0u) out[i / 32u] = v;
+}
+
+// The same with the planted bug: lanes past n return before the shuffles that name them.
+extern "C" __global__ void warp_sums_early_return(const u32* src, u32 n, u32* out) {
+    u64 i = thread_index();
+    if (i >= n) return;
+    u32 v = src[i];
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    if ((threadIdx.x & 31u) == 0u) out[i / 32u] = v;
+}
+
+// A block-wide reduction through shared memory and __syncthreads (blocks of 64).
+extern "C" __global__ void block_sums(const u32* src, u32 n, u32* out) {
+    __shared__ u32 partial[64];
+    u64 i = thread_index();
+    partial[threadIdx.x] = i < n ? src[i] : 0u;
+    __syncthreads();
+    for (u32 stride = 32; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = partial[0];
+}

@@ -1,0 +1,96 @@
+//! The GPU that the GPU tests run on: the real one where a CUDA driver is installed, and
+//! otherwise celer's stand-in driver (tests/cuda_standin), which runs the same kernels on
+//! the CPU under a GPU's rules. The tests are the same either way; each binary says once
+//! which driver it ran on. A GPU test that cannot get a GPU fails: it never skips.
+//!
+//! `CELER_TEST_CUDA=real` requires the real driver (a GPU machine's check), `standin`
+//! requires the stand-in; unset, the real driver is used when it is there.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use celer::cuda::{probe, GpuDevice, Probe};
+use celer_cuda_standin::StandIn;
+
+/// Which CUDA driver this test process runs on.
+pub enum Driver {
+    Real,
+    StandIn(&'static StandIn),
+}
+
+impl Driver {
+    pub fn standin(&self) -> Option<&'static StandIn> {
+        match self {
+            Driver::StandIn(s) => Some(s),
+            Driver::Real => None,
+        }
+    }
+}
+
+/// The driver, chosen (and the stand-in loaded) on first use, before any CUDA call.
+pub fn driver() -> &'static Driver {
+    static DRIVER: OnceLock<Driver> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let wanted = std::env::var("CELER_TEST_CUDA").unwrap_or_default();
+        // SAFETY: cudarc's check only dlopens the driver library by name and closes it.
+        let real = unsafe { cudarc::driver::sys::is_culib_present() };
+        let driver = match (wanted.as_str(), real) {
+            ("standin", true) => panic!(
+                "CELER_TEST_CUDA=standin, but a real CUDA driver is installed and cudarc would \
+                 load it first; run with LD_LIBRARY_PATH={}",
+                celer_cuda_standin::library_dir().display()
+            ),
+            ("real", false) => panic!("CELER_TEST_CUDA=real, but there is no CUDA driver here"),
+            (_, true) => Driver::Real,
+            (_, false) => Driver::StandIn(
+                StandIn::load().unwrap_or_else(|e| panic!("the stand-in CUDA driver: {e}")),
+            ),
+        };
+        let which = match &driver {
+            Driver::Real => "the real CUDA driver",
+            Driver::StandIn(_) => "celer's stand-in CUDA driver (kernels on the CPU)",
+        };
+        // Straight to the terminal, past libtest's capture: the run says what it proved.
+        let _ = writeln!(
+            std::io::stderr(),
+            "GPU tests run on {which}: {}",
+            probe().summary()
+        );
+        driver
+    })
+}
+
+/// GPU 0, opened with its kernels loaded; the test fails when there is none.
+pub fn gpu() -> Arc<GpuDevice> {
+    static DEVICE: OnceLock<Arc<GpuDevice>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            driver();
+            match probe() {
+                Probe::Ready { gpus, .. } if !gpus.is_empty() => GpuDevice::open(gpus[0].clone())
+                    .unwrap_or_else(|e| panic!("the GPU opens and loads the kernels: {e}")),
+                other => panic!("no GPU to test on: {}", other.summary()),
+            }
+        })
+        .clone()
+}
+
+/// Makes a child process (`celer serve`, ...) use the same driver as this one.
+pub fn use_driver(command: &mut Command) -> &mut Command {
+    if let Driver::StandIn(_) = driver() {
+        let dir = celer_cuda_standin::library_dir();
+        let path = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut joined = dir.as_os_str().to_owned();
+                joined.push(":");
+                joined.push(old);
+                joined
+            }
+            _ => dir.as_os_str().to_owned(),
+        };
+        command.env("LD_LIBRARY_PATH", path);
+    }
+    command
+}
