@@ -738,3 +738,59 @@ fn f16_to_f32_is_exact_for_every_half() {
         );
     }
 }
+
+/// The GPU's context waits for the GPU by sleeping, not by spinning a core: the cores stay
+/// free for decode, encode and ONNX Runtime while replicas wait for their streams.
+#[test]
+fn the_context_synchronises_by_blocking_not_spinning() {
+    let dev = gpu_support::gpu();
+    dev.context().bind_to_thread().unwrap();
+    let mut flags = 0u32;
+    // SAFETY: the context is current on this thread; the pointer is valid for one write.
+    unsafe { cudarc::driver::sys::cuCtxGetFlags(&mut flags) }
+        .result()
+        .expect("cuCtxGetFlags");
+    let schedule = flags & 0x07;
+    assert_eq!(
+        schedule,
+        cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
+        "context flags {flags:#x}"
+    );
+}
+
+/// Pinned staging follows the requests: nothing much pinned at load (not the 9 bytes a
+/// pixel the limits would allow), grown to the largest image served, and kept.
+#[test]
+fn pinned_staging_grows_with_the_images_served() {
+    let dev = gpu_support::gpu();
+    let spec = PipelineSpec::load_dir(&repo("onnx/fixtures/prob-guided")).expect("fixture");
+    let limits = GpuLimits::default();
+    let mut pipeline = GpuPipeline::load(
+        &spec,
+        dev,
+        ModelSource::OnnxRuntime { intra_threads: 1 },
+        limits,
+    )
+    .expect("GPU pipeline");
+    let at_load = pipeline.pinned_host_bytes();
+    let at_limits = limits.max_pixels as usize * 9;
+    assert!(
+        at_load < 16 << 20,
+        "{at_load} bytes pinned at load (the limits would pin {at_limits})"
+    );
+    let run = |p: &mut GpuPipeline, w: u32, h: u32| {
+        p.run(&texture(w, h, 3), true, &mut StageTimings::default())
+            .expect("served");
+        p.pinned_host_bytes()
+    };
+    let hd = run(&mut pipeline, 1920, 1080);
+    let pixels = 1920 * 1080;
+    assert!(
+        hd >= at_load + 9 * pixels && hd <= at_load + 9 * pixels * 3 / 2,
+        "after 1920x1080: {hd} bytes pinned"
+    );
+    assert_eq!(run(&mut pipeline, 320, 240), hd, "kept, not shrunk");
+    let big = run(&mut pipeline, 4032, 3024);
+    assert!(big >= at_load + 9 * 4032 * 3024, "after 4032x3024: {big}");
+    assert_eq!(run(&mut pipeline, 1920, 1080), big);
+}

@@ -126,8 +126,7 @@ fn swapped_arguments_are_refused_at_launch_naming_the_parameter() {
     assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
-        why.contains("parameter 0 of scale(const float* src")
-            && why.contains("not device memory"),
+        why.contains("parameter 0 of scale(const float* src") && why.contains("not device memory"),
         "{why}"
     );
     // Refused at launch, not sticky: the context still works.

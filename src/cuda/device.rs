@@ -40,6 +40,12 @@ impl GpuDevice {
             return Err(CudaError::NoDriver);
         }
         let context = CudaContext::new(info.ordinal)?;
+        // A replica thread that waits for its stream sleeps until the GPU is done instead of
+        // spinning a core (the primary context's default, CU_CTX_SCHED_AUTO, spins when the
+        // GPUs do not outnumber the cores): the cores stay free for decode, encode and
+        // ONNX Runtime. One wait costs a few microseconds more, a request's one sync at the
+        // end of its stages (two more with ONNX Runtime models).
+        context.set_blocking_synchronize()?;
         // SAFETY: every device buffer of celer belongs to one replica and is used only on
         // that replica's stream, so the cross-stream event tracking that cudarc would
         // record on each use is never needed. Set before any allocation in the context.
@@ -49,13 +55,14 @@ impl GpuDevice {
         for (file, (name, cubin)) in FILES.iter().zip(&cubins.files) {
             let module = context
                 .load_module(Ptx::from_binary(cubin.clone()))
-                .map_err(|e| {
-                    CudaError::Driver(format!(
-                        "loading {name} for {} into GPU {} ({}): {e:?}; CUBINs from NVRTC 13 need a CUDA 13 driver (R580 or later)",
+                .map_err(|error| CudaError::Driver {
+                    error,
+                    context: format!(
+                        "loading {name} for {} into GPU {} ({}; CUBINs from NVRTC 13 need a CUDA 13 driver, R580 or later): ",
                         info.arch(),
                         info.ordinal,
                         info.name
-                    ))
+                    ),
                 })?;
             for &kernel in file.kernels {
                 functions.insert(kernel, module.load_function(kernel)?);

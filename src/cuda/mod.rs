@@ -26,8 +26,12 @@ pub use probe::{probe, GpuInfo, Probe};
 pub enum CudaError {
     #[error("no CUDA driver (libcuda.so) on this machine")]
     NoDriver,
-    #[error("CUDA driver: {0}")]
-    Driver(String),
+    /// A driver call failed; `context` says what celer was doing when it matters.
+    #[error("CUDA driver: {context}{error:?}")]
+    Driver {
+        error: cudarc::driver::DriverError,
+        context: String,
+    },
     #[error("{0}")]
     NvrtcMissing(String),
     #[error("NVRTC: {0}")]
@@ -61,7 +65,37 @@ pub enum CudaError {
 }
 
 impl From<cudarc::driver::DriverError> for CudaError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        CudaError::Driver(format!("{e:?}"))
+    fn from(error: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver {
+            error,
+            context: String::new(),
+        }
+    }
+}
+
+impl CudaError {
+    /// Whether the GPU's context is lost: after these errors ("sticky" in CUDA's words:
+    /// an illegal address, a kernel fault, an uncorrectable ECC error) every later call in
+    /// the context fails, for every replica sharing it, until the context is destroyed and
+    /// a new one created. The device must then be reopened, not retried.
+    pub fn is_device_lost(&self) -> bool {
+        use cudarc::driver::sys::CUresult as R;
+        match self {
+            CudaError::Driver { error, .. } => matches!(
+                error.0,
+                R::CUDA_ERROR_ILLEGAL_ADDRESS
+                    | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+                    | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+                    | R::CUDA_ERROR_MISALIGNED_ADDRESS
+                    | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+                    | R::CUDA_ERROR_INVALID_PC
+                    | R::CUDA_ERROR_LAUNCH_FAILED
+                    | R::CUDA_ERROR_LAUNCH_TIMEOUT
+                    | R::CUDA_ERROR_ECC_UNCORRECTABLE
+                    | R::CUDA_ERROR_NVLINK_UNCORRECTABLE
+                    | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+            ),
+            _ => false,
+        }
     }
 }

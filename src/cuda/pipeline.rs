@@ -292,8 +292,8 @@ pub struct GpuPipeline {
     matting: Option<MattingStage>,
     guided: Option<FastGuidedFilter>,
     planes: SourcePlanes,
-    host_upload: PinnedHostSlice<u8>,
-    host_download: PinnedHostSlice<u8>,
+    host_upload: Staging,
+    host_download: Staging,
     host_input: PinnedHostSlice<f32>,
     events: StageEvents,
     limits: GpuLimits,
@@ -306,6 +306,56 @@ impl Drop for GpuPipeline {
         // A request that failed half-way may have left kernels, copies or an engine
         // enqueued on the buffers about to be freed: let them finish first.
         let _ = self.stream.synchronize();
+    }
+}
+
+/// Page-locked staging for a request's one upload or download, grown to the largest
+/// request seen and kept. Not sized up front for the largest image the limits allow (9
+/// bytes a pixel, up and down: 450 MB per replica at 50 megapixels), and not per request
+/// either: pinning is slow (the driver locks every page). Grown only at the start of a
+/// request, after the stream is synchronised, so no copy is using the old buffer.
+struct Staging {
+    context: Arc<CudaContext>,
+    write_combined: bool,
+    buffer: Option<PinnedHostSlice<u8>>,
+}
+
+impl Staging {
+    fn new(context: &Arc<CudaContext>, write_combined: bool) -> Self {
+        Self {
+            context: context.clone(),
+            write_combined,
+            buffer: None,
+        }
+    }
+
+    /// The staging, at least `len` bytes (one and a half times the old size when it
+    /// grows, so that a run of slightly larger images does not pin each time).
+    fn at_least(&mut self, len: usize) -> Result<&mut PinnedHostSlice<u8>, CudaError> {
+        let have = self.buffer.as_ref().map_or(0, PinnedHostSlice::len);
+        if have < len {
+            let grown = len.max(have + have / 2);
+            // The old buffer goes first: both at once could pin twice the memory.
+            self.buffer = None;
+            self.buffer = Some(pinned_with_flags(
+                &self.context,
+                grown,
+                self.write_combined,
+            )?);
+        }
+        match self.buffer.as_mut() {
+            Some(buffer) => Ok(buffer),
+            None => Err(CudaError::BufferTooSmall {
+                what: "pinned staging",
+                needed: len,
+                capacity: 0,
+            }),
+        }
+    }
+
+    /// Bytes pinned now.
+    fn pinned_bytes(&self) -> usize {
+        self.buffer.as_ref().map_or(0, PinnedHostSlice::len)
     }
 }
 
@@ -541,8 +591,8 @@ impl GpuPipeline {
         };
         let pipeline = Self {
             spec: spec.clone(),
-            host_upload: pinned(&device, max_px * 3, true)?,
-            host_download: pinned(&device, max_px * 6, false)?,
+            host_upload: Staging::new(device.context(), true),
+            host_download: Staging::new(device.context(), false),
             host_input: pinned(&device, input_len, false)?,
             device,
             stream,
@@ -557,6 +607,20 @@ impl GpuPipeline {
         };
         pipeline.stream.synchronize()?;
         Ok(pipeline)
+    }
+
+    /// Host memory this replica holds page-locked now: the upload and download staging
+    /// (grown to the largest request so far) and, with ONNX Runtime models, their input
+    /// staging.
+    pub fn pinned_host_bytes(&self) -> usize {
+        let f32_bytes = std::mem::size_of::<f32>();
+        self.host_upload.pinned_bytes()
+            + self.host_download.pinned_bytes()
+            + self.host_input.len() * f32_bytes
+            + self
+                .matting
+                .as_ref()
+                .map_or(0, |m| m.host_trimap.len() * f32_bytes)
     }
 
     /// "TensorRT" or "ONNX Runtime (CPU)": what runs this replica's models.
@@ -605,11 +669,11 @@ impl GpuPipeline {
         // The one upload: through pinned memory, so the copy is a DMA the host need not
         // wait for.
         let raw = image.as_raw();
-        need_len("upload staging", raw.len(), self.host_upload.len())?;
-        self.host_upload.as_mut_slice()?[..raw.len()].copy_from_slice(raw);
+        let upload = self.host_upload.at_least(raw.len())?;
+        upload.as_mut_slice()?[..raw.len()].copy_from_slice(raw);
         self.events.start.record(&stream)?;
         {
-            let staged = &self.host_upload.as_slice()?[..raw.len()];
+            let staged = &upload.as_slice()?[..raw.len()];
             stream.memcpy_htod(staged, &mut self.planes.image)?;
         }
         self.seg_input.run(&launcher, &self.planes.image, (w, h))?;
@@ -743,10 +807,10 @@ impl GpuPipeline {
         // The one download: alpha, trimap, cut-out, back to back, then one sync.
         let t = Instant::now();
         let out_len = if cutout { 6 * n } else { 2 * n };
-        need_len("download staging", out_len, self.host_download.len())?;
+        self.host_download.at_least(out_len)?;
         {
             let p = &self.planes;
-            let host = self.host_download.as_mut_slice()?;
+            let host = self.host_download.at_least(out_len)?.as_mut_slice()?;
             let (alpha_host, rest) = host.split_at_mut(n);
             let (trimap_host, rest) = rest.split_at_mut(n);
             stream.memcpy_dtoh(&p.alpha.slice(..n), alpha_host)?;
@@ -756,7 +820,7 @@ impl GpuPipeline {
             }
         }
         stream.synchronize()?;
-        let host = self.host_download.as_slice()?;
+        let host = self.host_download.at_least(out_len)?.as_slice()?;
         let image_err = |what: &str| CudaError::Stage {
             stage: "download",
             reason: format!("{what} buffer does not match {w}x{h}"),

@@ -25,6 +25,20 @@ pub trait Executor: Send + 'static {
 
     /// A small inference whose success shows that an unhealthy device works again.
     fn probe(&mut self) -> Result<(), ExecError>;
+
+    /// Whether `error`, from a run or a probe of this executor, means that its device is
+    /// lost (a GPU whose context failed for every replica on it): retrying is pointless
+    /// until the device is recovered.
+    fn device_lost(&self, _error: &ExecError) -> bool {
+        false
+    }
+
+    /// Brings a lost device back (reopen it, reload the models), on this replica's
+    /// thread, while the router sends the device nothing. A passing probe then returns it
+    /// to service; a failed recovery is tried again at the next failed probe.
+    fn recover(&mut self) -> Result<(), ExecError> {
+        Ok(())
+    }
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
@@ -37,6 +51,14 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn probe(&mut self) -> Result<(), ExecError> {
         (**self).probe()
+    }
+
+    fn device_lost(&self, error: &ExecError) -> bool {
+        (**self).device_lost(error)
+    }
+
+    fn recover(&mut self) -> Result<(), ExecError> {
+        (**self).recover()
     }
 }
 

@@ -6,7 +6,7 @@
 //! router reports `Loading`, so `/ping` answers 503 until every replica is ready.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use image::RgbImage;
 
@@ -15,7 +15,7 @@ use super::executor::{probe_image, BoxedPipelineExecutor, ExecError, Executor};
 use super::executor::{PipelineJob, PipelineOutput};
 use super::router::{DeviceSetup, LoadFn};
 use crate::config::{BatchingSpec, PipelineSpec};
-use crate::cuda::{GpuDevice, GpuInfo, GpuLimits, GpuPipeline, ModelSource};
+use crate::cuda::{CudaError, GpuDevice, GpuInfo, GpuLimits, GpuPipeline, ModelSource};
 use crate::pipeline::StageTimings;
 use crate::tensorrt::manifest::{CheckedEngine, GpuIdentity};
 use crate::tensorrt::select::{choose_engines, EngineChoice, GpuModels, ModelRef};
@@ -131,6 +131,115 @@ struct LoadedGpu {
     device: Arc<GpuDevice>,
 }
 
+/// Where a GPU is in its life.
+enum Opening {
+    /// Not opened yet, or closed by a recovery.
+    Closed,
+    Open(Arc<LoadedGpu>),
+    /// Opening failed; every replica gets the same answer.
+    Failed(String),
+}
+
+/// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
+/// GPU, so when it is lost (a sticky error) it is lost for all of them: recovery empties
+/// every replica's slot and drops the GPU, which destroys the context with its last
+/// reference, then opens the GPU again and reloads each replica.
+struct GpuReplicas {
+    spec: PipelineSpec,
+    plan: GpuPlan,
+    name: String,
+    ort_threads: usize,
+    limits: GpuLimits,
+    /// The opened GPU, and the generation of its context (one more per recovery).
+    opened: Mutex<(u64, Opening)>,
+    /// One slot per replica, held while that replica runs: its pipeline (stream, buffers,
+    /// execution contexts), emptied while the GPU is reopened.
+    pipelines: Vec<Mutex<Option<GpuPipeline>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a replica panicked while holding it; the data is whole
+    // (a pipeline is dropped, not half-written, by an unwinding run).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GpuReplicas {
+    /// The opened GPU and its generation, opening it (and loading or building its
+    /// engines) if nobody has: the first replica does it while the others wait.
+    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), String> {
+        let mut opened = lock(&self.opened);
+        let generation = opened.0;
+        match &opened.1 {
+            Opening::Open(gpu) => Ok((generation, gpu.clone())),
+            Opening::Failed(e) => Err(e.clone()),
+            Opening::Closed => match load_gpu(&self.spec, &self.plan, &self.name) {
+                Ok(gpu) => {
+                    let gpu = Arc::new(gpu);
+                    opened.1 = Opening::Open(gpu.clone());
+                    Ok((generation, gpu))
+                }
+                Err(e) => {
+                    opened.1 = Opening::Failed(e.clone());
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        lock(&self.opened).0
+    }
+
+    /// A new pipeline for one replica on the opened GPU: its own stream, buffers and
+    /// execution contexts.
+    fn load_pipeline(&self, gpu: &LoadedGpu) -> Result<GpuPipeline, ExecError> {
+        let source = match &gpu.segmentation {
+            Some(segmentation) => ModelSource::TensorRt {
+                segmentation,
+                matting: gpu.matting.as_ref(),
+            },
+            None => ModelSource::OnnxRuntime {
+                intra_threads: self.ort_threads,
+            },
+        };
+        Ok(GpuPipeline::load(
+            &self.spec,
+            gpu.device.clone(),
+            source,
+            self.limits,
+        )?)
+    }
+
+    /// Reopens the GPU after its context was lost in generation `lost_in`: nothing when
+    /// another replica already did (and it worked). Waits for the runs in flight on the other replicas
+    /// (they fail fast in a lost context), drops every pipeline and the GPU, opens it
+    /// again and reloads every replica.
+    fn recover(&self, lost_in: u64) -> Result<(), ExecError> {
+        // Slots first, then the GPU: the order every path takes.
+        let mut slots: Vec<_> = self.pipelines.iter().map(lock).collect();
+        {
+            let mut opened = lock(&self.opened);
+            let recovered_since = opened.0 != lost_in
+                && matches!(opened.1, Opening::Open(_))
+                && slots.iter().all(|slot| slot.is_some());
+            if recovered_since {
+                return Ok(());
+            }
+            for slot in slots.iter_mut() {
+                **slot = None;
+            }
+            // The last references to the context go here: the driver destroys it.
+            opened.1 = Opening::Closed;
+            opened.0 += 1;
+        }
+        let (_, gpu) = self.gpu()?;
+        for slot in slots.iter_mut() {
+            **slot = Some(self.load_pipeline(&gpu)?);
+        }
+        Ok(())
+    }
+}
+
 /// The setup of `plan`'s GPU: `replicas` replicas, with `ort_threads` ONNX Runtime
 /// threads each where TensorRT is absent, images up to `limits`.
 pub fn gpu_device_setup(
@@ -141,30 +250,34 @@ pub fn gpu_device_setup(
     limits: GpuLimits,
 ) -> DeviceSetup<BoxedPipelineExecutor> {
     let name = Device::Gpu(plan.info.ordinal as u32).to_string();
-    let spec = spec.clone();
-    let plan = Arc::new(plan);
-    let loaded: Arc<OnceLock<Result<Arc<LoadedGpu>, String>>> = Arc::new(OnceLock::new());
-    let device_name = name.clone();
+    let replicas = replicas.max(1);
+    let shared = Arc::new(GpuReplicas {
+        spec: spec.clone(),
+        plan,
+        name: name.clone(),
+        ort_threads,
+        limits,
+        opened: Mutex::new((0, Opening::Closed)),
+        pipelines: (0..replicas).map(|_| Mutex::new(None)).collect(),
+    });
     let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |replica| {
         // The first replica opens the GPU and loads (or builds) the engines; the others
-        // wait here for it and share the result.
-        let gpu = loaded
-            .get_or_init(|| load_gpu(&spec, &plan, &device_name).map(Arc::new))
-            .clone()
-            .map_err(ExecError::from)?;
-        let source = match &gpu.segmentation {
-            Some(segmentation) => ModelSource::TensorRt {
-                segmentation,
-                matting: gpu.matting.as_ref(),
-            },
-            None => ModelSource::OnnxRuntime {
-                intra_threads: ort_threads,
-            },
-        };
-        let backend = source.describe();
-        let pipeline = GpuPipeline::load(&spec, gpu.device.clone(), source, limits)?;
-        tracing::info!(device = %device_name, replica, models = backend, "GPU replica ready");
-        Ok(Box::new(GpuExecutor::new(pipeline)) as BoxedPipelineExecutor)
+        // wait for it and share the result.
+        let (generation, gpu) = shared.gpu().map_err(ExecError::from)?;
+        let pipeline = shared.load_pipeline(&gpu)?;
+        let backend = pipeline.model_backend();
+        let slot = shared
+            .pipelines
+            .get(replica)
+            .ok_or_else(|| format!("{}: no slot for replica {replica}", shared.name))?;
+        *lock(slot) = Some(pipeline);
+        tracing::info!(device = %shared.name, replica, models = backend, "GPU replica ready");
+        Ok(Box::new(GpuExecutor {
+            shared: shared.clone(),
+            replica,
+            lost_in: generation,
+            probe_image: probe_image(),
+        }) as BoxedPipelineExecutor)
     });
     DeviceSetup {
         name,
@@ -289,17 +402,38 @@ fn build_engine(
     Ok(stored.engine)
 }
 
-/// One replica of the pipeline on a GPU.
+/// One replica of the pipeline on a GPU: its slot in the GPU's `GpuReplicas`.
 pub struct GpuExecutor {
-    pipeline: GpuPipeline,
+    shared: Arc<GpuReplicas>,
+    replica: usize,
+    /// The GPU generation of the last run that found the device lost.
+    lost_in: u64,
     probe_image: RgbImage,
 }
 
 impl GpuExecutor {
-    pub fn new(pipeline: GpuPipeline) -> Self {
-        Self {
-            pipeline,
-            probe_image: probe_image(),
+    fn run_one(&mut self, job: &PipelineJob) -> Result<PipelineOutput, ExecError> {
+        let mut slot = lock(&self.shared.pipelines[self.replica]);
+        let generation = self.shared.generation();
+        let pipeline = slot.as_mut().ok_or_else(|| {
+            format!(
+                "{} replica {}: not loaded (the GPU is being reopened)",
+                self.shared.name, self.replica
+            )
+        })?;
+        let mut timings = job.timings;
+        match pipeline.run(&job.image, job.want_cutout, &mut timings) {
+            Ok(done) => Ok(PipelineOutput {
+                matte: done.matte,
+                cutout: done.cutout,
+                timings,
+            }),
+            Err(e) => {
+                if e.is_device_lost() {
+                    self.lost_in = generation;
+                }
+                Err(e.into())
+            }
         }
     }
 }
@@ -311,26 +445,28 @@ impl Executor for GpuExecutor {
     /// One image at a time: the replica's buffers are sized for one; the device's other
     /// replicas overlap their copies and kernels with this one's.
     fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
-        inputs
-            .iter()
-            .map(|job| {
-                let mut timings = job.timings;
-                let done = self
-                    .pipeline
-                    .run(&job.image, job.want_cutout, &mut timings)?;
-                Ok(PipelineOutput {
-                    matte: done.matte,
-                    cutout: done.cutout,
-                    timings,
-                })
-            })
-            .collect()
+        inputs.iter().map(|job| self.run_one(job)).collect()
     }
 
     fn probe(&mut self) -> Result<(), ExecError> {
-        self.pipeline
-            .run(&self.probe_image, false, &mut StageTimings::default())
-            .map(|_| ())
-            .map_err(Into::into)
+        let job = PipelineJob {
+            image: Arc::new(self.probe_image.clone()),
+            timings: StageTimings::default(),
+            want_cutout: false,
+        };
+        self.run_one(&job).map(|_| ())
+    }
+
+    /// A lost context, or a replica left without a pipeline by a recovery that failed
+    /// (so the next failed probe tries again).
+    fn device_lost(&self, error: &ExecError) -> bool {
+        error
+            .downcast_ref::<CudaError>()
+            .is_some_and(CudaError::is_device_lost)
+            || lock(&self.shared.pipelines[self.replica]).is_none()
+    }
+
+    fn recover(&mut self) -> Result<(), ExecError> {
+        self.shared.recover(self.lost_in)
     }
 }

@@ -46,6 +46,7 @@ pub struct SchedMetrics {
     pub rejected: Family<ReasonLabel, Counter>,
     pub cancelled: Family<DeviceLabel, Counter>,
     pub failover: Family<DeviceLabel, Counter>,
+    pub recoveries: Family<DeviceLabel, Counter>,
     pub exec_count: Family<DeviceLabel, Counter>,
     pub request_us: HistogramFamily<DeviceLabel>,
     pub queue_us: HistogramFamily<DeviceLabel>,
@@ -66,6 +67,7 @@ impl Default for SchedMetrics {
             rejected: Family::default(),
             cancelled: Family::default(),
             failover: Family::default(),
+            recoveries: Family::default(),
             exec_count: Family::default(),
             request_us: Family::new_with_constructor(latency_us),
             queue_us: Family::new_with_constructor(latency_us),
@@ -108,6 +110,11 @@ impl SchedMetrics {
             "inference_failover",
             "Requests moved to another device after this one failed",
             self.failover.clone(),
+        );
+        r.register(
+            "device_recoveries",
+            "Times a lost device (a GPU whose context failed) was reopened and reloaded",
+            self.recoveries.clone(),
         );
         r.register(
             "inference_exec_count",
@@ -169,6 +176,7 @@ impl SchedMetrics {
             success: self.success.get_or_create_owned(&label),
             cancelled: self.cancelled.get_or_create_owned(&label),
             failover: self.failover.get_or_create_owned(&label),
+            recoveries: self.recoveries.get_or_create_owned(&label),
             exec_count: self.exec_count.get_or_create_owned(&label),
             request_us: self.request_us.get_or_create_owned(&label),
             queue_us: self.queue_us.get_or_create_owned(&label),
@@ -191,6 +199,7 @@ pub(crate) struct DeviceMetrics {
     pub success: Counter,
     pub cancelled: Counter,
     pub failover: Counter,
+    pub recoveries: Counter,
     pub exec_count: Counter,
     pub request_us: Histogram,
     pub queue_us: Histogram,

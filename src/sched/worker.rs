@@ -177,6 +177,7 @@ impl<E: Executor> Replica<E> {
         m.batch_size.observe(n as f64);
         m.exec_count.inc();
 
+        let mut lost = None;
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 state.record_success(compute / n as u32);
@@ -199,10 +200,15 @@ impl<E: Executor> Replica<E> {
                     outputs.len()
                 ),
             },
-            Ok(Err(e)) => JobError::Failed {
-                device: state.name.clone(),
-                reason: e.to_string(),
-            },
+            Ok(Err(e)) => {
+                if self.exec.device_lost(&e) {
+                    lost = Some(e.to_string());
+                }
+                JobError::Failed {
+                    device: state.name.clone(),
+                    reason: e.to_string(),
+                }
+            }
             Err(panic) => JobError::Panicked {
                 device: state.name.clone(),
                 what: panic_message(panic.as_ref()),
@@ -213,6 +219,37 @@ impl<E: Executor> Replica<E> {
         for job in batch {
             job.fail(error.clone());
         }
+        if let Some(why) = lost {
+            self.recover(&why);
+        }
+    }
+
+    /// The device is lost: no traffic (requests queued on it fail over), then the
+    /// executor reopens it; the watchdog's next passing probe returns it to service.
+    fn recover(&mut self, why: &str) {
+        let state = self.state.clone();
+        state.mark_unhealthy("the device is lost (its context failed)");
+        tracing::warn!(device = %state.name, replica = self.index, error = %why, "device lost: reopening it");
+        let started = Instant::now();
+        let exec = &mut self.exec;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| exec.recover())) {
+            Ok(Ok(())) => {
+                state.metrics.recoveries.inc();
+                tracing::info!(
+                    device = %state.name,
+                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                    "device reopened and reloaded; back in service once a probe passes"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::error!(device = %state.name, error = %e, "recovery failed; tried again after the next failed probe")
+            }
+            Err(panic) => tracing::error!(
+                device = %state.name,
+                error = %panic_message(panic.as_ref()),
+                "recovery panicked; tried again after the next failed probe"
+            ),
+        }
     }
 
     fn probe(&mut self) {
@@ -221,6 +258,7 @@ impl<E: Executor> Replica<E> {
         self.state.probe_pending.store(false, Ordering::Release);
         match result {
             Ok(Ok(())) => self.state.mark_healthy(),
+            Ok(Err(e)) if self.exec.device_lost(&e) => self.recover(&e.to_string()),
             Ok(Err(e)) => {
                 tracing::warn!(device = %self.state.name, error = %e, "probe failed; device stays unhealthy")
             }

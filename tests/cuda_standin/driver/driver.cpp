@@ -26,7 +26,10 @@
 // Fault injection, for recovery tests: CELER_CUDA_STANDIN_FAIL_LAUNCH=N fails the N-th
 // cuLaunchKernel with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky);
 // CELER_CUDA_STANDIN_STICKY_LAUNCH=N makes the N-th launch fault with a sticky
-// CUDA_ERROR_ILLEGAL_ADDRESS when it runs. In-process tests use celer_standin_inject.
+// CUDA_ERROR_ILLEGAL_ADDRESS when it runs. CELER_CUDA_STANDIN_FAULT_FILE=PATH: when that
+// file exists at a launch, the launch gets the fault the file names ("fail" or "sticky")
+// and the file is removed (a test arms a fault in a server process between requests).
+// In-process tests use celer_standin_inject.
 // Other settings: CELER_CUDA_STANDIN_DEVICES (GPUs, default 1), CELER_CUDA_STANDIN_SM
 // (compute capability, default 90), CELER_CUDA_STANDIN_MEMORY_MIB (default 16384),
 // CELER_CUDA_STANDIN_QUIET (no error details on stderr).
@@ -280,6 +283,7 @@ struct State {
     std::recursive_mutex mutex;
     bool initialized = false;
     int sm = 90;
+    std::string fault_file;
     size_t memory_bytes = size_t(16) << 30;
     std::vector<Device> devices;
     uint64_t next_generation = 1;
@@ -677,6 +681,8 @@ EXPORT CUresult cuInit(unsigned int flags) {
         st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
         long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
         long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
+        const char* fault_file = getenv("CELER_CUDA_STANDIN_FAULT_FILE");
+        st.fault_file = fault_file != nullptr ? fault_file : "";
         counters.fail_launch_at = fail_at > 0 ? uint64_t(fail_at) : 0;
         counters.sticky_launch_at = sticky_at > 0 ? uint64_t(sticky_at) : 0;
         install_fault_handlers();
@@ -1433,6 +1439,19 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
         }
         if (extra != nullptr) return fail(NOT_SUPPORTED, op.label + ": `extra` launch arguments are not emulated");
         if (int r = capture_params(k, params, &op, op.label)) return r;
+        if (!st.fault_file.empty()) {
+            // The file arms launch `number` itself: as if the variables had named it.
+            FILE* armed = fopen(st.fault_file.c_str(), "r");
+            if (armed != nullptr) {
+                char kind[16] = {0};
+                size_t got = fread(kind, 1, sizeof(kind) - 1, armed);
+                fclose(armed);
+                remove(st.fault_file.c_str());
+                kind[got] = '\0';
+                if (strncmp(kind, "fail", 4) == 0) counters.fail_launch_at = number;
+                if (strncmp(kind, "sticky", 6) == 0) counters.sticky_launch_at = number;
+            }
+        }
         if (counters.fail_launch_at != 0 && number == counters.fail_launch_at) {
             return fail(LAUNCH_OUT_OF_RESOURCES, op.label + ": injected failure (CELER_CUDA_STANDIN_FAIL_LAUNCH)");
         }

@@ -1,6 +1,6 @@
-// Test kernels for the stand-in's own tests (tests/standin_catches.rs): each correct
-// kernel has a twin with one planted bug of a kind the stand-in must catch. Never used by
-// celer itself.
+// Test kernels for the stand-in's own tests (tests/standin_catches.rs) and the recovery
+// tests: each correct kernel has a twin with one planted bug of a kind the stand-in must
+// catch. Never used by celer itself.
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -50,4 +50,12 @@ extern "C" __global__ void block_sums(const u32* src, u32 n, u32* out) {
         __syncthreads();
     }
     if (threadIdx.x == 0) out[blockIdx.x] = partial[0];
+}
+
+// Writes to an address no allocation holds (not a null pointer, which a compiler may
+// treat as unreachable): an illegal address on a GPU and on the stand-in alike, which
+// makes the context's error sticky. The recovery tests lose a device with it on purpose.
+extern "C" __global__ void write_to_address(u64 address, u32 value) {
+    volatile u32* target = (volatile u32*)address;
+    target[threadIdx.x] = value;
 }
