@@ -9,6 +9,8 @@ MODEL_DIR ?= onnx/u2netp
 BIND ?= 127.0.0.1
 PORT ?= 8080
 
+# `make tensorrt-test CARGO_FEATURES="--features tensorrt"` on a machine with TensorRT.
+CARGO_FEATURES ?=
 FETCHED := tests/data/fetched
 REF_DIR := $(FETCHED)/reference
 REF_MODEL_DIR := onnx/u2netp
@@ -16,7 +18,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test bench compare gpu-check check-tensorrt clean-models
+.PHONY: python models models-all fixtures reference build serve test tensorrt-test bench compare gpu-check check-tensorrt clean-models
 
 python:
 	@scripts/setup-python
@@ -51,6 +53,12 @@ test: reference
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	$(ORT_ENV) cargo test --release
+
+# TensorRT engines against ONNX Runtime on a GPU: needs a GPU, TensorRT and a build with
+# `--features tensorrt` (TENSORRT_INCLUDE_DIR=...); fails, saying which is missing,
+# anywhere else. Not part of `make test`: the stand-in CUDA driver cannot run TensorRT.
+tensorrt-test: models
+	$(ORT_ENV) cargo test --release $(CARGO_FEATURES) --test tensorrt_engine
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
 bench: models
