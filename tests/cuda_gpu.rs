@@ -790,7 +790,7 @@ fn pinned_staging_grows_with_the_images_served() {
         "after 1920x1080: {hd} bytes pinned"
     );
     assert_eq!(run(&mut pipeline, 320, 240), hd, "kept, not shrunk");
-    let big = run(&mut pipeline, 4032, 3024);
-    assert!(big >= at_load + 9 * 4032 * 3024, "after 4032x3024: {big}");
+    let big = run(&mut pipeline, 2560, 1600);
+    assert!(big >= at_load + 9 * 2560 * 1600, "after 2560x1600: {big}");
     assert_eq!(run(&mut pipeline, 1920, 1080), big);
 }
