@@ -15,8 +15,6 @@ use crate::config::{Normalize, Scale};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
-/// Threads per block of the one-thread-per-line kernels (fewer lines than pixels).
-const LINE_BLOCK: u32 = 64;
 /// Threads per block of the guided filter's row passes: one warp, which owns a tile of
 /// rows (guided_filter.cu, `RowTiles`).
 const ROW_PASS_BLOCK: u32 = 32;
@@ -24,6 +22,10 @@ const ROW_PASS_BLOCK: u32 = 32;
 /// `ROW_PASS_BLOCK / sums`, as `RowTiles::ROWS` in guided_filter.cu.
 const GUIDE_ROWS_PER_BLOCK: u32 = ROW_PASS_BLOCK / 4;
 const COEFFICIENT_ROWS_PER_BLOCK: u32 = ROW_PASS_BLOCK / 2;
+/// Threads per block of the guided filter's column passes (one thread per column, 1008
+/// columns at the served 1/4 of 4032): one warp, so that the few warps there are land on
+/// as many SMs as there are blocks. A warp still reads 32 consecutive columns.
+const COLUMN_PASS_BLOCK: u32 = 32;
 
 /// One launch of the guided filter's fit: kernel, threads in all, threads per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +43,7 @@ impl FitLaunch {
 
 /// The four launches of `guided_coefficients` for a `w` x `h` fit, in order: the row
 /// passes run one-warp blocks of 8 rows x 4 sums and 16 rows x 2 sums, the column passes
-/// one thread per column.
+/// one thread per column in one-warp blocks.
 pub fn guided_fit_launches((w, h): (u32, u32)) -> [FitLaunch; 4] {
     let rows = |per_block: u32| u64::from(h.div_ceil(per_block)) * u64::from(ROW_PASS_BLOCK);
     [
@@ -53,7 +55,7 @@ pub fn guided_fit_launches((w, h): (u32, u32)) -> [FitLaunch; 4] {
         FitLaunch {
             kernel: "box_columns_coefficients",
             threads: u64::from(w),
-            block: LINE_BLOCK,
+            block: COLUMN_PASS_BLOCK,
         },
         FitLaunch {
             kernel: "box_rows_coefficients",
@@ -63,7 +65,7 @@ pub fn guided_fit_launches((w, h): (u32, u32)) -> [FitLaunch; 4] {
         FitLaunch {
             kernel: "box_columns_means",
             threads: u64::from(w),
-            block: LINE_BLOCK,
+            block: COLUMN_PASS_BLOCK,
         },
     ]
 }

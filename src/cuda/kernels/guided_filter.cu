@@ -18,10 +18,14 @@
 //   tile's loads are issued into registers before the current tile is summed. Each lane
 //   writes its 32 outputs into a shared tile, which the warp stores the same way, 32
 //   consecutive floats of one row of one plane per store.
-// - Column passes (box_columns_coefficients, box_columns_means): one thread per column,
-//   32 consecutive columns per warp, so each step's loads and stores of a warp are 32
-//   consecutive floats of one row (coalesced); pass 1 keeps its four sums in one thread,
+// - Column passes (box_columns_coefficients, box_columns_means): one thread per column
+//   in one-warp blocks, ceil(w / 32) of them, so that the few warps there are spread over
+//   as many SMs. A warp holds 32 consecutive columns: each step's loads and stores are 32
+//   consecutive floats of one row (coalesced). Pass 1 keeps its four sums in one thread,
 //   as four independent chains, because a and b need all four means at once.
+// Each lane's chain is sequential by construction (2 dependent f64 adds per sample), so a
+// pass takes at least w (rows) or h (columns) such steps; the row passes used to take 4w
+// (2w in pass 2) per thread, their sums one after another, on fewer SMs.
 //
 // Why the row passes stay exact: the order of operations that produces each output is a
 // function of (row, sum) alone, and each chain is still run by exactly one lane, in the
