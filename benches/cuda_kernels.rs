@@ -3,6 +3,10 @@
 //! whole pre- and post-processing of a 1920x1080 request with upload and download,
 //! side by side with the CPU stages it replaces. Without a GPU it says so and exits 0.
 //!
+//! Before any timing (and without a GPU too) it prints the launch shapes of the guided
+//! filter's fit at 4032x3024 for subsample 1 and 4, and how many SMs of a 132-SM
+//! H100/H200 their blocks would occupy.
+//!
 //! `cargo bench --bench cuda_kernels`; `CELER_BENCH_JSON=path` also writes the figures
 //! as JSON (scripts/gpu-check puts them in its report).
 
@@ -11,7 +15,9 @@ use std::time::Instant;
 
 use celer::config::{Normalize, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
-use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
+use celer::cuda::launch::{
+    guided_fit_launches, taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput,
+};
 use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
 use celer::pipeline::plane::Plane;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
@@ -37,6 +43,7 @@ fn main() {
             }
         });
     }
+    let launches = fit_launch_shapes();
     let gpus = match probe() {
         Probe::Ready { gpus, .. } if !gpus.is_empty() => gpus,
         other => {
@@ -44,7 +51,11 @@ fn main() {
                 "cuda_kernels: no GPU ({}): nothing to time",
                 other.summary()
             );
-            write_json(&json!({ "gpu": null, "reason": other.summary() }));
+            write_json(&json!({
+                "gpu": null,
+                "reason": other.summary(),
+                "guided_fit_launches": launches,
+            }));
             return;
         }
     };
@@ -67,7 +78,64 @@ fn main() {
     );
     let kernels = time_kernels(&dev, &info);
     let pipeline = time_pre_post(&dev);
-    write_json(&json!({ "gpu": info, "kernels": kernels, "pre_post_1920x1080": pipeline }));
+    write_json(&json!({
+        "gpu": info,
+        "kernels": kernels,
+        "pre_post_1920x1080": pipeline,
+        "guided_fit_launches": launches,
+    }));
+}
+
+/// SMs of an H100 / H200 (SXM), for the occupancy estimate of the launch shapes.
+const H100_SMS: u64 = 132;
+
+/// Prints (and returns) the guided filter fit's four launches at 4032x3024 for subsample
+/// 1 and 4: threads, threads per block, blocks, and the SMs of a 132-SM GPU those blocks
+/// occupy (the block scheduler puts each block on its own SM while there are SMs free).
+fn fit_launch_shapes() -> Vec<serde_json::Value> {
+    let source = (4032u32, 3024u32);
+    println!(
+        "guided filter fit launches for a {}x{} source ({H100_SMS}-SM H100/H200 estimate)",
+        source.0, source.1
+    );
+    println!(
+        "{:<5} {:<10} {:<26} {:>8} {:>6} {:>7} {:>9}",
+        "s", "fit size", "kernel", "threads", "block", "blocks", "SMs busy"
+    );
+    let mut out = Vec::new();
+    for subsample in [1u32, 4] {
+        let params = GuidedParams {
+            radius: 8,
+            epsilon: 1e-3,
+            subsample,
+        };
+        let (lw, lh) = params.low_size(source);
+        for launch in guided_fit_launches((lw, lh)) {
+            let blocks = launch.blocks();
+            let busy = blocks.min(H100_SMS);
+            println!(
+                "{:<5} {:<10} {:<26} {:>8} {:>6} {:>7} {:>4}/{H100_SMS}",
+                subsample,
+                format!("{lw}x{lh}"),
+                launch.kernel,
+                launch.threads,
+                launch.block,
+                blocks,
+                busy
+            );
+            out.push(json!({
+                "subsample": subsample,
+                "fit_size": [lw, lh],
+                "kernel": launch.kernel,
+                "threads": launch.threads,
+                "block": launch.block,
+                "blocks": blocks,
+                "sms_busy_of_132": busy,
+            }));
+        }
+    }
+    println!();
+    out
 }
 
 /// Compiles the kernels for every architecture NVRTC supports into the cache folder

@@ -15,8 +15,60 @@ use crate::config::{Normalize, Scale};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
-/// Threads per block of the one-thread-per-line kernels (fewer lines than pixels).
-const LINE_BLOCK: u32 = 64;
+/// Threads per block of the guided filter's row passes: one warp, which owns a tile of
+/// rows (guided_filter.cu, `RowTiles`).
+const ROW_PASS_BLOCK: u32 = 32;
+/// Rows per block of `box_rows_guide` (4 sums a row) and `box_rows_coefficients` (2):
+/// `ROW_PASS_BLOCK / sums`, as `RowTiles::ROWS` in guided_filter.cu.
+const GUIDE_ROWS_PER_BLOCK: u32 = ROW_PASS_BLOCK / 4;
+const COEFFICIENT_ROWS_PER_BLOCK: u32 = ROW_PASS_BLOCK / 2;
+/// Threads per block of the guided filter's column passes (one thread per column, 1008
+/// columns at the served 1/4 of 4032): one warp, so that the few warps there are land on
+/// as many SMs as there are blocks. A warp still reads 32 consecutive columns.
+const COLUMN_PASS_BLOCK: u32 = 32;
+
+/// One launch of the guided filter's fit: kernel, threads in all, threads per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FitLaunch {
+    pub kernel: &'static str,
+    pub threads: u64,
+    pub block: u32,
+}
+
+impl FitLaunch {
+    pub fn blocks(&self) -> u64 {
+        self.threads.div_ceil(u64::from(self.block))
+    }
+}
+
+/// The four launches of `guided_coefficients` for a `w` x `h` fit, in order: the row
+/// passes run one-warp blocks of 8 rows x 4 sums and 16 rows x 2 sums, the column passes
+/// one thread per column in one-warp blocks.
+pub fn guided_fit_launches((w, h): (u32, u32)) -> [FitLaunch; 4] {
+    let rows = |per_block: u32| u64::from(h.div_ceil(per_block)) * u64::from(ROW_PASS_BLOCK);
+    [
+        FitLaunch {
+            kernel: "box_rows_guide",
+            threads: rows(GUIDE_ROWS_PER_BLOCK),
+            block: ROW_PASS_BLOCK,
+        },
+        FitLaunch {
+            kernel: "box_columns_coefficients",
+            threads: u64::from(w),
+            block: COLUMN_PASS_BLOCK,
+        },
+        FitLaunch {
+            kernel: "box_rows_coefficients",
+            threads: rows(COEFFICIENT_ROWS_PER_BLOCK),
+            block: ROW_PASS_BLOCK,
+        },
+        FitLaunch {
+            kernel: "box_columns_means",
+            threads: u64::from(w),
+            block: COLUMN_PASS_BLOCK,
+        },
+    ]
+}
 
 /// A 1-D launch covering `threads` threads; `None` when there is nothing to do.
 fn config(threads: u64, block: u32) -> Result<Option<LaunchConfig>, CudaError> {
@@ -599,15 +651,18 @@ impl Launcher<'_> {
             need("guided filter scratch", s, n)?;
         }
         let [s_i, s_p, s_ip, s_ii] = scratch;
-        launch!(self, "box_rows_guide", u64::from(h), LINE_BLOCK;
+        let [rows_guide, columns_coefficients, rows_coefficients, columns_means] =
+            guided_fit_launches((w, h));
+        launch!(self, "box_rows_guide", rows_guide.threads, rows_guide.block;
             guide, p, &w, &h, &radius, &mut *s_i, &mut *s_p, &mut *s_ip, &mut *s_ii)?;
         // a and b go where mean_a and mean_b will be: their row sums free them in time.
-        launch!(self, "box_columns_coefficients", u64::from(w), LINE_BLOCK;
+        launch!(self, "box_columns_coefficients", columns_coefficients.threads,
+            columns_coefficients.block;
             &*s_i, &*s_p, &*s_ip, &*s_ii, &w, &h, &radius, &epsilon, &mut *mean_a, &mut *mean_b)?;
         // The first two row-sum planes are free again: reuse them for the sums of a and b.
-        launch!(self, "box_rows_coefficients", u64::from(h), LINE_BLOCK;
+        launch!(self, "box_rows_coefficients", rows_coefficients.threads, rows_coefficients.block;
             &*mean_a, &*mean_b, &w, &h, &radius, &mut *s_i, &mut *s_p)?;
-        launch!(self, "box_columns_means", u64::from(w), LINE_BLOCK;
+        launch!(self, "box_columns_means", columns_means.threads, columns_means.block;
             &*s_i, &*s_p, &w, &h, &radius, mean_a, mean_b)
     }
 
@@ -692,6 +747,35 @@ impl Launcher<'_> {
                 launch!(self, "quantize_alpha_cutout", n64, BLOCK;
                     refined, trimap, &use_trimap, rgb, &n, alpha, rgba)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guided_fit_launches_cover_every_row_and_column() {
+        let known = super::super::kernels::GUIDED_FILTER.kernels;
+        for (w, h) in [(1u32, 1u32), (7, 5), (33, 17), (1008, 756), (4032, 3024)] {
+            let [rows_guide, columns_coefficients, rows_coefficients, columns_means] =
+                guided_fit_launches((w, h));
+            for launch in [
+                rows_guide,
+                columns_coefficients,
+                rows_coefficients,
+                columns_means,
+            ] {
+                assert!(known.contains(&launch.kernel), "{}", launch.kernel);
+            }
+            // One-warp row blocks own 8 rows (4 sums) or 16 rows (2 sums) each.
+            assert_eq!(rows_guide.block, 32);
+            assert_eq!(rows_guide.blocks(), u64::from(h.div_ceil(8)));
+            assert_eq!(rows_coefficients.block, 32);
+            assert_eq!(rows_coefficients.blocks(), u64::from(h.div_ceil(16)));
+            assert_eq!(columns_coefficients.threads, u64::from(w));
+            assert_eq!(columns_means.threads, u64::from(w));
         }
     }
 }

@@ -1,10 +1,42 @@
 // Guided filter fit (src/pipeline/guided_filter.rs, `coefficients`): luma guide I, mask p
 // (clamped to [0, 1] as `fit` does), box means over the (2r+1)^2 window clipped to the
 // image, at the fit's resolution (1/subsample of the source). Each box sum runs in f64 in
-// the CPU's exact order (a running sum along each row, then along each column of the f32
-// row sums: one thread per row or column), so the means, a, b, mean_a and mean_b are the
-// CPU's bit for bit. Fused: the four means of pass 1 are consumed where they are
-// produced, into a and b. The model is applied at full size by composite.cu.
+// the CPU's exact order (BoxFilter::mean: a running sum along each row, then along each
+// column of the f32 row sums), so the means, a, b, mean_a and mean_b are the CPU's bit
+// for bit. Fused: the four means of pass 1 are consumed where they are produced, into a
+// and b. The model is applied at full size by composite.cu.
+//
+// Launch shapes (src/cuda/launch.rs `guided_fit_launches` computes them):
+// - Row passes (box_rows_guide, box_rows_coefficients): 1-D grid of one-warp blocks
+//   (32 threads). A block owns a tile of ROWS consecutive image rows and KINDS sums per
+//   row, ROWS * KINDS = 32: 8 rows x 4 sums (I, p, I*p, I*I) in pass 1, 16 rows x 2 sums
+//   (a, b) in pass 2, so ceil(h / 8) and ceil(h / 16) blocks, each lane one (row, sum)
+//   chain. The row is walked 32 columns at a time: the warp loads the tile's entering
+//   samples (columns x0 + r + 1 ..) and leaving samples (columns x0 - r ..) of both input
+//   planes into shared memory, lane t reading column x0 + t of one row after another, so
+//   every load instruction reads 32 consecutive floats of one row (coalesced); the next
+//   tile's loads are issued into registers before the current tile is summed. Each lane
+//   writes its 32 outputs into a shared tile, which the warp stores the same way, 32
+//   consecutive floats of one row of one plane per store.
+// - Column passes (box_columns_coefficients, box_columns_means): one thread per column
+//   in one-warp blocks, ceil(w / 32) of them, so that the few warps there are spread over
+//   as many SMs. A warp holds 32 consecutive columns: each step's loads and stores are 32
+//   consecutive floats of one row (coalesced). Pass 1 keeps its four sums in one thread,
+//   as four independent chains, because a and b need all four means at once.
+// Each lane's chain is sequential by construction (2 dependent f64 adds per sample), so a
+// pass takes at least w (rows) or h (columns) such steps; the row passes used to take 4w
+// (2w in pass 2) per thread, their sums one after another, on fewer SMs.
+//
+// Why the row passes stay exact: the order of operations that produces each output is a
+// function of (row, sum) alone, and each chain is still run by exactly one lane, in the
+// CPU's order: s = 0.0, then s = s + v for columns 0 ..= min(r, w - 1), then for each x
+// the f32 store of s, s = s + v(x + r + 1) while x + r + 1 < w, s = s - v(x - r) while
+// x >= r. Tiling only changes where v is read from (shared memory, filled from the same
+// floats), and v itself is the same f32 expression as before (I, clamp(p), I * clamp(p),
+// I * I; a; b), selected per lane without changing its rounding. Splitting the four sums
+// of a row across lanes only runs independent chains side by side; no chain is split,
+// reassociated or reordered. Lanes of rows past the image run the same steps on zeros
+// (so that every lane reaches every __syncthreads) and store nothing.
 #include "common.cuh"
 
 // Luma in [0, 1], BT.601 weights, f32 in the CPU's order.
@@ -26,42 +58,157 @@ __device__ __forceinline__ u32 window_len(u32 i, u32 r, u32 len) {
     return hi - lo + 1u;
 }
 
-// Running window sum along one line of `len` samples read by `at(k)`, written as f32.
-// The order of adds and subtracts is BoxFilter::mean's horizontal loop.
-#define ROW_RUNNING_SUM(len, r, at, store)                          \
-    {                                                               \
-        double s = 0.0;                                             \
-        u32 first_end = (r) < (len) - 1u ? (r) : (len) - 1u;        \
-        for (u32 k = 0; k <= first_end; ++k) s = s + (double)(at(k)); \
-        for (u32 x = 0; x < (len); ++x) {                           \
-            store(x, (float)s);                                     \
-            if ((u64)x + (r) + 1u < (len)) s = s + (double)(at(x + (r) + 1u)); \
-            if (x >= (r)) s = s - (double)(at(x - (r)));            \
-        }                                                           \
+#if defined(__CUDACC__)
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+// Columns per tile of the row passes: one warp-wide load reads one tile row.
+#define ROW_TILE 32u
+
+// Shared tiles of a row-pass block: KINDS sums of 32 / KINDS rows from two input planes.
+// Rows are padded to 33 floats so that the lanes reading column j of different rows (or
+// writing column j of different sums) fall in different banks.
+template <u32 KINDS>
+struct RowTiles {
+    static constexpr u32 ROWS = 32u / KINDS;
+    float enter[2][ROWS][ROW_TILE + 1u];
+    float leave[2][ROWS][ROW_TILE + 1u];
+    float out[KINDS][ROWS][ROW_TILE + 1u];
+};
+
+// Lane `lane`'s share of the tile for outputs x0 .. x0 + 31 into registers: for each row
+// and plane, the entering sample (column x0 + lane + r + 1) and the leaving one (column
+// x0 + lane - r), 0 where the column or row is outside the image (never read then).
+template <u32 ROWS>
+__device__ __forceinline__ void load_row_tiles(
+    float (&pre)[2][2][ROWS], const float* in0, const float* in1, u64 y0, u32 w, u32 h,
+    u32 r, u64 x0, u32 lane) {
+    u64 enter = x0 + lane + r + 1u;
+    u64 at = x0 + lane;
+    bool enters = enter < w;
+    bool leaves = at >= r && at - r < w;
+    u64 leave = leaves ? at - r : 0u;
+    UNROLL for (u32 row = 0; row < ROWS; ++row) {
+        u64 y = y0 + row;
+        bool inside = y < h;
+        pre[0][0][row] = inside && enters ? in0[y * w + enter] : 0.0f;
+        pre[0][1][row] = inside && enters ? in1[y * w + enter] : 0.0f;
+        pre[1][0][row] = inside && leaves ? in0[y * w + leave] : 0.0f;
+        pre[1][1][row] = inside && leaves ? in1[y * w + leave] : 0.0f;
+    }
+}
+
+template <u32 KINDS>
+__device__ __forceinline__ void store_row_tiles(
+    RowTiles<KINDS>& t, const float (&pre)[2][2][RowTiles<KINDS>::ROWS], u32 lane) {
+    UNROLL for (u32 row = 0; row < RowTiles<KINDS>::ROWS; ++row) {
+        t.enter[0][row][lane] = pre[0][0][row];
+        t.enter[1][row][lane] = pre[0][1][row];
+        t.leave[0][row][lane] = pre[1][0][row];
+        t.leave[1][row][lane] = pre[1][1][row];
+    }
+}
+
+// The running window sums along the rows of one tile of rows (see the header): lane
+// `kind * ROWS + q` runs the chain of sum `kind` of row blockIdx.x * ROWS + q over the
+// values Sums::value(in0, in1, kind) and writes it to out[kind]. Every lane runs every
+// step (the loops depend on w and r only), so each __syncthreads is reached by all.
+template <typename Sums>
+__device__ __forceinline__ void box_rows_tiled(
+    RowTiles<Sums::KINDS>& t, const float* in0, const float* in1, u32 w, u32 h, u32 r,
+    float* const (&out)[Sums::KINDS]) {
+    constexpr u32 KINDS = Sums::KINDS;
+    constexpr u32 ROWS = RowTiles<KINDS>::ROWS;
+    const u32 lane = threadIdx.x;
+    const u32 q = lane % ROWS;
+    const u32 kind = lane / ROWS;
+    const u64 y0 = (u64)blockIdx.x * ROWS;
+
+    // s = the sum of columns 0 ..= min(r, w - 1), added in column order.
+    const u32 first_end = r < w - 1u ? r : w - 1u;
+    double s = 0.0;
+    for (u64 c0 = 0; c0 <= first_end; c0 += ROW_TILE) {
+        __syncthreads();
+        u64 col = c0 + lane;
+        UNROLL for (u32 row = 0; row < ROWS; ++row) {
+            u64 y = y0 + row;
+            bool inside = y < h && col <= first_end;
+            t.enter[0][row][lane] = inside ? in0[y * w + col] : 0.0f;
+            t.enter[1][row][lane] = inside ? in1[y * w + col] : 0.0f;
+        }
+        __syncthreads();
+        u64 left = (u64)first_end + 1u - c0;
+        u32 n = left < ROW_TILE ? (u32)left : ROW_TILE;
+        for (u32 j = 0; j < n; ++j) {
+            s = s + (double)Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind);
+        }
     }
 
-// Pass 1, rows: window sums of I, p, I*p and I*I along each row (one thread per row);
-// p is read clamped to [0, 1].
+    // Then tile by tile: store s as f32 at x, add the entering sample, subtract the
+    // leaving one, while the next tile's samples are in flight into `pre`.
+    float pre[2][2][ROWS];
+    load_row_tiles<ROWS>(pre, in0, in1, y0, w, h, r, 0u, lane);
+    __syncthreads();
+    store_row_tiles<KINDS>(t, pre, lane);
+    for (u64 x0 = 0; x0 < w; x0 += ROW_TILE) {
+        __syncthreads();
+        bool more = x0 + ROW_TILE < w;
+        if (more) load_row_tiles<ROWS>(pre, in0, in1, y0, w, h, r, x0 + ROW_TILE, lane);
+        u64 left = (u64)w - x0;
+        u32 n = left < ROW_TILE ? (u32)left : ROW_TILE;
+        UNROLL for (u32 j = 0; j < ROW_TILE; ++j) {
+            if (j >= n) break;
+            u64 x = x0 + j;
+            t.out[kind][q][j] = (float)s;
+            if (x + r + 1u < w) {
+                s = s + (double)Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind);
+            }
+            if (x >= r) {
+                s = s - (double)Sums::value(t.leave[0][q][j], t.leave[1][q][j], kind);
+            }
+        }
+        __syncthreads();
+        u64 col = x0 + lane;
+        UNROLL for (u32 k = 0; k < KINDS; ++k) {
+            UNROLL for (u32 row = 0; row < ROWS; ++row) {
+                u64 y = y0 + row;
+                if (y < h && col < w) out[k][y * w + col] = t.out[k][row][lane];
+            }
+        }
+        if (more) store_row_tiles<KINDS>(t, pre, lane);
+    }
+}
+
+// Pass 1's values: I, p, I * p and I * I, p clamped to [0, 1] (selects, no branches: the
+// four kinds share a warp).
+struct GuideSums {
+    static constexpr u32 KINDS = 4u;
+    static __device__ __forceinline__ float value(float guide, float p, u32 kind) {
+        float pc = clamp_unit(p);
+        float lhs = kind == 1u ? pc : guide;
+        float rhs = kind == 2u ? pc : guide;
+        return kind < 2u ? lhs : lhs * rhs;
+    }
+};
+
+// Pass 2's values: a and b.
+struct CoefficientSums {
+    static constexpr u32 KINDS = 2u;
+    static __device__ __forceinline__ float value(float a, float b, u32 kind) {
+        return kind == 0u ? a : b;
+    }
+};
+
+// Pass 1, rows: window sums of I, p, I*p and I*I along each row; p is read clamped to
+// [0, 1]. One-warp blocks of 8 rows x 4 sums (see the header).
 extern "C" __global__ void box_rows_guide(
     const float* guide, const float* p, u32 w, u32 h, u32 r,
     float* sum_i, float* sum_p, float* sum_ip, float* sum_ii) {
-    u64 y = global_index();
-    if (y >= h) return;
-    const float* gi = guide + y * w;
-    const float* pi = p + y * w;
-    u64 base = y * w;
-#define AT_I(k) gi[k]
-#define AT_P(k) clamp_unit(pi[k])
-#define AT_IP(k) (gi[k] * clamp_unit(pi[k]))
-#define AT_II(k) (gi[k] * gi[k])
-#define STORE_I(x, v) sum_i[base + (x)] = (v)
-#define STORE_P(x, v) sum_p[base + (x)] = (v)
-#define STORE_IP(x, v) sum_ip[base + (x)] = (v)
-#define STORE_II(x, v) sum_ii[base + (x)] = (v)
-    ROW_RUNNING_SUM(w, r, AT_I, STORE_I)
-    ROW_RUNNING_SUM(w, r, AT_P, STORE_P)
-    ROW_RUNNING_SUM(w, r, AT_IP, STORE_IP)
-    ROW_RUNNING_SUM(w, r, AT_II, STORE_II)
+    __shared__ RowTiles<GuideSums::KINDS> tiles;
+    float* const out[GuideSums::KINDS] = {sum_i, sum_p, sum_ip, sum_ii};
+    box_rows_tiled<GuideSums>(tiles, guide, p, w, h, r, out);
 }
 
 // Pass 1, columns: the four running column sums of the row sums give mean_I, mean_p,
@@ -110,20 +257,13 @@ extern "C" __global__ void box_columns_coefficients(
     }
 }
 
-// Pass 2, rows: window sums of a and b along each row.
+// Pass 2, rows: window sums of a and b along each row. One-warp blocks of 16 rows x 2
+// sums (see the header).
 extern "C" __global__ void box_rows_coefficients(
     const float* a, const float* b, u32 w, u32 h, u32 r, float* sum_a, float* sum_b) {
-    u64 y = global_index();
-    if (y >= h) return;
-    const float* ai = a + y * w;
-    const float* bi = b + y * w;
-    u64 base = y * w;
-#define AT_A(k) ai[k]
-#define AT_B(k) bi[k]
-#define STORE_A(x, v) sum_a[base + (x)] = (v)
-#define STORE_B(x, v) sum_b[base + (x)] = (v)
-    ROW_RUNNING_SUM(w, r, AT_A, STORE_A)
-    ROW_RUNNING_SUM(w, r, AT_B, STORE_B)
+    __shared__ RowTiles<CoefficientSums::KINDS> tiles;
+    float* const out[CoefficientSums::KINDS] = {sum_a, sum_b};
+    box_rows_tiled<CoefficientSums>(tiles, a, b, w, h, r, out);
 }
 
 // Pass 2, columns: mean_a and mean_b, the fitted model (one thread per column).
