@@ -16,7 +16,7 @@ use std::time::Instant;
 use celer::config::{Normalize, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{
-    guided_fit_launches, taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput,
+    guided_fit_launches, taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput,
 };
 use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
 use celer::pipeline::plane::Plane;
@@ -234,8 +234,8 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         std: [0.229, 0.224, 0.225],
     };
     let (oh, wh) = taps_capacity(w, 320);
-    let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
-    let mut vt = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut vt = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
     ht.set_fixed(&s, w, 320).unwrap();
     vt.set_fixed(&s, h, 320).unwrap();
     let (mut tmp, mut resized, mut max, mut input) = (
@@ -252,12 +252,12 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         zeros::<u8>(&s, 320 * 320),
         zeros::<u8>(&s, 320 * 320),
     );
-    let mut nearest = DeviceNearest::alloc(&s, w, h).unwrap();
+    let mut nearest = GpuNearest::alloc(&s, w, h).unwrap();
     nearest.set(&s, (320, 320), (w, h)).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
     let (ch, cwh) = taps_capacity(320, w);
-    let mut pht = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
-    let mut pvt = DeviceTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    let mut pht = GpuTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    let mut pvt = GpuTaps::<f64>::alloc(&s, ch, cwh).unwrap();
     pht.set_convolution(&s, 320, w).unwrap();
     pvt.set_convolution(&s, 320, h).unwrap();
     let (mut ptmp, mut p, mut luma) = (
@@ -475,12 +475,12 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     };
     // Pinned staging, as GpuPipeline has.
     let ctx = dev.context();
-    let mut up_host = celer::cuda::pipeline::pinned_zeroed(ctx, n * 3).expect("pinned memory");
-    let mut down_host = celer::cuda::pipeline::pinned_zeroed(ctx, n * 6).expect("pinned memory");
+    let mut up_host = celer::cuda::pinned::<u8>(ctx, n * 3, false).expect("pinned memory");
+    let mut down_host = celer::cuda::pinned::<u8>(ctx, n * 6, false).expect("pinned memory");
     let mut rgb = zeros::<u8>(&s, n * 3);
     let (oh, wh) = taps_capacity(w, 320);
-    let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
-    let mut vt = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
+    let mut vt = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
     ht.set_fixed(&s, w, 320).unwrap();
     vt.set_fixed(&s, h, 320).unwrap();
     let (mut tmp, mut dresized, mut max, mut dinput) = (
@@ -497,7 +497,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
         zeros::<u8>(&s, 320 * 320),
         zeros::<u8>(&s, 320 * 320),
     );
-    let mut nearest = DeviceNearest::alloc(&s, w, h).unwrap();
+    let mut nearest = GpuNearest::alloc(&s, w, h).unwrap();
     nearest.set(&s, (320, 320), (w, h)).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
     let params = GuidedParams {

@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
+use celer::codec::decode::{decode, DecodeLimits};
+use celer::codec::encode;
 use celer::config::{Normalize, Scale};
-use celer::pipeline::decode::{decode, DecodeLimits};
 use celer::pipeline::plane::Plane;
-use celer::pipeline::{composite, encode, guided_filter, preprocess, resample, trimap};
+use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fast_image_resize::Resizer;
 use image::ExtendedColorType;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use celer::tensorrt::manifest::{
+use celer::engines::manifest::{
     engine_dir, sha256_bytes, BuildRecord, EngineManifest, GpuIdentity, ENGINES_DIR, MANIFEST_FILE,
     MANIFEST_FORMAT,
 };

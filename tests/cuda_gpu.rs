@@ -19,11 +19,12 @@ use std::sync::Arc;
 use celer::config::MattingSpec;
 use celer::config::{Normalize, PipelineSpec, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
-use celer::cuda::launch::{taps_capacity, DeviceNearest, DeviceTaps, Launcher, ModelInput};
-use celer::cuda::{GpuLimits, GpuPipeline, ModelSource};
+use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
 use celer::pipeline::plane::Plane;
+use celer::pipeline::StageTimings;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
-use celer::pipeline::{Pipeline, StageTimings};
+use celer::replica::cpu::CpuPipeline;
+use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{GrayImage, Rgb, RgbImage};
@@ -106,8 +107,8 @@ fn preprocess_is_bit_exact_in_f32_and_f16() {
             let image = texture(sw, sh, sw ^ dh);
             let (oh, wh) = taps_capacity(sw.max(sh), dw);
             let (ov, wv) = taps_capacity(sw.max(sh), dh);
-            let mut ht = DeviceTaps::<i32>::alloc(&s, oh, wh).unwrap();
-            let mut vt = DeviceTaps::<i32>::alloc(&s, ov, wv).unwrap();
+            let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
+            let mut vt = GpuTaps::<i32>::alloc(&s, ov, wv).unwrap();
             ht.set_fixed(&s, sw, dw).unwrap();
             vt.set_fixed(&s, sh, dh).unwrap();
             let src = up(&s, image.as_raw());
@@ -264,7 +265,7 @@ fn erosion_and_nearest_resize_are_exact() {
         }
         for (dw, dh) in [(1, 1), (5, 7), (4032, 3024), (w * 3 + 1, h)] {
             let want = resample::resize_nearest(&t, dw, dh);
-            let mut idx = DeviceNearest::alloc(&s, dw, dh).unwrap();
+            let mut idx = GpuNearest::alloc(&s, dw, dh).unwrap();
             idx.set(&s, (w, h), (dw, dh)).unwrap();
             let mut dst = zeros::<u8>(&s, (dw * dh) as usize);
             l.resize_nearest(&up(&s, t.as_raw()), &idx, &mut dst)
@@ -299,8 +300,8 @@ fn plane_resize_matches_fast_image_resize() {
         let want = resample::resize_plane(&mut Resizer::new(), &src, dw, dh).unwrap();
         let (oh, wh) = taps_capacity(w, dw);
         let (ov, wv) = taps_capacity(h, dh);
-        let mut ht = DeviceTaps::<f64>::alloc(&s, oh, wh).unwrap();
-        let mut vt = DeviceTaps::<f64>::alloc(&s, ov, wv).unwrap();
+        let mut ht = GpuTaps::<f64>::alloc(&s, oh, wh).unwrap();
+        let mut vt = GpuTaps::<f64>::alloc(&s, ov, wv).unwrap();
         ht.set_convolution(&s, w, dw).unwrap();
         vt.set_convolution(&s, h, dh).unwrap();
         let mut tmp = zeros::<f32>(&s, (dw * h) as usize);
@@ -349,8 +350,8 @@ fn guided_alpha_applies_the_cpu_model_exactly() {
             let (lw, lh) = (model.mean_a.width, model.mean_a.height);
             let (ox, wx) = taps_capacity(lw, w);
             let (oy, wy) = taps_capacity(lh, h);
-            let mut xs = DeviceTaps::<f32>::alloc(&s, ox, wx).unwrap();
-            let mut ys = DeviceTaps::<f32>::alloc(&s, oy, wy).unwrap();
+            let mut xs = GpuTaps::<f32>::alloc(&s, ox, wx).unwrap();
+            let mut ys = GpuTaps::<f32>::alloc(&s, oy, wy).unwrap();
             xs.set_upsample(&s, lw, w).unwrap();
             ys.set_upsample(&s, lh, h).unwrap();
             let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
@@ -565,7 +566,7 @@ fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
 
 fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
     let dev = gpu_support::gpu();
-    let mut cpu = Pipeline::load(spec, 2).expect("CPU pipeline");
+    let mut cpu = CpuPipeline::load(spec, 2).expect("CPU pipeline");
     let mut gpu = GpuPipeline::load(
         spec,
         dev,
@@ -655,8 +656,10 @@ fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
 /// alpha within 1 LSB, and the device's cut-out composited from its own alpha.
 #[test]
 fn a_gpu_device_serves_through_the_router_like_the_cpu() {
-    use celer::sched::gpu::{gpu_device_setup, plan_gpus};
-    use celer::sched::{PipelineJob, Router, RouterConfig};
+    use celer::engines::plan::plan_gpus;
+    use celer::replica::gpu::gpu_device_setup;
+    use celer::replica::PipelineJob;
+    use celer::sched::{Router, RouterConfig};
 
     let dev = gpu_support::gpu();
     let dir = repo("onnx/fixtures/classes-matting");
@@ -677,7 +680,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         .enable_time()
         .build()
         .unwrap();
-    let mut cpu = Pipeline::load(&spec, 2).expect("CPU pipeline");
+    let mut cpu = CpuPipeline::load(&spec, 2).expect("CPU pipeline");
     for (w, h) in AWKWARD {
         let image = Arc::new(texture(w, h, 5));
         let ticket = router
@@ -685,7 +688,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
                 PipelineJob {
                     image: image.clone(),
                     timings: StageTimings::default(),
-                    want_cutout: true,
+                    cutout: true,
                 },
                 std::time::Instant::now() + std::time::Duration::from_secs(60),
             )

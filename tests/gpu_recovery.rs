@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 use celer::config::PipelineSpec;
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
-use celer::cuda::{probe, GpuLimits};
+use celer::cuda::probe;
+use celer::engines::plan::plan_gpus;
 use celer::pipeline::StageTimings;
-use celer::sched::gpu::{gpu_device_setup, plan_gpus};
+use celer::replica::gpu::{gpu_device_setup, GpuLimits};
+use celer::replica::{PipelineJob, PipelineRouter};
 use celer::sched::metrics::DeviceLabel;
-use celer::sched::{PipelineJob, PipelineRouter, Router, RouterConfig};
+use celer::sched::{Router, RouterConfig};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -37,7 +39,7 @@ fn serve(router: &PipelineRouter, image: &Arc<RgbImage>) -> Result<GrayImage, St
             PipelineJob {
                 image: image.clone(),
                 timings: StageTimings::default(),
-                want_cutout: true,
+                cutout: true,
             },
             Instant::now() + Duration::from_secs(60),
         )

@@ -24,9 +24,9 @@ use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::Router;
 use base64::Engine;
 use bytes::Bytes;
+use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
-use celer::http::{router, AppState, UrlFetcher};
-use celer::pipeline::decode::DecodeLimits;
+use celer::http::{routes, AppState, UrlFetcher};
 use common::{
     app_state, bright_rectangle, fetched, fixture_dir, jpeg_bytes, model_dir, png_bytes,
     StateOptions,
@@ -78,7 +78,7 @@ static ALLOCATOR: TrackingAllocator = TrackingAllocator;
 /// else (the state holds no runtime: each test's runtime drives it).
 fn fixture_app() -> Router {
     static STATE: OnceLock<Arc<AppState>> = OnceLock::new();
-    router(
+    routes(
         STATE
             .get_or_init(|| {
                 // Room in the queue for every test at once.
@@ -95,7 +95,7 @@ fn fixture_app() -> Router {
 }
 
 fn fixture_app_with(options: StateOptions) -> Router {
-    router(Arc::new(app_state(&fixture_dir("prob-guided"), options)))
+    routes(Arc::new(app_state(&fixture_dir("prob-guided"), options)))
 }
 
 fn limits(max_body_bytes: usize) -> RequestLimits {
@@ -751,7 +751,8 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 
 /// One CPU replica of `spec`, returned before it has loaded.
 fn unloaded_state(spec: &celer::config::PipelineSpec) -> AppState {
-    use celer::sched::{cpu_device_setup, Router, RouterConfig};
+    use celer::replica::cpu::cpu_device_setup;
+    use celer::sched::{Router, RouterConfig};
     let devices = vec![cpu_device_setup(spec, 1, 1)];
     let router = Router::start(
         devices,
@@ -769,7 +770,7 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
     // slow enough for the load to win, only the 200 after it is checked.
     let spec = celer::cli::load_pipeline(&model_dir("u2netp")).unwrap();
     let state = Arc::new(unloaded_state(&spec));
-    let app = router(state.clone());
+    let app = routes(state.clone());
     let answer = send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await;
     if answer.status != StatusCode::OK {
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -792,7 +793,7 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
     let spec = celer::cli::load_pipeline(dir.path()).unwrap();
     let state = unloaded_state(&spec);
     assert!(state.router.wait_ready().is_err());
-    let app = router(Arc::new(state));
+    let app = routes(Arc::new(state));
     let answer = send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.json()["status"], "failed");
@@ -954,7 +955,7 @@ async fn overload_is_503_overloaded_with_retry_after_and_the_server_recovers() {
             ..StateOptions::default()
         },
     );
-    let addr = serve(router(Arc::new(state))).await;
+    let addr = serve(routes(Arc::new(state))).await;
     let client = client();
     let body = Bytes::from(png_bytes(&bright_rectangle(160, 120)));
     let requests: Vec<_> = (0..8)
@@ -1009,7 +1010,7 @@ async fn overload_is_503_overloaded_with_retry_after_and_the_server_recovers() {
 
 #[tokio::test]
 async fn u2netp_over_a_socket_honours_exif_orientation() {
-    let addr = serve(router(Arc::new(app_state(
+    let addr = serve(routes(Arc::new(app_state(
         &model_dir("u2netp"),
         StateOptions::default(),
     ))))

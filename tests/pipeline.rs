@@ -11,9 +11,10 @@
 
 use std::path::{Path, PathBuf};
 
+use celer::codec::decode::{decode, DecodeLimits};
 use celer::config::PipelineSpec;
-use celer::pipeline::decode::{decode, DecodeLimits};
-use celer::pipeline::{Pipeline, StageTimings};
+use celer::pipeline::StageTimings;
+use celer::replica::cpu::CpuPipeline;
 use image::{GrayImage, Rgb, RgbImage};
 
 fn repo(path: &str) -> PathBuf {
@@ -29,12 +30,12 @@ fn require(path: &Path) -> &Path {
     path
 }
 
-fn load(dir: &str) -> Pipeline {
+fn load(dir: &str) -> CpuPipeline {
     let spec = PipelineSpec::load_dir(&repo(dir)).expect("pipeline description");
     for (_, model) in spec.model_keys() {
         require(model);
     }
-    Pipeline::load(&spec, 2).expect("models load")
+    CpuPipeline::load(&spec, 2).expect("models load")
 }
 
 struct Agreement {
@@ -179,7 +180,7 @@ fn class_count_mismatch_is_an_error_not_a_panic() {
         .unwrap()
         .replace("class_values = [0, 128, 255]", "class_values = [0, 255]");
     let spec = PipelineSpec::parse(&text, &dir.join("celer.toml")).unwrap();
-    let mut pipeline = Pipeline::load(&spec, 1).unwrap();
+    let mut pipeline = CpuPipeline::load(&spec, 1).unwrap();
     let image = RgbImage::from_pixel(16, 16, Rgb([1, 2, 3]));
     let err = pipeline
         .run(&image, &mut StageTimings::default())
@@ -195,7 +196,10 @@ fn a_model_without_the_named_input_is_refused_at_load() {
         .unwrap()
         .replace("input = \"image\"", "input = \"pixels\"");
     let spec = PipelineSpec::parse(&text, &dir.join("celer.toml")).unwrap();
-    let err = Pipeline::load(&spec, 1).err().expect("refused").to_string();
+    let err = CpuPipeline::load(&spec, 1)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         err.contains("no input named `pixels`") && err.contains("`image`"),
         "{err}"

@@ -11,14 +11,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use celer::codec::decode::DecodeLimits;
 use celer::config::{BatchingSpec, OutputKind, PipelineSpec, RequestLimits};
-use celer::http::{router, AppState};
-use celer::pipeline::decode::DecodeLimits;
+use celer::http::{routes, AppState};
 use celer::pipeline::Matte;
-use celer::sched::{
-    cpu_device_setup, BoxedPipelineExecutor, DeviceSetup, ExecError, Executor, PipelineJob,
-    PipelineOutput, Router, RouterConfig,
-};
+use celer::replica::cpu::cpu_device_setup;
+use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
 use http_body_util::BodyExt;
 use image::{GrayImage, Luma, Rgb, RgbImage};
 use sched_support::{Gate, PATIENCE};
@@ -151,7 +150,7 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
     );
     pipeline_router.wait_ready().expect("ready");
     let state = alpha_server(pipeline_router);
-    let app = router(state.clone());
+    let app = routes(state.clone());
     let image = png(48, 32);
 
     // One running, two queued: the server is full. The first is sent alone, so that
@@ -266,7 +265,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         None,
         false,
     ));
-    let app = router(state.clone());
+    let app = routes(state.clone());
 
     let answers: Vec<_> = (0..6)
         .map(|_| tokio::spawn(app.clone().oneshot(invocation(png(96, 64)))))
@@ -318,7 +317,7 @@ async fn ping_is_503_until_every_replica_has_loaded() {
     };
     let pipeline_router = Router::start(vec![device], RouterConfig::default());
     let state = alpha_server(pipeline_router);
-    let app = router(state.clone());
+    let app = routes(state.clone());
 
     let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
     assert_eq!(ping.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use celer::cuda::{GpuInfo, GpuLimits};
-use celer::sched::gpu::{gpu_device_setup, plan_gpus};
+use celer::cuda::GpuInfo;
+use celer::engines::plan::plan_gpus;
+use celer::engines::select::GpuModels;
+use celer::replica::gpu::{gpu_device_setup, GpuLimits};
 use celer::sched::{Readiness, Router, RouterConfig};
-use celer::tensorrt::select::GpuModels;
 
 const HIDE_DRIVER: (&str, &str) = ("CELER_LIBCUDA_PATH", "/nonexistent/libcuda.so.1");
 

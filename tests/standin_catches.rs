@@ -142,7 +142,7 @@ fn a_download_read_before_its_stream_is_synchronised_reads_garbage() {
     let src = s.clone_htod(&input).unwrap();
     let mut dst = s.alloc_zeros::<f32>(4096).unwrap();
     let want: Vec<f32> = input.iter().map(|v| v * 0.5).collect();
-    let mut staging = celer::cuda::pipeline::pinned_zeroed(&gpu.context, 4096 * 4).unwrap();
+    let mut staging = celer::cuda::pinned::<u8>(&gpu.context, 4096 * 4, false).unwrap();
 
     let scale = gpu.kernel("scale");
     let (n, factor) = (4096u32, 0.5f32);

@@ -1,6 +1,6 @@
 //! TensorRT engines against ONNX Runtime, end to end on a GPU: each published model
 //! fetched here (U2NetP always, ISNet with `make models-all`) is built with
-//! `tensorrt::store` into a temporary engines folder, deserialised, and served by
+//! `engines::store` into a temporary engines folder, deserialised, and served by
 //! `GpuPipeline` from the engine; the same pipeline with ONNX Runtime for the models is
 //! the reference. Precisions: fp32 and fp16 on TensorRT 10, the model's own on 11.
 //!
@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use celer::config::PipelineSpec;
-use celer::cuda::{probe, GpuDevice, GpuLimits, GpuPipeline, ModelSource, Probe};
+use celer::cuda::{probe, GpuDevice, Probe};
+use celer::engines::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
 use celer::pipeline::StageTimings;
-use celer::tensorrt::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
+use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
 use celer::tensorrt::{Precision, TensorRt};
 use image::RgbImage;
 

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::BackendError;
+use crate::codec::decode::{decode, DecodeLimits};
+use crate::codec::{render, RenderError};
 use crate::config::{OutputKind, PipelineSpec};
-use crate::pipeline::decode::{decode, DecodeLimits};
-use crate::pipeline::{render, Pipeline, PipelineError, StageTimings};
+use crate::pipeline::StageTimings;
+use crate::replica::cpu::{timed_cutout, CpuPipeline, PipelineError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalBenchError {
@@ -17,8 +19,12 @@ pub enum LocalBenchError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error(transparent)]
+    Model(#[from] crate::replica::models::ModelError),
     #[error("cannot decode the benchmark image: {0}")]
-    Decode(#[from] crate::pipeline::decode::DecodeError),
+    Decode(#[from] crate::codec::decode::DecodeError),
 }
 
 /// Runs decode + pipeline + render on `image_bytes` `warmup + iterations` times on one
@@ -31,7 +37,7 @@ pub fn stage_timings(
     warmup: usize,
     iterations: usize,
 ) -> Result<Vec<StageTimings>, LocalBenchError> {
-    let mut pipeline = Pipeline::load(spec, threads)?;
+    let mut pipeline = CpuPipeline::load(spec, threads)?;
     let mut measured = Vec::with_capacity(iterations);
     for i in 0..warmup + iterations {
         let t = Instant::now();
@@ -41,7 +47,10 @@ pub fn stage_timings(
             ..StageTimings::default()
         };
         let matte = pipeline.run(&image, &mut timings)?;
-        render(&image, &matte, None, output, &mut timings)?;
+        let cutout = output
+            .needs_cutout()
+            .then(|| timed_cutout(&image, &matte, &mut timings));
+        render(&matte, cutout.as_ref(), output, &mut timings)?;
         if i >= warmup {
             measured.push(timings);
         }
@@ -61,7 +70,7 @@ pub fn model_only_rate(
     let shape = [1, 3, seg.image.height as usize, seg.image.width as usize];
     let input = vec![0.5f32; shape.iter().product()];
     let mut models = (0..replicas.max(1))
-        .map(|_| crate::pipeline::load_segmentation(spec, threads))
+        .map(|_| crate::replica::models::segmentation(spec).load_ort(threads))
         .collect::<Result<Vec<_>, _>>()?;
     // One warm-up run each: the first run allocates.
     for m in &mut models {

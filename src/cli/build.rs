@@ -1,6 +1,6 @@
 //! `celer build`: a TensorRT engine for each model of the pipeline on each distinct GPU
 //! model of this machine, with a manifest each and a timing cache per GPU model reused
-//! by later builds. Building and storing is `tensorrt::store`'s (shared with `serve`);
+//! by later builds. Building and storing is `engines::store`'s (shared with `serve`);
 //! this module picks the GPUs and prints what the store reports. On a machine without a
 //! GPU it validates the models with ONNX Runtime instead (their I/O, the profile a GPU
 //! build would use, the fit with celer.toml), says that no engine was built, and
@@ -19,13 +19,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::backend::ort::OrtModel;
 use crate::config::PipelineSpec;
 use crate::cuda::Probe;
-use crate::pipeline::Pipeline;
-use crate::tensorrt::manifest::GpuIdentity;
-use crate::tensorrt::profile::{resolve_profile, BatchRange, NamedShape, ShapeRequest};
-use crate::tensorrt::store::{
+use crate::engines::manifest::GpuIdentity;
+use crate::engines::profile::{resolve_profile, BatchRange, NamedShape, ShapeRequest};
+use crate::engines::store::{
     build_and_store, choose_precision, BuildEvent, BuildOptions, EngineStore, ModelFile,
     StoredEngine,
 };
+use crate::replica::cpu::CpuPipeline;
 use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
 #[derive(Debug, Clone, Args)]
@@ -113,7 +113,7 @@ fn validate_on_cpu(
             .with_context(|| format!("optimisation profile for {}", m.path.display()))?;
         print_profile(&profile);
     }
-    Pipeline::load(spec, 1)
+    CpuPipeline::load(spec, 1)
         .with_context(|| format!("the models do not fit {}", spec.source.display()))?;
     println!(
         "ONNX Runtime: every model loads and fits {}",
@@ -229,7 +229,7 @@ fn print_model_header(m: &ModelFile) {
         "model {} {} (sha256 {})",
         m.key,
         m.path.display(),
-        crate::tensorrt::manifest::short(&m.sha256)
+        crate::engines::manifest::short(&m.sha256)
     );
 }
 

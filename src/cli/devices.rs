@@ -5,9 +5,12 @@
 use anyhow::Context;
 
 use crate::config::{DeviceArgs, PipelineSpec, RuntimeArgs};
-use crate::cuda::{GpuLimits, Probe};
-use crate::sched::gpu::{gpu_device_setup, plan_gpus};
-use crate::sched::{cpu_device_setup, BoxedPipelineExecutor, Device, DeviceSetup};
+use crate::cuda::Probe;
+use crate::engines::plan::plan_gpus;
+use crate::replica::cpu::cpu_device_setup;
+use crate::replica::gpu::{gpu_device_setup, GpuLimits};
+use crate::replica::BoxedPipelineExecutor;
+use crate::sched::{Device, DeviceSetup};
 
 /// The device setups for `spec`, images up to `max_pixels`. Fails, before any model is
 /// loaded, when a named GPU is missing or a stored engine does not fit.
@@ -51,7 +54,6 @@ pub fn device_setups(
         device.build_engines,
         probe.driver_cuda_version(),
     )
-    .map_err(anyhow::Error::msg)
     .context("the engines do not fit this machine")?;
     let (replicas, threads) = runtime.gpu_replicas_and_threads(plans.len());
     let limits = GpuLimits {

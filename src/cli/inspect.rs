@@ -9,10 +9,8 @@ use clap::Args;
 
 use crate::backend::ort::OrtModel;
 use crate::config::PIPELINE_FILE;
-use crate::tensorrt::manifest::{
-    list_manifests, short, EngineManifest, ENGINES_DIR, MANIFEST_FILE,
-};
-use crate::tensorrt::profile::shape_string;
+use crate::engines::manifest::{list_manifests, short, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
+use crate::engines::profile::shape_string;
 use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
 #[derive(Debug, Clone, Args)]

@@ -11,12 +11,12 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::codec::decode::{decode, DecodeLimits};
+use crate::codec::render;
 use crate::config::{DeviceArgs, OutputKind, RuntimeArgs};
-use crate::pipeline::decode::{decode, DecodeLimits};
-use crate::pipeline::{render, StageTimings};
-use crate::sched::{
-    BoxedPipelineExecutor, PipelineJob, PipelineRouter, Router, RouterConfig, Ticket,
-};
+use crate::pipeline::StageTimings;
+use crate::replica::{BoxedPipelineExecutor, PipelineJob, PipelineRouter};
+use crate::sched::{Router, RouterConfig, Ticket};
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -103,7 +103,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 struct Pending {
     file: PathBuf,
-    image: Arc<image::RgbImage>,
     ticket: Ticket<BoxedPipelineExecutor>,
 }
 
@@ -116,15 +115,10 @@ fn submit(pool: &PipelineRouter, file: &Path, output: OutputKind) -> anyhow::Res
         ..StageTimings::default()
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
-    let job = PipelineJob {
-        image: image.clone(),
-        timings,
-        want_cutout: output == OutputKind::Cutout,
-    };
+    let job = PipelineJob::new(image, timings, output);
     let ticket = pool.submit(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
         file: file.to_path_buf(),
-        image,
         ticket,
     })
 }
@@ -141,9 +135,8 @@ fn finish(
         let done = waiter.block_on(p.ticket.wait())?;
         let mut timings = done.output.timings;
         let rendered = render(
-            &p.image,
             &done.output.matte,
-            done.output.cutout,
+            done.output.cutout.as_ref(),
             output,
             &mut timings,
         )?;

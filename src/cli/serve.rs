@@ -8,7 +8,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::ServeArgs;
-use crate::http::{router, AppState, UrlFetcher};
+use crate::http::{routes, AppState, UrlFetcher};
 use crate::sched::{Readiness, Router};
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -65,7 +65,7 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
             tokio::time::sleep(grace).await;
         }
     };
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal(stop));
+    let server = axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown_signal(stop));
     tokio::select! {
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),

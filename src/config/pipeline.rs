@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::ConfigError;
+pub use crate::sched::BatchingSpec;
 
 /// The file name looked for in a model directory.
 pub const PIPELINE_FILE: &str = "celer.toml";
@@ -22,31 +23,6 @@ pub struct PipelineSpec {
     pub matting: MattingSpec,
     pub default_output: OutputKind,
     pub batching: BatchingSpec,
-}
-
-/// `[batching]`: how a device may group requests into one model run. Allowed only when
-/// the segmentation model's input has a dynamic batch dimension, which only loading the
-/// model can tell: `Pipeline::load` checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchingSpec {
-    /// Requests per model run; 1 turns batching off.
-    pub max_batch: usize,
-    /// How long a replica that already holds two or more requests waits for more before
-    /// it runs them. A lone request on an idle device never waits.
-    pub max_wait_us: u64,
-}
-
-impl BatchingSpec {
-    pub const OFF: Self = Self {
-        max_batch: 1,
-        max_wait_us: 0,
-    };
-}
-
-impl Default for BatchingSpec {
-    fn default() -> Self {
-        Self::OFF
-    }
 }
 
 /// One model input fed with the (resized, normalised) image.
@@ -132,6 +108,22 @@ pub enum OutputKind {
 }
 
 impl OutputKind {
+    /// Whether the answer shows the RGBA cut-out: the device then makes it (the GPU before
+    /// its one download), decided here once for every device.
+    pub fn needs_cutout(self) -> bool {
+        matches!(self, Self::Cutout | Self::Json)
+    }
+
+    /// The word that names it (`cutout`, `alpha`, `trimap`, `json`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cutout => "cutout",
+            Self::Alpha => "alpha",
+            Self::Trimap => "trimap",
+            Self::Json => "json",
+        }
+    }
+
     pub fn parse(word: &str) -> Option<Self> {
         match word.trim().to_ascii_lowercase().as_str() {
             "cutout" | "rgba" => Some(Self::Cutout),

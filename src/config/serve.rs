@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::pipeline::decode::DecodeLimits;
+use crate::codec::decode::DecodeLimits;
 use crate::sched::{DeviceSelection, RouterConfig, Routing};
 
 /// How many replicas, with how many ONNX Runtime threads each.

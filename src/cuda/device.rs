@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, PinnedHostSlice,
+    ValidAsZeroBits,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::kernels::{cubins_for, FILES};
@@ -107,4 +110,29 @@ pub fn bind(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     let context = CudaContext::new(ordinal)?;
     context.bind_to_thread()?;
     Ok(context)
+}
+
+/// `len` zeroed elements of page-locked host memory in `context` (at least one), for a
+/// stream's copies to and from the host to run as DMA. Write-combined memory is fast for
+/// the host to write and the GPU to read, and very slow for the host to read: only for
+/// uploads.
+pub fn pinned<T: DeviceRepr + ValidAsZeroBits>(
+    context: &Arc<CudaContext>,
+    len: usize,
+    write_combined: bool,
+) -> Result<PinnedHostSlice<T>, CudaError> {
+    let flags = if write_combined {
+        sys::CU_MEMHOSTALLOC_WRITECOMBINED
+    } else {
+        0
+    };
+    let len = len.max(1);
+    // SAFETY: cuMemHostAlloc returns uninitialised memory; it is zeroed through the raw
+    // pointer below before any reference to its contents exists.
+    let mut buf = unsafe { context.alloc_pinned_with_flags::<T>(len, flags) }?;
+    let ptr = buf.as_mut_ptr()?;
+    // SAFETY: `ptr` points to `len` elements of T, valid for writes; all-zero bits are a
+    // valid T (`ValidAsZeroBits`).
+    unsafe { std::ptr::write_bytes(ptr, 0, len) };
+    Ok(buf)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::launch::{taps_capacity, DeviceTaps, Launcher};
+use super::launch::{taps_capacity, GpuTaps, Launcher};
 use super::CudaError;
 
 /// The filter's parameters, as `MattingSpec::GuidedFilter` gives them.
@@ -48,7 +48,7 @@ pub fn low_capacity(max_pixels: u64, max_side: u32, subsample: u32) -> usize {
 
 /// A fitted `LinearModel` on the device: `mean_a` and `mean_b` hold `size.0 * size.1`
 /// values (the buffers may be longer).
-pub struct DeviceModel<'a> {
+pub struct GpuLinearModel<'a> {
     pub size: (u32, u32),
     pub mean_a: &'a CudaSlice<f32>,
     pub mean_b: &'a CudaSlice<f32>,
@@ -68,14 +68,14 @@ pub fn horizontal_capacity(max_pixels: u64, max_side: u32, subsample: u32) -> us
 pub struct FastGuidedFilter {
     params: GuidedParams,
     /// PIL bilinear taps of the guide's resize (unused with subsample 1).
-    guide_horizontal: DeviceTaps<i32>,
-    guide_vertical: DeviceTaps<i32>,
+    guide_horizontal: GpuTaps<i32>,
+    guide_vertical: GpuTaps<i32>,
     rgb_tmp: CudaSlice<u8>,
     rgb_small: CudaSlice<u8>,
     rgb_max: CudaSlice<u32>,
     /// fast_image_resize taps of the mask's resize.
-    mask_horizontal: DeviceTaps<f64>,
-    mask_vertical: DeviceTaps<f64>,
+    mask_horizontal: GpuTaps<f64>,
+    mask_vertical: GpuTaps<f64>,
     mask_tmp: CudaSlice<f32>,
     guide: CudaSlice<f32>,
     p: CudaSlice<f32>,
@@ -83,8 +83,8 @@ pub struct FastGuidedFilter {
     mean_a: CudaSlice<f32>,
     mean_b: CudaSlice<f32>,
     /// The model's upsampling to the source size.
-    up_x: DeviceTaps<f32>,
-    up_y: DeviceTaps<f32>,
+    up_x: GpuTaps<f32>,
+    up_y: GpuTaps<f32>,
     /// The fit's size, once `fit` has run.
     fitted: Option<(u32, u32)>,
 }
@@ -119,21 +119,21 @@ impl FastGuidedFilter {
         let plane = || stream.alloc_zeros::<f32>(low_px.max(1));
         Ok(Self {
             params,
-            guide_horizontal: DeviceTaps::alloc(stream, gh_out, gh_w)?,
-            guide_vertical: DeviceTaps::alloc(stream, gh_out, gh_w)?,
+            guide_horizontal: GpuTaps::alloc(stream, gh_out, gh_w)?,
+            guide_vertical: GpuTaps::alloc(stream, gh_out, gh_w)?,
             rgb_tmp: stream.alloc_zeros(rgb_tmp)?,
             rgb_small: stream.alloc_zeros(rgb_small)?,
             rgb_max: stream.alloc_zeros(1)?,
-            mask_horizontal: DeviceTaps::alloc(stream, mh_out, mh_w)?,
-            mask_vertical: DeviceTaps::alloc(stream, mv_out, mv_w)?,
+            mask_horizontal: GpuTaps::alloc(stream, mh_out, mh_w)?,
+            mask_vertical: GpuTaps::alloc(stream, mv_out, mv_w)?,
             mask_tmp: stream.alloc_zeros(low_side as usize * mask_max.1.max(1) as usize)?,
             guide: plane()?,
             p: plane()?,
             scratch: [plane()?, plane()?, plane()?, plane()?],
             mean_a: plane()?,
             mean_b: plane()?,
-            up_x: DeviceTaps::alloc(stream, up_out, up_w)?,
-            up_y: DeviceTaps::alloc(stream, up_out, up_w)?,
+            up_x: GpuTaps::alloc(stream, up_out, up_w)?,
+            up_y: GpuTaps::alloc(stream, up_out, up_w)?,
             fitted: None,
         })
     }
@@ -255,8 +255,8 @@ impl FastGuidedFilter {
     }
 
     /// The last fit's model on the device, for tests.
-    pub fn model(&self) -> Option<DeviceModel<'_>> {
-        self.fitted.map(|size| DeviceModel {
+    pub fn model(&self) -> Option<GpuLinearModel<'_>> {
+        self.fitted.map(|size| GpuLinearModel {
             size,
             mean_a: &self.mean_a,
             mean_b: &self.mean_b,

@@ -125,7 +125,7 @@ macro_rules! launch {
 }
 
 /// Taps of one axis on the device, sized at start-up for the largest table accepted.
-pub struct DeviceTaps<W: DeviceRepr> {
+pub struct GpuTaps<W: DeviceRepr> {
     pub first: CudaSlice<u32>,
     pub count: CudaSlice<u32>,
     pub weights: CudaSlice<W>,
@@ -143,7 +143,7 @@ pub fn taps_capacity(in_max: u32, out_max: u32) -> (usize, usize) {
     (out_max as usize, weights)
 }
 
-impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
+impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> GpuTaps<W> {
     pub fn alloc(
         stream: &Arc<CudaStream>,
         outputs: usize,
@@ -179,7 +179,7 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> DeviceTaps<W> {
     }
 }
 
-impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default> DeviceTaps<W> {
+impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default> GpuTaps<W> {
     /// Uploads `make(in_size, out_size)` unless these sizes are already there.
     fn set_with(
         &mut self,
@@ -205,7 +205,7 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default> DeviceTap
     }
 }
 
-impl DeviceTaps<i32> {
+impl GpuTaps<i32> {
     /// Uploads PIL's fixed-point taps for `in_size` -> `out_size` unless already there.
     pub fn set_fixed(
         &mut self,
@@ -217,7 +217,7 @@ impl DeviceTaps<i32> {
     }
 }
 
-impl DeviceTaps<f64> {
+impl GpuTaps<f64> {
     /// Uploads fast_image_resize's coefficients for `in_size` -> `out_size` unless
     /// already there.
     pub fn set_convolution(
@@ -230,7 +230,7 @@ impl DeviceTaps<f64> {
     }
 }
 
-impl DeviceTaps<f32> {
+impl GpuTaps<f32> {
     /// Uploads the guided filter's upsampling taps (PIL's bilinear weights in f32) for
     /// `in_size` -> `out_size` unless already there.
     pub fn set_upsample(
@@ -244,13 +244,13 @@ impl DeviceTaps<f32> {
 }
 
 /// PIL NEAREST's indices for both axes on the device.
-pub struct DeviceNearest {
+pub struct GpuNearest {
     pub xs: CudaSlice<u32>,
     pub ys: CudaSlice<u32>,
     pub sizes: Option<((u32, u32), (u32, u32))>,
 }
 
-impl DeviceNearest {
+impl GpuNearest {
     pub fn alloc(stream: &Arc<CudaStream>, max_w: u32, max_h: u32) -> Result<Self, CudaError> {
         Ok(Self {
             xs: stream.alloc_zeros(max_w.max(1) as usize)?,
@@ -310,8 +310,8 @@ impl Launcher<'_> {
         &self,
         src: &CudaSlice<u8>,
         (src_w, src_h): (u32, u32),
-        horizontal: &DeviceTaps<i32>,
-        vertical: &DeviceTaps<i32>,
+        horizontal: &GpuTaps<i32>,
+        vertical: &GpuTaps<i32>,
         (dst_w, dst_h): (u32, u32),
         norm: &Normalize,
         tmp: &mut CudaSlice<u8>,
@@ -399,8 +399,8 @@ impl Launcher<'_> {
         &self,
         src: &CudaSlice<u8>,
         (src_w, src_h): (u32, u32),
-        horizontal: &DeviceTaps<i32>,
-        vertical: &DeviceTaps<i32>,
+        horizontal: &GpuTaps<i32>,
+        vertical: &GpuTaps<i32>,
         tmp: &mut CudaSlice<u8>,
         out: &mut CudaSlice<u8>,
         max_value: &mut CudaSlice<u32>,
@@ -515,7 +515,7 @@ impl Launcher<'_> {
     pub fn resize_nearest(
         &self,
         src: &CudaSlice<u8>,
-        indices: &DeviceNearest,
+        indices: &GpuNearest,
         dst: &mut CudaSlice<u8>,
     ) -> Result<(), CudaError> {
         let Some(((sw, sh), (dw, dh))) = indices.sizes else {
@@ -578,8 +578,8 @@ impl Launcher<'_> {
         &self,
         src: &CudaSlice<f32>,
         (src_w, src_h): (u32, u32),
-        horizontal: &DeviceTaps<f64>,
-        vertical: &DeviceTaps<f64>,
+        horizontal: &GpuTaps<f64>,
+        vertical: &GpuTaps<f64>,
         tmp: &mut CudaSlice<f32>,
         dst: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
@@ -676,8 +676,8 @@ impl Launcher<'_> {
         mean_a: &CudaSlice<f32>,
         mean_b: &CudaSlice<f32>,
         (lw, lh): (u32, u32),
-        xs: &DeviceTaps<f32>,
-        ys: &DeviceTaps<f32>,
+        xs: &GpuTaps<f32>,
+        ys: &GpuTaps<f32>,
         rgb: &CudaSlice<u8>,
         trimap: &CudaSlice<u8>,
         (w, h): (u32, u32),

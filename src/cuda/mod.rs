@@ -1,24 +1,26 @@
-//! The CUDA data path: the device probe, NVRTC and the kernels (`kernels/*.cu`, compiled
-//! at start-up for each GPU's architecture), typed launchers, and `GpuPipeline`, which
-//! runs a request's pre- and post-processing on one GPU stream (`guided`: the fast guided
-//! filter's buffers and steps). The CPU stages in `crate::pipeline` are the reference
-//! every kernel is tested against. Nothing here may panic on a machine without a GPU:
-//! the probe comes first and says "no CUDA driver".
+//! The GPU as celer computes on it: the probe (which GPUs, what they are), one GPU's
+//! context and kernels (`device`), NVRTC and the kernels (`kernels/*.cu`, compiled at
+//! start-up for each GPU's architecture), their typed launchers (`launch`, `taps`), the
+//! fast guided filter's buffers and steps (`guided`), model tensors on the device
+//! (`tensor`) and a TensorRT engine with its own buffers (`trt_model`). How a replica
+//! orders these for a request is `crate::replica::gpu`. The CPU stages in
+//! `crate::pipeline` are the reference every kernel is tested against. Nothing here may
+//! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
+//! `unsafe` lives here (FFI, launches, the TensorRT model), each block with its reason.
 
 pub mod device;
 pub mod guided;
 pub mod kernels;
 pub mod launch;
-pub mod model;
 pub mod nvrtc;
-pub mod pipeline;
 pub mod probe;
 pub mod taps;
+pub mod tensor;
+pub mod trt_model;
 
-pub use device::GpuDevice;
+pub use device::{pinned, GpuDevice};
 pub use nvrtc::Arch;
-pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline, ModelSource};
-pub use probe::{probe, GpuInfo, Probe};
+pub use probe::{probe, GpuIdentity, GpuInfo, Probe};
 
 /// A failure in the CUDA path. The server's fault, never the client's: the caller falls
 /// back to, or stays on, the CPU path.

@@ -4,15 +4,44 @@
 //! cudarc's dynamic loading panics on a machine without one; it creates no context.
 
 use cudarc::driver::{result, sys};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::nvrtc::Arch;
-use crate::tensorrt::manifest::GpuIdentity;
 
 /// Names the CUDA driver library for the probe; a path that does not exist hides the
 /// driver (tests of the CPU path on a GPU machine; cudarc itself always loads the driver
 /// by its soname).
 pub const LIBCUDA_ENV: &str = "CELER_LIBCUDA_PATH";
+
+/// A GPU model as far as a plan cares: TensorRT picks kernels per model, so a plan is
+/// tied to the name and compute capability of the GPU that built it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuIdentity {
+    pub name: String,
+    /// "major.minor", e.g. "9.0".
+    pub compute_capability: String,
+}
+
+impl GpuIdentity {
+    /// A folder name for this GPU model, e.g. `nvidia-h200-sm90`.
+    pub fn key(&self) -> String {
+        let mut slug = String::new();
+        for c in self.name.chars() {
+            if c.is_ascii_alphanumeric() {
+                slug.push(c.to_ascii_lowercase());
+            } else if !slug.ends_with('-') && !slug.is_empty() {
+                slug.push('-');
+            }
+        }
+        let slug = slug.trim_end_matches('-');
+        let sm: String = self
+            .compute_capability
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        format!("{slug}-sm{sm}")
+    }
+}
 
 /// One GPU as the driver describes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use bytes::Bytes;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 pub struct UrlFetcher {
     client: reqwest::Client,

@@ -15,13 +15,13 @@ use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use super::error::ApiError;
 use super::negotiate::{body_kind, output_kind, BodyKind};
 use super::AppState;
-use crate::config::OutputKind;
-use crate::error::ApiError;
-use crate::pipeline::decode::{self, DecodeLimits};
-use crate::pipeline::{self, StageTimings};
-use crate::sched::PipelineJob;
+use crate::codec;
+use crate::codec::decode::{self, DecodeLimits};
+use crate::pipeline::StageTimings;
+use crate::replica::PipelineJob;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,11 +70,7 @@ pub async fn invocations(
         decode: decode_time,
         ..StageTimings::default()
     };
-    let job = PipelineJob {
-        image: image.clone(),
-        timings,
-        want_cutout: output == OutputKind::Cutout,
-    };
+    let job = PipelineJob::new(image, timings, output);
     let ticket = state.router.submit_admitted(admission, job, deadline)?;
     let done = ticket.wait().await?;
 
@@ -82,7 +78,7 @@ pub async fn invocations(
     let (rendered, timings) = blocking(move || {
         let out = done.output;
         let mut timings = out.timings;
-        pipeline::render(&image, &out.matte, out.cutout, output, &mut timings)
+        codec::render(&out.matte, out.cutout.as_ref(), output, &mut timings)
             .map(|r| (r, timings))
             .map_err(ApiError::internal)
     })

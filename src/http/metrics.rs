@@ -144,7 +144,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             response
         }
         Err(e) => {
-            crate::error::ApiError::internal(format!("encoding metrics: {e}")).into_response()
+            crate::http::error::ApiError::internal(format!("encoding metrics: {e}")).into_response()
         }
     }
 }

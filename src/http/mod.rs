@@ -3,6 +3,7 @@
 //! decoded images to the router and encode answers on the blocking pool; no pixel work
 //! runs on the executor.
 
+pub mod error;
 mod fetch;
 mod invocations;
 pub mod metrics;
@@ -17,8 +18,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::config::{OutputKind, RequestLimits};
-use crate::error::ApiError;
-use crate::sched::{PipelineRouter, Readiness};
+use crate::replica::PipelineRouter;
+use crate::sched::Readiness;
+use error::ApiError;
 
 pub use fetch::UrlFetcher;
 pub use metrics::HttpMetrics;
@@ -56,7 +58,8 @@ impl AppState {
     }
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+/// The HTTP routes (an axum `Router`; the scheduler's router is `AppState::router`).
+pub fn routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations::invocations))

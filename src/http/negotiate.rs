@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderMap, StatusCode};
 
 use crate::config::OutputKind;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 pub const CUSTOM_ATTRIBUTES: &str = "x-amzn-sagemaker-custom-attributes";
 

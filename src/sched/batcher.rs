@@ -9,16 +9,40 @@ use crossbeam_channel::Receiver;
 
 use super::worker::{Job, Work};
 use super::Executor;
-use crate::config::BatchingSpec;
 
-/// Builds a batch starting with `first`. `admit` filters each added job (cancelled or
+/// `[batching]`: how a device may group requests into one model run. Allowed only when
+/// the segmentation model's input has a dynamic batch dimension, which only loading the
+/// model can tell: the CPU replica checks it when it loads (`replica::cpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchingSpec {
+    /// Requests per model run; 1 turns batching off.
+    pub max_batch: usize,
+    /// How long a replica that already holds two or more requests waits for more before
+    /// it runs them. A lone request on an idle device never waits.
+    pub max_wait_us: u64,
+}
+
+impl BatchingSpec {
+    pub const OFF: Self = Self {
+        max_batch: 1,
+        max_wait_us: 0,
+    };
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        Self::OFF
+    }
+}
+
+/// Builds a batch starting with `first`. `still_wanted` filters each added job (cancelled or
 /// expired ones are answered and dropped there). Returns the batch and a non-job message
 /// met on the way, which the caller handles next.
 pub(crate) fn gather<E: Executor>(
     first: Job<E>,
     jobs: &Receiver<Work<E>>,
     spec: &BatchingSpec,
-    mut admit: impl FnMut(Job<E>) -> Option<Job<E>>,
+    mut still_wanted: impl FnMut(Job<E>) -> Option<Job<E>>,
 ) -> (Vec<Job<E>>, Option<Work<E>>) {
     let mut batch = vec![first];
     if spec.max_batch <= 1 {
@@ -32,7 +56,7 @@ pub(crate) fn gather<E: Executor>(
             Some(until) => jobs.recv_deadline(until).ok(),
         };
         match next {
-            Some(Work::Job(job)) => batch.extend(admit(job)),
+            Some(Work::Job(job)) => batch.extend(still_wanted(job)),
             Some(other) => return (batch, Some(other)),
             None if wait_until.is_none() && batch.len() > 1 && spec.max_wait_us > 0 => {
                 wait_until = Some(Instant::now() + Duration::from_micros(spec.max_wait_us));
@@ -66,7 +90,7 @@ mod tests {
     }
 
     fn job(state: &Arc<DeviceState>, input: u32) -> Job<Nothing> {
-        // The receiver is dropped: `gather` does not look at it, `admit` would.
+        // The receiver is dropped: `gather` does not look at it, `still_wanted` would.
         let (reply, _) = tokio::sync::oneshot::channel();
         Job {
             input,

@@ -1,15 +1,16 @@
 //! Scheduling: devices, each with R replicas on their own OS threads fed by one bounded
 //! queue; the router that places each request on the device expected to finish it first;
-//! the per-device batcher; health, fail-over and admission. Model and ONNX Runtime calls
-//! never run on the async executor, and nothing here knows HTTP.
+//! the per-device batcher; health (probes, recovery of a lost device), fail-over and
+//! admission. Model calls never run on the async executor.
 //!
-//! Everything is generic over `Executor` (what one replica runs), so the simulated
-//! devices of `sim` go through the same queues, threads and router as real ones.
+//! Everything is generic over `Executor` (what one replica runs: `crate::replica` for the
+//! real pipeline, `sim` for simulated devices, which go through the same queues, threads
+//! and router as real ones). Nothing here knows HTTP, images, CUDA or TensorRT. See
+//! docs/architecture.md.
 
 mod batcher;
 pub mod device;
 mod executor;
-pub mod gpu;
 pub mod metrics;
 mod router;
 pub mod sim;
@@ -18,19 +19,14 @@ mod worker;
 
 use std::time::Duration;
 
+pub use batcher::BatchingSpec;
 pub use device::{Device, DeviceSelection};
-pub use executor::{
-    cpu_device_setup, BoxedPipelineExecutor, ExecError, Executor, PipelineExecutor, PipelineJob,
-    PipelineOutput,
-};
+pub use executor::{ExecError, Executor};
 pub use metrics::SchedMetrics;
 pub use router::{
     estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, Router, RouterConfig,
     Routing, Ticket,
 };
-
-/// The router `celer serve` runs: the real pipeline on every device.
-pub type PipelineRouter = Router<BoxedPipelineExecutor>;
 
 /// A finished request: the executor's output and where and how it ran.
 #[derive(Debug)]

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::batcher::BatchingSpec;
 use super::router::{DeviceSetup, Router};
 use super::{ExecError, Executor, SubmitError};
-use crate::config::BatchingSpec;
 
 /// A lognormal service time: `median x exp(sigma x Z)`, Z standard normal.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,11 +13,11 @@ use crossbeam_channel::Receiver;
 use tokio::sync::oneshot;
 
 use super::batcher::gather;
+use super::batcher::BatchingSpec;
 use super::metrics::us;
 use super::router::LoadFn;
 use super::state::{DeviceState, Outstanding};
 use super::{Done, Executor, JobError};
-use crate::config::BatchingSpec;
 
 /// What a device's queue carries.
 pub(crate) enum Work<E: Executor> {
@@ -118,10 +118,11 @@ impl<E: Executor> Replica<E> {
                 Work::Stop => return,
                 Work::Probe => self.probe(),
                 Work::Job(job) => {
-                    let Some(first) = self.admit(job) else {
+                    let Some(first) = self.still_wanted(job) else {
                         continue;
                     };
-                    let (batch, deferred) = gather(first, jobs, &self.batching, |j| self.admit(j));
+                    let (batch, deferred) =
+                        gather(first, jobs, &self.batching, |j| self.still_wanted(j));
                     next = deferred;
                     self.execute(batch);
                 }
@@ -131,7 +132,7 @@ impl<E: Executor> Replica<E> {
 
     /// The job if it should run: not when its client went away (its handler was
     /// dropped), its deadline passed, or the device was marked unhealthy meanwhile.
-    fn admit(&self, job: Job<E>) -> Option<Job<E>> {
+    fn still_wanted(&self, job: Job<E>) -> Option<Job<E>> {
         if job.reply.is_closed() {
             self.state.metrics.cancelled.inc();
             return None;

@@ -1,18 +1,12 @@
-//! TensorRT: building engines from ONNX models and running them, through the C++ shim in
-//! `shim/` that opens libnvinfer at run time (no link-time dependency on TensorRT).
-//! Layers, as in cudarc: `sys` (bindgen output) -> `result` (status codes into
-//! `TrtError`) -> `runtime` / `builder` (owning, safe types). Without the cargo feature
-//! `tensorrt`, `disabled` gives the same names, each returning `TrtError::NotBuilt`.
-//! Always built: the shared vocabulary (`types`), engine manifests and their check
-//! (`manifest`), optimisation-profile shapes (`profile`), building one engine into its
-//! folder with its manifest (`store`), and which engine a GPU serves from (`select`).
-//! GPUs are found by `crate::cuda::probe`. Nothing here knows images or the pipeline's
-//! stages.
+//! TensorRT's bindings and their safe layer, nothing more: building an engine from an ONNX
+//! model and running one, through the C++ shim in `shim/` that opens libnvinfer at run time
+//! (no link-time dependency on TensorRT). Layers, as in cudarc: `sys` (bindgen output) ->
+//! `result` (status codes into `TrtError`) -> `runtime` / `builder` (owning, safe types).
+//! Without the cargo feature `tensorrt`, `disabled` gives the same names, each returning
+//! `TrtError::NotBuilt`; the shared vocabulary (`types`) is always built. celer's own
+//! engines (manifests, the store, which engine a GPU serves from) are `crate::engines`;
+//! nothing here knows images, pipelines or celer's files. See docs/architecture.md.
 
-pub mod manifest;
-pub mod profile;
-pub mod select;
-pub mod store;
 mod types;
 
 pub use types::{

@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use celer::codec::decode::DecodeLimits;
 use celer::config::{OutputKind, RequestLimits};
 use celer::http::{AppState, UrlFetcher};
-use celer::pipeline::decode::DecodeLimits;
-use celer::sched::{cpu_device_setup, Router, RouterConfig};
+use celer::replica::cpu::cpu_device_setup;
+use celer::sched::{Router, RouterConfig};
 use image::{ImageEncoder, Rgb, RgbImage};
 
 /// `path` relative to the crate root.

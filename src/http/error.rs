@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::pipeline::decode::DecodeError;
+use crate::codec::decode::DecodeError;
 use crate::sched::{JobError, SubmitError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,11 +14,11 @@ use super::manifest::{
     ENGINES_DIR, MANIFEST_FILE, MANIFEST_FORMAT,
 };
 use super::profile::{resolve_profile, shape_hints, ProfileError, ShapeHint, ShapeRequest};
-use super::types::{
+use crate::tensorrt::TensorRt;
+use crate::tensorrt::{
     BuildProgress, BuildSettings, BuiltEngine, InputProfile, Precision, TensorDesc, TrtError,
     TrtVersion,
 };
-use super::TensorRt;
 
 /// The folder, inside the engines folder, of the timing caches.
 const TIMING_CACHE_DIR: &str = "timing-cache";
@@ -383,7 +383,7 @@ fn store_built(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensorrt::manifest::find_engine;
+    use crate::engines::manifest::find_engine;
     use crate::tensorrt::DataType;
 
     fn repo(path: &str) -> PathBuf {

@@ -6,12 +6,13 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::types::{InputProfile, Precision, TensorDesc, TrtVersion};
+pub use crate::atomic_write::write_atomically;
+pub use crate::cuda::GpuIdentity;
+use crate::tensorrt::{InputProfile, Precision, TensorDesc, TrtVersion};
 
 /// The folder, inside a model directory, that holds the engines.
 pub const ENGINES_DIR: &str = "engines";
@@ -19,36 +20,6 @@ pub const ENGINES_DIR: &str = "engines";
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Bumped when a field changes meaning; a manifest of another format is refused.
 pub const MANIFEST_FORMAT: u32 = 1;
-
-/// A GPU model as far as a plan cares: TensorRT picks kernels per model, so a plan is
-/// tied to the name and compute capability of the GPU that built it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct GpuIdentity {
-    pub name: String,
-    /// "major.minor", e.g. "9.0".
-    pub compute_capability: String,
-}
-
-impl GpuIdentity {
-    /// A folder name for this GPU model, e.g. `nvidia-h200-sm90`.
-    pub fn key(&self) -> String {
-        let mut slug = String::new();
-        for c in self.name.chars() {
-            if c.is_ascii_alphanumeric() {
-                slug.push(c.to_ascii_lowercase());
-            } else if !slug.ends_with('-') && !slug.is_empty() {
-                slug.push('-');
-            }
-        }
-        let slug = slug.trim_end_matches('-');
-        let sm: String = self
-            .compute_capability
-            .chars()
-            .filter(char::is_ascii_digit)
-            .collect();
-        format!("{slug}-sm{sm}")
-    }
-}
 
 /// What `celer build` did, for the record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -320,29 +291,6 @@ fn hex(bytes: &[u8]) -> String {
 /// The first 12 hex digits of a sha256, for messages.
 pub fn short(sha: &str) -> &str {
     sha.get(..12).unwrap_or(sha)
-}
-
-/// Writes through a temporary file in the same folder and renames it into place, so a
-/// reader (or a crash) never sees half a plan or manifest.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Unique per call, not only per process: `serve` may store engines from several
-    // threads, and two writers of one temporary file would rename each other's half.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{name}.tmp{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::manifest::GpuIdentity;
 use super::manifest::{find_engine, CheckedEngine, EngineCheckError, EngineRequirements};
-use super::types::{TrtError, TrtVersion};
+use crate::tensorrt::{TrtError, TrtVersion};
 
 /// One ONNX model of the pipeline, as the choice needs it.
 #[derive(Debug, Clone, Copy)]
@@ -104,7 +104,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::tensorrt::manifest::{
+    use crate::engines::manifest::{
         engine_dir, sha256_bytes, BuildRecord, EngineManifest, ENGINES_DIR, MANIFEST_FILE,
         MANIFEST_FORMAT,
     };

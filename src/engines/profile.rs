@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use crate::config::{MattingSpec, PipelineSpec};
 
-use super::types::InputProfile;
+use crate::tensorrt::InputProfile;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

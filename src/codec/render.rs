@@ -1,0 +1,80 @@
+//! A device's result as the response body the output kind asks for: the RGBA cut-out, the
+//! alpha or the trimap as PNG, or JSON with all three and the stage times. Nothing is
+//! composited here: a device that was asked for a cut-out (every output that shows one)
+//! made it, the GPU before its one download, the CPU on its replica.
+
+use std::time::Instant;
+
+use image::{ExtendedColorType, GrayImage, RgbaImage};
+
+use super::encode;
+use crate::config::OutputKind;
+use crate::pipeline::{Matte, StageTimings};
+
+/// An encoded response body.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+/// Why a result could not be rendered: the server's fault, never the client's.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("encoding the {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    #[error("the {kind} output shows a cut-out, but the device made none")]
+    NoCutout { kind: &'static str },
+}
+
+/// Encodes `matte` (and the device's `cutout`, which every output showing one needs) as
+/// `kind`. JSON carries every PNG (base64) and the timings, which is why `timings.encode`
+/// is set before the JSON is written.
+pub fn render(
+    matte: &Matte,
+    cutout: Option<&RgbaImage>,
+    kind: OutputKind,
+    timings: &mut StageTimings,
+) -> Result<Rendered, RenderError> {
+    let (w, h) = matte.alpha.dimensions();
+    let png = |what: &'static str, pixels: &[u8], color| {
+        encode::png(pixels, w, h, color).map_err(|reason| RenderError::Encode { what, reason })
+    };
+    let gray = |what, g: &GrayImage| png(what, g.as_raw(), ExtendedColorType::L8);
+    let cutout = || cutout.ok_or(RenderError::NoCutout { kind: kind.name() });
+    let t = Instant::now();
+    let (content_type, body) = match kind {
+        OutputKind::Cutout => (
+            "image/png",
+            png("cut-out", cutout()?.as_raw(), ExtendedColorType::Rgba8)?,
+        ),
+        OutputKind::Alpha => ("image/png", gray("alpha", &matte.alpha)?),
+        OutputKind::Trimap => ("image/png", gray("trimap", &matte.trimap)?),
+        OutputKind::Json => {
+            use base64::Engine;
+            let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);
+            let cutout_png = png("cut-out", cutout()?.as_raw(), ExtendedColorType::Rgba8)?;
+            let alpha = gray("alpha", &matte.alpha)?;
+            let trimap = gray("trimap", &matte.trimap)?;
+            timings.encode = t.elapsed();
+            let body = serde_json::to_vec(&serde_json::json!({
+                "width": w,
+                "height": h,
+                "cutout_png": b64(cutout_png),
+                "alpha_png": b64(alpha),
+                "trimap_png": b64(trimap),
+                "timings_ms": timings,
+            }))
+            .map_err(|e| RenderError::Encode {
+                what: "JSON",
+                reason: e.to_string(),
+            })?;
+            return Ok(Rendered {
+                content_type: "application/json",
+                body,
+            });
+        }
+    };
+    timings.encode = t.elapsed();
+    Ok(Rendered { content_type, body })
+}

@@ -1,0 +1,422 @@
+//! A CPU replica: the pipeline's stages (`crate::pipeline`) in order around its own ONNX
+//! Runtime sessions, one request (or one batch) at a time, and the `Executor` the
+//! scheduler runs it through. The CPU path is the embedded default and the reference
+//! every GPU kernel is tested against.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fast_image_resize::Resizer;
+use image::{GrayImage, RgbImage, RgbaImage};
+
+use super::models::{self, nchw, ModelError};
+use super::{probe_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use crate::backend::ort::OrtModel;
+use crate::backend::{BackendError, Tensor};
+use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
+use crate::pipeline::plane::Plane;
+use crate::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use crate::pipeline::{Matte, StageTimings};
+use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
+
+/// Why the CPU stages failed: the models or their outputs, never the client's input.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{stage}: {reason}")]
+    Stage { stage: &'static str, reason: String },
+}
+
+fn stage_err(stage: &'static str) -> impl Fn(String) -> PipelineError {
+    move |reason| PipelineError::Stage { stage, reason }
+}
+
+/// How this replica makes the alpha at the source size.
+enum Matting {
+    /// The fast guided filter of the coarse mask, guided by the image's luma.
+    GuidedFilter {
+        radius_px: u32,
+        epsilon: f32,
+        subsample: u32,
+    },
+    /// The matting model on the image and the trimap at its input size, its alpha
+    /// resized to the source.
+    Model(Box<MattingModel>),
+}
+
+struct MattingModel {
+    model: OrtModel,
+    image: ImageInputSpec,
+    trimap_input: String,
+    output: String,
+}
+
+/// One replica on the CPU: its own sessions (so `run` needs no lock) and scratch reused
+/// from request to request, so the hot path allocates little.
+pub struct CpuPipeline {
+    spec: PipelineSpec,
+    segmentation: OrtModel,
+    matting: Matting,
+    resizer: Resizer,
+    resized: Vec<u8>,
+    input: Vec<f32>,
+    /// The stacked [N, 3, h, w] segmentation input of a batch.
+    batch: Vec<f32>,
+}
+
+/// The values of one image's `[1, 3, h, w]` model input.
+fn input_len(spec: &ImageInputSpec) -> usize {
+    nchw(spec, 3).iter().product()
+}
+
+/// Resize (into `resized`) + normalise `image` for `spec` into `out`, which holds
+/// `input_len(spec)` values: one image's slot of a model input.
+fn prepare_into(resized: &mut Vec<u8>, image: &RgbImage, spec: &ImageInputSpec, out: &mut [f32]) {
+    preprocess::resize_rgb(image, spec.width, spec.height, resized);
+    preprocess::normalize_into(resized, &spec.normalize, out);
+}
+
+impl CpuPipeline {
+    /// Loads every model of `spec` with `intra_threads` ONNX Runtime threads each, and
+    /// checks that their inputs and outputs are the ones the description names.
+    pub fn load(spec: &PipelineSpec, intra_threads: usize) -> Result<Self, PipelineError> {
+        let segmentation = models::segmentation(spec).load_ort(intra_threads)?;
+        check_batching(&segmentation, spec)?;
+        let matting = match (&spec.matting, models::matting(spec)) {
+            (
+                MattingSpec::Model {
+                    image,
+                    trimap_input,
+                    output,
+                },
+                Some(model),
+            ) => Matting::Model(Box::new(MattingModel {
+                model: model.load_ort(intra_threads)?,
+                image: image.clone(),
+                trimap_input: trimap_input.clone(),
+                output: output.clone(),
+            })),
+            (
+                &MattingSpec::GuidedFilter {
+                    radius_px,
+                    epsilon,
+                    subsample,
+                },
+                _,
+            ) => Matting::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            },
+            (MattingSpec::Model { .. }, None) => {
+                return Err(stage_err("matting")("no matting model described".into()))
+            }
+        };
+        Ok(Self {
+            spec: spec.clone(),
+            segmentation,
+            matting,
+            resizer: Resizer::new(),
+            resized: Vec::new(),
+            input: Vec::new(),
+            batch: Vec::new(),
+        })
+    }
+
+    /// Runs every stage between decode and composite on `image`, recording the time of
+    /// each in `timings`: a batch of one.
+    pub fn run(
+        &mut self,
+        image: &RgbImage,
+        timings: &mut StageTimings,
+    ) -> Result<Matte, PipelineError> {
+        self.run_batch(&[image], std::slice::from_mut(timings))?
+            .pop()
+            .ok_or_else(|| stage_err("batch")("no matte for the image".into()))
+    }
+
+    /// The device stages of several images with one segmentation run: each input is
+    /// normalised into its slot of one [N, 3, h, w] tensor (`load` checked that the
+    /// model's batch dimension is dynamic when N can exceed 1) and the output is split
+    /// per image; trimap and matting then run image by image. Each image's
+    /// `timings.model` is the whole batch's model time.
+    pub fn run_batch(
+        &mut self,
+        images: &[&RgbImage],
+        timings: &mut [StageTimings],
+    ) -> Result<Vec<Matte>, PipelineError> {
+        if images.len() != timings.len() {
+            return Err(stage_err("batch")(format!(
+                "{} images but {} timings",
+                images.len(),
+                timings.len()
+            )));
+        }
+        if images.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = images.len();
+        let seg = &self.spec.segmentation;
+        let per_image = input_len(&seg.image);
+        self.batch.resize(n * per_image, 0.0);
+        let slots = self.batch.chunks_exact_mut(per_image);
+        for ((image, t), slot) in images.iter().zip(timings.iter_mut()).zip(slots) {
+            let start = Instant::now();
+            prepare_into(&mut self.resized, image, &seg.image, slot);
+            t.preprocess = start.elapsed();
+        }
+        let start = Instant::now();
+        let [_, c, h, w] = nchw(&seg.image, 3);
+        let out = self.segmentation.run(
+            &[(seg.image.input.as_str(), [n, c, h, w], &self.batch)],
+            &seg.output,
+        )?;
+        let model_time = start.elapsed();
+        let per_image = split_batch(out, n)?;
+        let mut mattes = Vec::with_capacity(n);
+        for ((image, t), out) in images.iter().zip(timings.iter_mut()).zip(per_image) {
+            t.model = model_time;
+            mattes.push(self.finish(image, &out, t)?);
+        }
+        Ok(mattes)
+    }
+
+    /// Trimap and matting of one image from its segmentation output (batch of one).
+    fn finish(
+        &mut self,
+        image: &RgbImage,
+        out: &Tensor,
+        timings: &mut StageTimings,
+    ) -> Result<Matte, PipelineError> {
+        let (width, height) = image.dimensions();
+        let t = Instant::now();
+        let (mut small_trimap, coarse) = self.trimap(out)?;
+        trimap::erode(&mut small_trimap, self.spec.trimap.erode_px);
+        let trimap_full = resample::resize_nearest(&small_trimap, width, height);
+        timings.trimap = t.elapsed();
+
+        let t = Instant::now();
+        let alpha = match &mut self.matting {
+            &mut Matting::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => guided_filter::fit(
+                &mut self.resizer,
+                image,
+                &coarse,
+                radius_px,
+                epsilon,
+                subsample,
+            )
+            .map_err(stage_err("matting"))?
+            .alpha(image, &trimap_full),
+            Matting::Model(m) => {
+                let MattingModel {
+                    model,
+                    image: input,
+                    trimap_input,
+                    output,
+                } = &mut **m;
+                self.input.resize(input_len(input), 0.0);
+                prepare_into(&mut self.resized, image, input, &mut self.input);
+                let alpha = run_matting_model(
+                    model,
+                    &self.input,
+                    &small_trimap,
+                    input,
+                    trimap_input,
+                    output,
+                )?;
+                let full = resample::resize_plane(&mut self.resizer, &alpha, width, height)
+                    .map_err(stage_err("matting"))?;
+                composite::quantize_alpha(&full)
+            }
+        };
+        timings.matting = t.elapsed();
+        Ok(Matte {
+            alpha,
+            trimap: trimap_full,
+        })
+    }
+
+    /// The trimap at the segmentation output's resolution, and the coarse mask in [0, 1].
+    fn trimap(&self, out: &Tensor) -> Result<(GrayImage, Plane), PipelineError> {
+        match &self.spec.segmentation.mask {
+            MaskKind::Probability { minmax } => {
+                let mask = trimap::probability_mask(out, *minmax).map_err(stage_err("trimap"))?;
+                let t = trimap::threshold(
+                    &mask,
+                    self.spec.trimap.foreground,
+                    self.spec.trimap.background,
+                );
+                Ok((t, mask))
+            }
+            MaskKind::Classes { class_values } => {
+                trimap::classes(out, class_values).map_err(stage_err("trimap"))
+            }
+        }
+    }
+}
+
+/// The matting model on the prepared image input and the trimap, both at the model's
+/// input size.
+fn run_matting_model(
+    model: &mut OrtModel,
+    image_input: &[f32],
+    small_trimap: &GrayImage,
+    spec: &ImageInputSpec,
+    trimap_input: &str,
+    output: &str,
+) -> Result<Plane, PipelineError> {
+    let trimap = resample::resize_nearest(small_trimap, spec.width, spec.height);
+    let trimap: Vec<f32> = trimap
+        .as_raw()
+        .iter()
+        .map(|&v| f32::from(v) / 255.0)
+        .collect();
+    let out: Tensor = model.run(
+        &[
+            (spec.input.as_str(), nchw(spec, 3), image_input),
+            (trimap_input, nchw(spec, 1), &trimap),
+        ],
+        output,
+    )?;
+    match out.shape.as_slice() {
+        [1, 1, h, w] => Ok(Plane::new(*w as u32, *h as u32, out.data)),
+        shape => Err(stage_err("matting")(format!(
+            "expected an alpha of shape [1, 1, H, W], got {shape:?}"
+        ))),
+    }
+}
+
+/// `[batching]` with more than one request per run needs a dynamic batch dimension on the
+/// segmentation input; a fixed one (U2NetP's is 1) would fail at the first batch.
+fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), BackendError> {
+    let seg = &spec.segmentation;
+    if spec.batching.max_batch <= 1 {
+        return Ok(());
+    }
+    let shape = model
+        .inputs()
+        .into_iter()
+        .find(|d| d.name == seg.image.input)
+        .map(|d| d.shape)
+        .unwrap_or_default();
+    if shape.first().is_some_and(|&b| b < 0) {
+        return Ok(());
+    }
+    Err(BackendError::Mismatch {
+        model: model.label().to_string(),
+        reason: format!(
+            "{}: [batching] max_batch = {} needs a dynamic batch dimension on input `{}`, whose shape is {:?}; remove [batching] or export the model with a dynamic batch",
+            spec.source.display(),
+            spec.batching.max_batch,
+            seg.image.input,
+            shape
+        ),
+    })
+}
+
+/// Splits a [N, ...] model output into N outputs of shape [1, ...].
+fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
+    if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
+        return Err(stage_err("model")(format!(
+            "a batch of {n} gave an output of shape {:?}",
+            out.shape
+        )));
+    }
+    if n == 1 {
+        return Ok(vec![out]);
+    }
+    let per_image = out.data.len() / n;
+    let mut shape = out.shape.clone();
+    shape[0] = 1;
+    Ok(out
+        .data
+        .chunks_exact(per_image)
+        .map(|chunk| Tensor {
+            shape: shape.clone(),
+            data: chunk.to_vec(),
+        })
+        .collect())
+}
+
+/// The RGBA cut-out of `image` under `matte`'s alpha, timed as the composite stage.
+pub fn timed_cutout(image: &RgbImage, matte: &Matte, timings: &mut StageTimings) -> RgbaImage {
+    let t = Instant::now();
+    let rgba = composite::cutout(image, &matte.alpha);
+    timings.composite = t.elapsed();
+    rgba
+}
+
+/// One CPU replica as the scheduler runs it.
+pub struct CpuExecutor {
+    pipeline: CpuPipeline,
+}
+
+impl CpuExecutor {
+    pub fn new(pipeline: CpuPipeline) -> Self {
+        Self { pipeline }
+    }
+}
+
+impl Executor for CpuExecutor {
+    type Input = PipelineJob;
+    type Output = PipelineOutput;
+
+    /// One segmentation run for the batch; each job that asked for the cut-out gets it
+    /// composited here, on the replica, as a GPU makes it on the device.
+    fn run_batch(&mut self, jobs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+        let images: Vec<&RgbImage> = jobs.iter().map(|j| j.image.as_ref()).collect();
+        let mut timings: Vec<StageTimings> = jobs.iter().map(|j| j.timings).collect();
+        let mattes = self.pipeline.run_batch(&images, &mut timings)?;
+        Ok(mattes
+            .into_iter()
+            .zip(timings)
+            .zip(jobs)
+            .map(|((matte, mut timings), job)| {
+                let cutout = job
+                    .cutout
+                    .then(|| timed_cutout(&job.image, &matte, &mut timings));
+                PipelineOutput {
+                    matte,
+                    cutout,
+                    timings,
+                }
+            })
+            .collect())
+    }
+
+    fn probe(&mut self) -> Result<(), ExecError> {
+        let job = probe_job();
+        self.pipeline
+            .run(&job.image, &mut StageTimings::default())
+            .map(|_| ())
+            .map_err(Into::into)
+    }
+}
+
+/// The CPU as a device of `celer serve` or `celer run` for `spec`: `replicas` replicas,
+/// each with its own sessions and `threads` ONNX Runtime threads. (GPUs: `gpu`.)
+pub fn cpu_device_setup(
+    spec: &PipelineSpec,
+    replicas: usize,
+    threads: usize,
+) -> DeviceSetup<BoxedPipelineExecutor> {
+    let batching = spec.batching;
+    let spec = spec.clone();
+    let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |_replica| {
+        let pipeline = CpuPipeline::load(&spec, threads)?;
+        Ok(Box::new(CpuExecutor::new(pipeline)) as BoxedPipelineExecutor)
+    });
+    DeviceSetup {
+        name: Device::Cpu.to_string(),
+        replicas,
+        batching,
+        load,
+    }
+}

@@ -1,0 +1,304 @@
+//! A GPU replica: the GPU stages of a request on one stream (`pipeline`, with one file
+//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`), and the
+//! `Executor` the scheduler runs it through. Whichever replica of a GPU starts first
+//! opens the device (context, kernels) and loads its engines (`crate::engines::plan`);
+//! every replica then makes its own stream, buffers and execution contexts. A GPU whose
+//! context is lost is reopened here, for all its replicas at once (`GpuReplicas`).
+
+mod clock;
+mod input;
+mod mask;
+mod matting;
+pub mod model;
+mod pipeline;
+mod transfer;
+
+use std::sync::{Arc, Mutex};
+
+pub use model::ModelSource;
+pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
+
+use super::{probe_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use crate::config::PipelineSpec;
+use crate::cuda::{CudaError, GpuDevice};
+use crate::engines::plan::{GpuEngines, GpuPlan};
+use crate::replica::models::ModelError;
+use crate::sched::{BatchingSpec, Device, DeviceSetup, ExecError, Executor, LoadFn};
+
+/// Why a GPU replica's stages failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+impl From<cudarc::driver::DriverError> for GpuError {
+    fn from(error: cudarc::driver::DriverError) -> Self {
+        Self::Cuda(error.into())
+    }
+}
+
+impl From<crate::backend::BackendError> for GpuError {
+    fn from(error: crate::backend::BackendError) -> Self {
+        Self::Cuda(error.into())
+    }
+}
+
+impl GpuError {
+    /// Whether the GPU's context is lost (see `CudaError::is_device_lost`).
+    pub fn is_device_lost(&self) -> bool {
+        matches!(self, Self::Cuda(e) if e.is_device_lost())
+    }
+}
+
+/// A GPU opened, with its engines deserialised: shared by its replicas.
+struct LoadedGpu {
+    /// `None` where the models run on ONNX Runtime.
+    engines: Option<GpuEngines>,
+    device: Arc<GpuDevice>,
+}
+
+impl Drop for LoadedGpu {
+    fn drop(&mut self) {
+        // Engines hold device memory of the GPU's context: they go before the device
+        // (whose last reference destroys the context), whatever the fields' order.
+        self.engines = None;
+    }
+}
+
+/// Where a GPU is in its life.
+enum Opening {
+    /// Not opened yet, or closed by a recovery.
+    Closed,
+    Open(Arc<LoadedGpu>),
+    /// Opening failed; every replica gets the same answer.
+    Failed(String),
+}
+
+/// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
+/// GPU, so when it is lost (a sticky error) it is lost for all of them: recovery empties
+/// every replica's slot and drops the GPU, which destroys the context with its last
+/// reference, then opens the GPU again and reloads each replica.
+struct GpuReplicas {
+    spec: PipelineSpec,
+    plan: GpuPlan,
+    name: String,
+    ort_threads: usize,
+    limits: GpuLimits,
+    /// The opened GPU, and the generation of its context (one more per recovery).
+    opened: Mutex<(u64, Opening)>,
+    /// One slot per replica, held while that replica runs: its pipeline (stream, buffers,
+    /// execution contexts), emptied while the GPU is reopened.
+    pipelines: Vec<Mutex<Option<GpuPipeline>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a replica panicked while holding it; the data is whole
+    // (a pipeline is dropped, not half-written, by an unwinding run).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GpuReplicas {
+    /// The opened GPU and its generation, opening it (and loading or building its
+    /// engines) if nobody has: the first replica does it while the others wait.
+    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), String> {
+        let mut opened = lock(&self.opened);
+        let generation = opened.0;
+        match &opened.1 {
+            Opening::Open(gpu) => Ok((generation, gpu.clone())),
+            Opening::Failed(e) => Err(e.clone()),
+            Opening::Closed => match load_gpu(&self.spec, &self.plan, &self.name) {
+                Ok(gpu) => {
+                    let gpu = Arc::new(gpu);
+                    opened.1 = Opening::Open(gpu.clone());
+                    Ok((generation, gpu))
+                }
+                Err(e) => {
+                    opened.1 = Opening::Failed(e.clone());
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        lock(&self.opened).0
+    }
+
+    /// A new pipeline for one replica on the opened GPU: its own stream, buffers and
+    /// execution contexts.
+    fn load_pipeline(&self, gpu: &LoadedGpu) -> Result<GpuPipeline, ExecError> {
+        let source = match &gpu.engines {
+            Some(engines) => ModelSource::TensorRt {
+                segmentation: &engines.segmentation,
+                matting: engines.matting.as_ref(),
+            },
+            None => ModelSource::OnnxRuntime {
+                intra_threads: self.ort_threads,
+            },
+        };
+        Ok(GpuPipeline::load(
+            &self.spec,
+            gpu.device.clone(),
+            source,
+            self.limits,
+        )?)
+    }
+
+    /// Reopens the GPU after its context was lost in generation `lost_in`: nothing when
+    /// another replica already did (and it worked). Waits for the runs in flight on the other replicas
+    /// (they fail fast in a lost context), drops every pipeline and the GPU, opens it
+    /// again and reloads every replica.
+    fn recover(&self, lost_in: u64) -> Result<(), ExecError> {
+        // Slots first, then the GPU: the order every path takes.
+        let mut slots: Vec<_> = self.pipelines.iter().map(lock).collect();
+        {
+            let mut opened = lock(&self.opened);
+            let recovered_since = opened.0 != lost_in
+                && matches!(opened.1, Opening::Open(_))
+                && slots.iter().all(|slot| slot.is_some());
+            if recovered_since {
+                return Ok(());
+            }
+            for slot in slots.iter_mut() {
+                **slot = None;
+            }
+            // The last references to the context go here: the driver destroys it.
+            opened.1 = Opening::Closed;
+            opened.0 += 1;
+        }
+        let (_, gpu) = self.gpu()?;
+        for slot in slots.iter_mut() {
+            **slot = Some(self.load_pipeline(&gpu)?);
+        }
+        Ok(())
+    }
+}
+
+/// The setup of `plan`'s GPU: `replicas` replicas, with `ort_threads` ONNX Runtime
+/// threads each where TensorRT is absent, images up to `limits`.
+pub fn gpu_device_setup(
+    spec: &PipelineSpec,
+    plan: GpuPlan,
+    replicas: usize,
+    ort_threads: usize,
+    limits: GpuLimits,
+) -> DeviceSetup<BoxedPipelineExecutor> {
+    let name = Device::Gpu(plan.info.ordinal as u32).to_string();
+    let replicas = replicas.max(1);
+    let shared = Arc::new(GpuReplicas {
+        spec: spec.clone(),
+        plan,
+        name: name.clone(),
+        ort_threads,
+        limits,
+        opened: Mutex::new((0, Opening::Closed)),
+        pipelines: (0..replicas).map(|_| Mutex::new(None)).collect(),
+    });
+    let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |replica| {
+        // The first replica opens the GPU and loads (or builds) the engines; the others
+        // wait for it and share the result.
+        let (generation, gpu) = shared.gpu().map_err(ExecError::from)?;
+        let pipeline = shared.load_pipeline(&gpu)?;
+        let backend = pipeline.model_backend();
+        let slot = shared
+            .pipelines
+            .get(replica)
+            .ok_or_else(|| format!("{}: no slot for replica {replica}", shared.name))?;
+        *lock(slot) = Some(pipeline);
+        tracing::info!(device = %shared.name, replica, models = backend, "GPU replica ready");
+        Ok(Box::new(GpuExecutor {
+            shared: shared.clone(),
+            replica,
+            lost_in: generation,
+        }) as BoxedPipelineExecutor)
+    });
+    DeviceSetup {
+        name,
+        replicas,
+        // A GPU replica runs one image at a time: gathering a batch would only take
+        // requests off the queue that the device's other replicas could be running.
+        batching: BatchingSpec::OFF,
+        load,
+    }
+}
+
+/// Opens the GPU of `plan` and loads its engines (none where its models run on ONNX
+/// Runtime).
+fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, String> {
+    let gpu = GpuDevice::open(plan.info.clone())
+        .map_err(|e| format!("{device} ({}): {e}", plan.info.name))?;
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|e| format!("{device}: {e:?}"))?;
+    let engines = plan.load_engines(spec, device).map_err(|e| e.to_string())?;
+    Ok(LoadedGpu {
+        engines,
+        device: gpu,
+    })
+}
+
+/// One replica of the pipeline on a GPU: its slot in the GPU's `GpuReplicas`.
+pub struct GpuExecutor {
+    shared: Arc<GpuReplicas>,
+    replica: usize,
+    /// The GPU generation of the last run that found the device lost.
+    lost_in: u64,
+}
+
+impl GpuExecutor {
+    fn run_one(&mut self, job: &PipelineJob) -> Result<PipelineOutput, ExecError> {
+        let mut slot = lock(&self.shared.pipelines[self.replica]);
+        let generation = self.shared.generation();
+        let pipeline = slot.as_mut().ok_or_else(|| {
+            format!(
+                "{} replica {}: not loaded (the GPU is being reopened)",
+                self.shared.name, self.replica
+            )
+        })?;
+        let mut timings = job.timings;
+        match pipeline.run(&job.image, job.cutout, &mut timings) {
+            Ok(done) => Ok(PipelineOutput {
+                matte: done.matte,
+                cutout: done.cutout,
+                timings,
+            }),
+            Err(e) => {
+                if e.is_device_lost() {
+                    self.lost_in = generation;
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Executor for GpuExecutor {
+    type Input = PipelineJob;
+    type Output = PipelineOutput;
+
+    /// One image at a time: the replica's buffers are sized for one; the device's other
+    /// replicas overlap their copies and kernels with this one's.
+    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+        inputs.iter().map(|job| self.run_one(job)).collect()
+    }
+
+    fn probe(&mut self) -> Result<(), ExecError> {
+        self.run_one(&probe_job()).map(|_| ())
+    }
+
+    /// A lost context, or a replica left without a pipeline by a recovery that failed
+    /// (so the next failed probe tries again).
+    fn device_lost(&self, error: &ExecError) -> bool {
+        error
+            .downcast_ref::<GpuError>()
+            .is_some_and(GpuError::is_device_lost)
+            || lock(&self.shared.pipelines[self.replica]).is_none()
+    }
+
+    fn recover(&mut self) -> Result<(), ExecError> {
+        self.shared.recover(self.lost_in)
+    }
+}

@@ -1,0 +1,77 @@
+//! The replica layer: what one replica of a device runs, between the scheduler (queues,
+//! routing, health; never pixels) and the compute libraries (ONNX Runtime, CUDA,
+//! TensorRT). It owns the `Executor` implementations for the CPU (`cpu`) and the GPU
+//! (`gpu`), and the model contract that ONNX Runtime and TensorRT models are both checked
+//! against (`contract`). Decoding and encoding are `crate::codec`'s; the CPU stages are
+//! `crate::pipeline`'s. See docs/architecture.md.
+
+pub mod contract;
+pub mod cpu;
+pub mod gpu;
+pub mod models;
+
+use std::sync::Arc;
+
+use image::{RgbImage, RgbaImage};
+
+use crate::config::OutputKind;
+use crate::pipeline::{Matte, StageTimings};
+use crate::sched::{Executor, Router};
+
+/// The device stages' input: a decoded image, the times of the stages before, and
+/// whether the answer shows the cut-out (decided once, from the output kind).
+#[derive(Debug, Clone)]
+pub struct PipelineJob {
+    pub image: Arc<RgbImage>,
+    pub timings: StageTimings,
+    /// Make the RGBA cut-out too: the GPU before its one download, the CPU on its
+    /// replica, so that rendering only encodes.
+    pub cutout: bool,
+}
+
+impl PipelineJob {
+    pub fn new(image: Arc<RgbImage>, timings: StageTimings, output: OutputKind) -> Self {
+        Self {
+            image,
+            timings,
+            cutout: output.needs_cutout(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct PipelineOutput {
+    pub matte: Matte,
+    /// The cut-out: `Some` exactly when the job asked for it.
+    pub cutout: Option<RgbaImage>,
+    pub timings: StageTimings,
+}
+
+/// Any executor of the pipeline's stages: the CPU's (`cpu::CpuExecutor`), a GPU's
+/// (`gpu::GpuExecutor`), a stand-in in tests.
+pub type BoxedPipelineExecutor = Box<dyn Executor<Input = PipelineJob, Output = PipelineOutput>>;
+
+/// The scheduler `celer serve` and `celer run` use: the real pipeline on every device.
+pub type PipelineRouter = Router<BoxedPipelineExecutor>;
+
+/// The image a health probe runs: small and not uniform, so every stage (min-max,
+/// trimap, matting) has work.
+pub(crate) fn probe_image() -> RgbImage {
+    RgbImage::from_fn(32, 32, |x, y| {
+        let v = if (8..24).contains(&x) && (8..24).contains(&y) {
+            220
+        } else {
+            30
+        };
+        image::Rgb([v, v, v])
+    })
+}
+
+/// A probe's job: the probe image, alpha only.
+pub(crate) fn probe_job() -> PipelineJob {
+    PipelineJob {
+        image: Arc::new(probe_image()),
+        timings: StageTimings::default(),
+        cutout: false,
+    }
+}
