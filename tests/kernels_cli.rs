@@ -3,13 +3,16 @@
 //! file; then a process with NVRTC hidden (`CELER_NVRTC_PATH=/nonexistent`) and
 //! `CELER_KERNEL_DIR=DIR` gets them from the kernel loader (`cubins_for`, what every GPU
 //! replica calls) without compiling or writing its cache. The same process with an empty
-//! folder fails for want of NVRTC, so the load can only have come from the folder. No
-//! GPU needed; NVRTC is (`make python`), and its absence fails the test.
+//! folder fails for want of NVRTC, so the load can only have come from the folder. A GPU
+//! of a higher minor revision of the same major is served the folder's code. No GPU
+//! needed; NVRTC is (`make python`), and its absence fails the test.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use celer::cuda::kernels::{cache_file_name, cubins_for, read_cache_from, FILES};
+use celer::cuda::kernels::{
+    cache_file_name, cubins_for, read_cache_from, read_compatible_from, FILES,
+};
 use celer::cuda::nvrtc::Arch;
 
 /// Set in the child process this test starts of itself (see `loader_child`).
@@ -104,6 +107,16 @@ fn shipped_kernels_load_without_nvrtc() {
     for name in &written {
         let bytes = std::fs::read(shipped.path().join(name)).unwrap();
         assert_eq!(&bytes[..4], b"\x7fELF", "{name} is not a CUBIN");
+    }
+
+    // A GPU of the same major and a higher minor revision runs them; another major not.
+    let newer = read_compatible_from(shipped.path(), Arch::new(9, 1)).expect("sm_91 runs sm_90");
+    assert_eq!(newer.arch, SM_90);
+    for other in [Arch::new(8, 9), Arch::new(10, 0)] {
+        assert!(
+            read_compatible_from(shipped.path(), other).is_none(),
+            "{other} given sm_90 code"
+        );
     }
 
     // Shipped: loaded with NVRTC hidden, and nothing compiled into the writable cache.

@@ -199,9 +199,14 @@ pub fn shipped_dir() -> Option<PathBuf> {
 
 fn read_shipped(arch: Arch) -> Option<Cubins> {
     let dir = shipped_dir()?;
-    match read_cache_from(&dir, arch) {
+    match read_compatible_from(&dir, arch) {
         Some(cubins) => {
-            tracing::info!(%arch, dir = %dir.display(), "kernels loaded from CELER_KERNEL_DIR");
+            tracing::info!(
+                gpu = %arch,
+                kernels = %cubins.arch,
+                dir = %dir.display(),
+                "kernels loaded from CELER_KERNEL_DIR"
+            );
             Some(cubins)
         }
         None => {
@@ -216,6 +221,16 @@ fn read_shipped(arch: Arch) -> Option<Cubins> {
             None
         }
     }
+}
+
+/// The CUBINs in `dir` that run on a GPU of architecture `arch`: its own, else those of
+/// the nearest lower minor revision of the same major (a CUBIN runs on every GPU of its
+/// major revision and an equal or higher minor one), so that a folder made by an older
+/// NVRTC still serves, say, an sm_103 GPU with sm_100 code.
+pub fn read_compatible_from(dir: &std::path::Path, arch: Arch) -> Option<Cubins> {
+    (0..=arch.minor)
+        .rev()
+        .find_map(|minor| read_cache_from(dir, Arch::new(arch.major, minor)))
 }
 
 fn read_disk_cache(arch: Arch) -> Option<Cubins> {
