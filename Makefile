@@ -16,7 +16,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test bench compare gpu-check check-tensorrt clean-models
+.PHONY: python models models-all fixtures reference build serve test image-test bench compare gpu-check check-tensorrt clean-models
 
 python:
 	@scripts/setup-python
@@ -51,6 +51,13 @@ test: reference
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	$(ORT_ENV) cargo test --release
+
+# The SageMaker container: the Dockerfile's cpu target built (base debootstrapped once into
+# target/image-base, build stages supplied from this checkout) and run as SageMaker runs
+# it, then checked; broken variants of it must fail. Installs podman, runc and
+# debootstrap when missing (root or sudo). See scripts/image-test.
+image-test: models build
+	scripts/image-test
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
 bench: models
