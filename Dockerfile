@@ -12,10 +12,17 @@
 # The NVIDIA driver is not in the image: on GPU instances the NVIDIA container toolkit
 # mounts the host's driver (libcuda.so.1) at run time. Engines are specific to the GPU
 # model and the TensorRT version, so build them with this image on the instance type you
-# deploy to: `docker run --gpus all -v $PWD/model:/opt/ml/model celer:gpu build`.
+# deploy to: `docker run --gpus all --user "$(id -u):$(id -g)" -v $PWD/model:/opt/ml/model
+# celer:gpu build` (the user that owns the folder, so that the engines can be written).
 #
 # celer is PID 1 on purpose (exec-form ENTRYPOINT, no init wrapper): it receives
-# SageMaker's SIGTERM itself and drains in-flight requests before exiting.
+# SageMaker's SIGTERM itself and drains in-flight requests before exiting. It runs as the
+# user `celer` (uid 10001), not root.
+#
+# `make image-test` (scripts/image-test) builds the `cpu` target on a machine that cannot
+# reach the base images' registries: a debootstrapped debian:bookworm-slim, and the
+# `build-cpu` and `onnxruntime` stages supplied as build contexts (the binary built on the
+# host, the pinned wheel's library); the `cpu` stage itself is built as written here.
 
 # ---- pinned versions --------------------------------------------------------------
 # NGC TensorRT image: TensorRT 10.8 with CUDA 12.8 on Ubuntu 24.04. The shim is compiled
@@ -70,13 +77,24 @@ ENV RUSTUP_TOOLCHAIN=${RUST_VERSION}
 WORKDIR /src
 COPY . .
 # Cache mounts keep the registry and target/ between builds; the binary is copied out
-# of the mount. --locked: exactly the dependencies of Cargo.lock.
+# of the mount without its debug information (most of its size; the symbols stay, for
+# backtraces). --locked: exactly the dependencies of Cargo.lock.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=celer-target-gpu \
     TENSORRT_INCLUDE_DIR="$(cat /opt/celer/tensorrt/include-dir)" \
     CUDA_INCLUDE_DIR=/usr/local/cuda/include \
     cargo build --release --locked --features tensorrt \
- && install -D target/release/celer /opt/celer/bin/celer
+ && mkdir -p /opt/celer/bin \
+ && strip --strip-debug -o /opt/celer/bin/celer target/release/celer
+# The kernels precompiled with this image's NVRTC 12 for every architecture it supports
+# (sm_50 to sm_120 for 12.8), so that a GPU replica loads them (CELER_KERNEL_DIR) without
+# NVRTC or a compile at start-up; a newer minor revision (sm_103) runs its major's code
+# (sm_100). NVRTC loads its builtins library from its own folder, hence the library path.
+RUN set -eu; \
+    nvrtc="$(find /usr/local/cuda/ /usr/lib/ -name 'libnvrtc.so.12' -print -quit 2>/dev/null || true)"; \
+    [ -n "$nvrtc" ] || { echo "libnvrtc.so.12 not found" >&2; exit 1; }; \
+    LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    CELER_NVRTC_PATH="$nvrtc" /opt/celer/bin/celer kernels --out /opt/celer/kernels
 
 # ---- CPU build: the default features, for a plain Debian runtime --------------------
 FROM rust:${RUST_VERSION}-slim-bookworm AS build-cpu
@@ -87,36 +105,65 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=celer-target-cpu \
     cargo build --release --locked \
- && install -D target/release/celer /opt/celer/bin/celer
+ && mkdir -p /opt/celer/bin \
+ && strip --strip-debug -o /opt/celer/bin/celer target/release/celer
 
 # ---- CPU runtime ---------------------------------------------------------------------
+# scripts/image-test builds this stage as it is and runs it as SageMaker does (make
+# image-test); the GPU stage below follows the same pattern line for line.
 FROM debian:bookworm-slim AS cpu
 COPY --from=build-cpu /opt/celer/bin/celer /usr/local/bin/celer
 COPY --from=onnxruntime /opt/celer/onnxruntime /opt/celer/onnxruntime
 ENV ORT_DYLIB_PATH=/opt/celer/onnxruntime/libonnxruntime.so \
     CELER_MODEL_DIR=/opt/ml/model \
     CELER_LOG=info,ort=warn
-# Fail the image build, not the endpoint, if a shared library is missing.
-RUN ! ldd /usr/local/bin/celer /opt/celer/onnxruntime/libonnxruntime.so | grep "not found"
+# Fail the image build, not the endpoint, if a file or a shared library is missing
+# (ldd of a missing file fails: it is not just "no line saying not found").
+RUN set -e; \
+    for f in /usr/local/bin/celer "$ORT_DYLIB_PATH"; do \
+        ldd "$f" > /tmp/ldd || { echo "ldd $f failed" >&2; exit 1; }; \
+        if grep "not found" /tmp/ldd; then echo "$f: shared libraries missing" >&2; exit 1; fi; \
+    done; \
+    rm /tmp/ldd; \
+    celer --version
+# Not root: a user of its own, the same uid in both images. The model folder must be
+# readable by it (files in a model archive are usually 0644); `celer build` writes
+# engines into a mounted folder, so run that with `--user "$(id -u):$(id -g)"`.
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin celer
+USER celer
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 EXPOSE 8080
 ENTRYPOINT ["celer"]
 CMD ["serve"]
 
 # ---- GPU runtime (default target) ----------------------------------------------------
+# The CPU stage's pattern, plus TensorRT's libraries and the precompiled kernels. Not
+# built or run by any test here: NVIDIA's base images are out of these machines' reach.
 FROM ${CUDA_RUNTIME_IMAGE} AS gpu
 COPY --from=build-gpu /opt/celer/bin/celer /usr/local/bin/celer
-COPY --from=build-gpu /opt/celer/tensorrt/lib /opt/celer/tensorrt/lib
 COPY --from=onnxruntime /opt/celer/onnxruntime /opt/celer/onnxruntime
-# celer opens libnvinfer.so.<major> / libnvonnxparser.so.<major> by soname at run time;
-# the loader cache finds them (and the builder resource library next to them).
-RUN echo /opt/celer/tensorrt/lib > /etc/ld.so.conf.d/celer-tensorrt.conf && ldconfig \
- && ! ldd /usr/local/bin/celer /opt/celer/onnxruntime/libonnxruntime.so \
-        /opt/celer/tensorrt/lib/libnvinfer.so.[0-9]* /opt/celer/tensorrt/lib/libnvonnxparser.so.[0-9]* \
-      | grep "not found"
+COPY --from=build-gpu /opt/celer/tensorrt/lib /opt/celer/tensorrt/lib
+COPY --from=build-gpu /opt/celer/kernels /opt/celer/kernels
 ENV ORT_DYLIB_PATH=/opt/celer/onnxruntime/libonnxruntime.so \
     CELER_MODEL_DIR=/opt/ml/model \
-    CELER_LOG=info,ort=warn
+    CELER_LOG=info,ort=warn \
+    CELER_KERNEL_DIR=/opt/celer/kernels
+# celer opens libnvinfer.so.<major> / libnvonnxparser.so.<major> by soname at run time;
+# the loader cache finds them (and the builder resource library next to them).
+RUN echo /opt/celer/tensorrt/lib > /etc/ld.so.conf.d/celer-tensorrt.conf && ldconfig
+RUN set -e; \
+    for f in /usr/local/bin/celer "$ORT_DYLIB_PATH" \
+             /opt/celer/tensorrt/lib/libnvinfer.so.[0-9]* /opt/celer/tensorrt/lib/libnvonnxparser.so.[0-9]*; do \
+        ldd "$f" > /tmp/ldd || { echo "ldd $f failed" >&2; exit 1; }; \
+        if grep "not found" /tmp/ldd; then echo "$f: shared libraries missing" >&2; exit 1; fi; \
+    done; \
+    rm /tmp/ldd; \
+    ls /opt/celer/kernels/*.cubin > /dev/null; \
+    celer --version
+# Not root (see the CPU stage). Ubuntu's images already have uid 1000 (ubuntu): 10001 is
+# free in both.
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin celer
+USER celer
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 EXPOSE 8080
 ENTRYPOINT ["celer"]

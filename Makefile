@@ -18,7 +18,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test tensorrt-test bench compare gpu-check check-tensorrt clean-models
+.PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models
 
 python:
 	@scripts/setup-python
@@ -59,6 +59,13 @@ test: reference
 # anywhere else. Not part of `make test`: the stand-in CUDA driver cannot run TensorRT.
 tensorrt-test: models
 	$(ORT_ENV) cargo test --release $(CARGO_FEATURES) --test tensorrt_engine
+
+# The SageMaker container: the Dockerfile's cpu target built (base debootstrapped once into
+# target/image-base, build stages supplied from this checkout) and run as SageMaker runs
+# it, then checked; broken variants of it must fail. Installs podman, runc and
+# debootstrap when missing (root or sudo). See scripts/image-test.
+image-test: models build
+	scripts/image-test
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
 bench: models

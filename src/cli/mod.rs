@@ -1,4 +1,4 @@
-//! The command line: `serve`, `run`, `build`, `inspect`, `bench`, `sim`. Each subcommand
+//! The command line: `serve`, `run`, `build`, `inspect`, `kernels`, `bench`, `sim`. Each subcommand
 //! lives in its own module and returns `anyhow::Result` (the binary's boundary; the
 //! library uses typed errors).
 
@@ -6,6 +6,7 @@ mod bench;
 mod build;
 mod devices;
 mod inspect;
+mod kernels;
 mod run;
 mod serve;
 mod sim;
@@ -34,6 +35,9 @@ enum Command {
     Build(build::BuildArgs),
     /// What is inside a model directory's pipeline, an ONNX model, or an engine.
     Inspect(inspect::InspectArgs),
+    /// The CUDA kernels compiled ahead of time (needs NVRTC, not a GPU) into a folder that
+    /// `CELER_KERNEL_DIR` names at run time, so that no NVRTC is needed there.
+    Kernels(kernels::KernelsArgs),
     /// Latency benchmarking: load against a server, or in-process stage timings.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -49,6 +53,7 @@ impl Cli {
             Command::Run(args) => run::run(args),
             Command::Build(args) => build::build(args),
             Command::Inspect(args) => inspect::inspect(args),
+            Command::Kernels(args) => kernels::kernels(args),
             Command::Bench(command) => bench::bench(command),
             Command::Sim(args) => sim::sim(args),
         }

@@ -1,7 +1,9 @@
 //! The CUDA C kernels (`kernels/*.cu`, embedded in the binary) and their compilation: one
 //! CUBIN per file per GPU architecture, compiled once per process and architecture and
 //! shared by every device and replica of that architecture, and kept in a disk cache so
-//! that a restart (or a machine without NVRTC) loads them without compiling.
+//! that a restart (or a machine without NVRTC) loads them without compiling. A read-only
+//! folder shipped with the build (`CELER_KERNEL_DIR`, filled by `celer kernels`; the GPU
+//! image's `/opt/celer/kernels`) is read first.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -131,8 +133,10 @@ pub fn compile_all(nvrtc: &Nvrtc, arch: Arch) -> Result<Cubins, CudaError> {
     Ok(Cubins { arch, files })
 }
 
-/// The CUBINs for `arch`: from this process's cache, else the disk cache, else NVRTC
-/// (which then fills both). Compiles at most once per architecture per process.
+/// The CUBINs for `arch`: from this process's cache, else the shipped folder
+/// (`CELER_KERNEL_DIR`), else the disk cache, else NVRTC (which then fills the process's
+/// and the disk cache). Compiles at most once per architecture per process; with the
+/// architecture shipped, NVRTC is never loaded.
 pub fn cubins_for(arch: Arch) -> Result<Arc<Cubins>, CudaError> {
     static CACHE: Mutex<Option<HashMap<Arch, Arc<Cubins>>>> = Mutex::new(None);
     // A poisoned lock only means another thread panicked mid-compile; the map is intact.
@@ -141,7 +145,7 @@ pub fn cubins_for(arch: Arch) -> Result<Arc<Cubins>, CudaError> {
     if let Some(found) = map.get(&arch) {
         return Ok(found.clone());
     }
-    let cubins = Arc::new(match read_disk_cache(arch) {
+    let cubins = Arc::new(match read_shipped(arch).or_else(|| read_disk_cache(arch)) {
         Some(cubins) => cubins,
         None => {
             let cubins = compile_all(Nvrtc::get()?, arch)?;
@@ -183,6 +187,50 @@ pub fn cache_file_name(arch: Arch, file: &str) -> String {
         arch.sm(),
         file.trim_end_matches(".cu")
     )
+}
+
+/// `CELER_KERNEL_DIR`: a read-only folder of CUBINs made ahead of time by `celer kernels`
+/// with this same binary (the file names carry a hash of the sources and options).
+pub fn shipped_dir() -> Option<PathBuf> {
+    std::env::var_os("CELER_KERNEL_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+}
+
+fn read_shipped(arch: Arch) -> Option<Cubins> {
+    let dir = shipped_dir()?;
+    match read_compatible_from(&dir, arch) {
+        Some(cubins) => {
+            tracing::info!(
+                gpu = %arch,
+                kernels = %cubins.arch,
+                dir = %dir.display(),
+                "kernels loaded from CELER_KERNEL_DIR"
+            );
+            Some(cubins)
+        }
+        None => {
+            // Not an error: the writable cache or NVRTC may still have them. Logged so that
+            // a compile at start-up (or NVRTC missing) is explained.
+            tracing::warn!(
+                %arch,
+                dir = %dir.display(),
+                "CELER_KERNEL_DIR has no kernels for this GPU's architecture built by this \
+                 celer; trying the kernel cache, then NVRTC"
+            );
+            None
+        }
+    }
+}
+
+/// The CUBINs in `dir` that run on a GPU of architecture `arch`: its own, else those of
+/// the nearest lower minor revision of the same major (a CUBIN runs on every GPU of its
+/// major revision and an equal or higher minor one), so that a folder made by an older
+/// NVRTC still serves, say, an sm_103 GPU with sm_100 code.
+pub fn read_compatible_from(dir: &std::path::Path, arch: Arch) -> Option<Cubins> {
+    (0..=arch.minor)
+        .rev()
+        .find_map(|minor| read_cache_from(dir, Arch::new(arch.major, minor)))
 }
 
 fn read_disk_cache(arch: Arch) -> Option<Cubins> {

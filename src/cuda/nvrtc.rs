@@ -1,5 +1,7 @@
 //! NVRTC, the run-time CUDA C compiler, loaded from a file path (the `nvidia-cuda-nvrtc`
-//! wheel in `.venv`, `CELER_NVRTC_PATH`, or the system's `libnvrtc.so.13`). celer loads
+//! wheel in `.venv`, `CELER_NVRTC_PATH`, or the system's `libnvrtc.so.13`, else
+//! `libnvrtc.so.12`: CUDA 12 runtime images ship that one, and the entry points used here
+//! are the same in NVRTC 12 and 13). celer loads
 //! it itself rather than through cudarc, whose search is by name only and panics when the
 //! library is absent; here a missing library is an error value. Compiles to CUBIN for one
 //! real architecture (`sm_XY`), so the driver never JIT-compiles PTX.
@@ -12,8 +14,9 @@ use super::CudaError;
 
 /// The wheel's layout under a virtual environment's `site-packages`.
 const VENV_NVRTC: &str = "site-packages/nvidia/cu13/lib/libnvrtc.so.13";
-/// Names tried through the dynamic loader's own search when no file is found.
-const SYSTEM_NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so"];
+/// Names tried through the dynamic loader's own search when no file is found, newest
+/// first. NVRTC 12 has every entry point of [`Api`] with the same signatures.
+const SYSTEM_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 
 /// A real GPU architecture, `sm_{major}{minor}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,6 +33,24 @@ impl Arch {
     /// The NVRTC option value, e.g. `sm_86`.
     pub fn sm(&self) -> String {
         format!("sm_{}{}", self.major, self.minor)
+    }
+}
+
+/// `sm_90`, `sm_120` (or `90`, `120`): the last digit is the minor version. Suffixed
+/// targets (`sm_90a`) are refused: the kernels are compiled for the portable feature set.
+impl std::str::FromStr for Arch {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let digits = s.strip_prefix("sm_").unwrap_or(s);
+        if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "{s:?} is not a GPU architecture (expected sm_XY, e.g. sm_90)"
+            ));
+        }
+        let (major, minor) = digits.split_at(digits.len() - 1);
+        let parse = |d: &str| d.parse::<u32>().map_err(|e| format!("{s:?}: {e}"));
+        Ok(Arch::new(parse(major)?, parse(minor)?))
     }
 }
 
@@ -111,7 +132,7 @@ impl Nvrtc {
         }
         Err(format!(
             "libnvrtc not found; tried {}. Run `make python` (installs the nvidia-cuda-nvrtc \
-             wheel into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13",
+             wheel into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13 or libnvrtc.so.12",
             tried.join(", ")
         ))
     }
@@ -327,4 +348,25 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
         .flatten()
         .map(|python| python.path().join(VENV_NVRTC))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Arch;
+
+    #[test]
+    fn arch_parses_what_it_prints() {
+        for arch in [
+            Arch::new(7, 5),
+            Arch::new(9, 0),
+            Arch::new(10, 0),
+            Arch::new(12, 1),
+        ] {
+            assert_eq!(arch.sm().parse::<Arch>(), Ok(arch));
+        }
+        assert_eq!("86".parse::<Arch>(), Ok(Arch::new(8, 6)));
+        for bad in ["sm_90a", "sm_9", "compute_90", "", "sm_"] {
+            assert!(bad.parse::<Arch>().is_err(), "{bad:?} parsed");
+        }
+    }
 }
