@@ -108,7 +108,7 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
     let router = Router::start(
         vec![setup],
         RouterConfig {
-            probe_interval: Duration::from_millis(100),
+            health_check_interval: Duration::from_millis(100),
             ..Default::default()
         },
     );

@@ -48,7 +48,7 @@ impl Executor for GatedPipeline {
             .collect())
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
+    fn health_check(&mut self) -> Result<(), ExecError> {
         Ok(())
     }
 }

@@ -144,14 +144,14 @@ fn round_robin_and_random_are_the_baselines() {
 }
 
 #[test]
-fn a_failing_device_is_avoided_until_a_probe_passes() {
+fn a_failing_device_is_avoided_until_a_health_check_passes() {
     let (bad, good) = (Gate::open(), Gate::open());
     bad.set_failing(true);
     let router = start(
         vec![gated("bad", 1, OFF, &bad), gated("good", 1, OFF, &good)],
         RouterConfig {
             unhealthy_after_failures: 2,
-            probe_interval: Duration::from_millis(20),
+            health_check_interval: Duration::from_millis(20),
             ..RouterConfig::default()
         },
     );
@@ -177,11 +177,15 @@ fn a_failing_device_is_avoided_until_a_probe_passes() {
     assert_eq!(bad.ran().len(), 2);
 
     bad.set_failing(false);
-    eventually("a probe passes", || router.devices()[0].healthy);
-    assert!(bad.probes() >= 1);
+    eventually("a health check passes", || router.devices()[0].healthy);
+    assert!(bad.health_checks() >= 1);
     router.seed_service_time(0, Duration::from_nanos(1));
     let ticket = router.submit(10, far()).expect("admitted");
-    assert_eq!(ticket.device(), Some(0), "traffic again after the probe");
+    assert_eq!(
+        ticket.device(),
+        Some(0),
+        "traffic again after the health check"
+    );
     assert_eq!(answer(ticket).expect("served").device, 0);
     router.shutdown();
 }
@@ -196,7 +200,7 @@ fn in_flight_work_fails_over_once() {
         ],
         RouterConfig {
             unhealthy_after_failures: 1,
-            probe_interval: Duration::from_secs(600),
+            health_check_interval: Duration::from_secs(600),
             ..RouterConfig::default()
         },
     );
@@ -246,7 +250,7 @@ fn a_run_past_its_deadline_marks_the_device_unhealthy_and_moves_its_queue() {
             gated("spare", 1, OFF, &spare),
         ],
         RouterConfig {
-            probe_interval: Duration::from_millis(10),
+            health_check_interval: Duration::from_millis(10),
             ..RouterConfig::default()
         },
     );
@@ -263,7 +267,7 @@ fn a_run_past_its_deadline_marks_the_device_unhealthy_and_moves_its_queue() {
     assert_eq!((done.device, done.failed_over), (1, true));
     assert!(!router.devices()[0].healthy);
 
-    // The stuck run ends; the next probe passes.
+    // The stuck run ends; the next health check passes.
     stuck.set_open(true);
     eventually("the stuck device recovers", || router.devices()[0].healthy);
     router.shutdown();
@@ -420,7 +424,7 @@ fn with_no_healthy_device_requests_are_refused() {
         vec![gated("only", 1, OFF, &gate)],
         RouterConfig {
             unhealthy_after_failures: 1,
-            probe_interval: Duration::from_secs(600),
+            health_check_interval: Duration::from_secs(600),
             ..RouterConfig::default()
         },
     );

@@ -33,7 +33,7 @@ impl Server {
             .arg(&model_dir)
             .args(["--devices", devices, "--replicas", "2"])
             .args(["--bind", "127.0.0.1", "--port", "0"])
-            .args(["--probe-interval-ms", "100"])
+            .args(["--health-check-interval-ms", "100"])
             .env("CELER_LOG", "info,ort=warn")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
@@ -41,8 +41,8 @@ impl Server {
         if devices != "cpu" {
             gpu_support::use_driver(&mut command);
         }
-        let mut child = command.spawn().expect("celer serve starts");
-        let stderr = child.stderr.take().expect("piped stderr");
+        let mut child = KillOnDrop(Some(command.spawn().expect("celer serve starts")));
+        let stderr = child.child().stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (found, address) = mpsc::channel();
         let sink = log.clone();
@@ -64,7 +64,7 @@ impl Server {
             .parse()
             .expect("a socket address in the log");
         let server = Server {
-            child,
+            child: child.disarm(),
             address,
             log,
         };
@@ -150,6 +150,28 @@ impl Server {
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Kills the child if the test fails before a `Server` owns it.
+struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("not disarmed")
+    }
+
+    fn disarm(mut self) -> Child {
+        self.0.take().expect("not disarmed")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

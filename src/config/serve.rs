@@ -107,10 +107,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CELER_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
 
-    /// Milliseconds between probes of an unhealthy device (one that failed repeatedly
-    /// or overran a deadline); it gets traffic again once a probe passes.
-    #[arg(long, env = "CELER_PROBE_INTERVAL_MS", default_value_t = 1000)]
-    pub probe_interval_ms: u64,
+    /// Milliseconds between health checks of an unhealthy device (one that failed repeatedly
+    /// or overran a deadline); it gets traffic again once a health check passes.
+    #[arg(long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000)]
+    pub health_check_interval_ms: u64,
 
     /// Seconds a request may take from arrival; an expired request is not run.
     #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", default_value_t = 60)]
@@ -161,7 +161,7 @@ impl ServeArgs {
             routing: self.routing,
             queue_capacity: self.queue_capacity.max(1),
             max_in_flight: self.max_in_flight,
-            probe_interval: Duration::from_millis(self.probe_interval_ms.max(1)),
+            health_check_interval: Duration::from_millis(self.health_check_interval_ms.max(1)),
             ..RouterConfig::default()
         }
     }

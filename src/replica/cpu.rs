@@ -10,7 +10,7 @@ use fast_image_resize::Resizer;
 use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::models::{self, nchw, ModelError};
-use super::{probe_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use crate::backend::ort::OrtModel;
 use crate::backend::{BackendError, Tensor};
 use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
@@ -391,8 +391,8 @@ impl Executor for CpuExecutor {
             .collect())
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
-        let job = probe_job();
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        let job = health_check_job();
         self.pipeline
             .run(&job.image, &mut StageTimings::default())
             .map(|_| ())

@@ -54,9 +54,9 @@ pub type BoxedPipelineExecutor = Box<dyn Executor<Input = PipelineJob, Output = 
 /// The scheduler `celer serve` and `celer run` use: the real pipeline on every device.
 pub type PipelineRouter = Router<BoxedPipelineExecutor>;
 
-/// The image a health probe runs: small and not uniform, so every stage (min-max,
+/// The image a health check runs: small and not uniform, so every stage (min-max,
 /// trimap, matting) has work.
-pub(crate) fn probe_image() -> RgbImage {
+pub(crate) fn health_check_image() -> RgbImage {
     RgbImage::from_fn(32, 32, |x, y| {
         let v = if (8..24).contains(&x) && (8..24).contains(&y) {
             220
@@ -67,10 +67,10 @@ pub(crate) fn probe_image() -> RgbImage {
     })
 }
 
-/// A probe's job: the probe image, alpha only.
-pub(crate) fn probe_job() -> PipelineJob {
+/// A health check's job: its image, alpha only.
+pub(crate) fn health_check_job() -> PipelineJob {
     PipelineJob {
-        image: Arc::new(probe_image()),
+        image: Arc::new(health_check_image()),
         timings: StageTimings::default(),
         cutout: false,
     }

@@ -1,7 +1,7 @@
 //! The dynamic batcher of one device: after a replica takes a request, it adds what is
 //! already waiting, up to `max_batch`. An idle device (nothing else queued) runs the lone
 //! request at once; only when a second request was already there does it wait up to
-//! `max_wait_us` for more. It never holds a probe or a stop behind a batch.
+//! `max_wait_us` for more. It never holds a health check or a stop behind a batch.
 
 use std::time::{Duration, Instant};
 
@@ -84,7 +84,7 @@ mod tests {
         fn run_batch(&mut self, inputs: &[&u32]) -> Result<Vec<u32>, ExecError> {
             Ok(inputs.iter().map(|&&i| i).collect())
         }
-        fn probe(&mut self) -> Result<(), ExecError> {
+        fn health_check(&mut self) -> Result<(), ExecError> {
             Ok(())
         }
     }
@@ -141,15 +141,15 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_ends_the_batch_and_is_handed_back() {
+    fn a_health_check_ends_the_batch_and_is_handed_back() {
         let state = state();
         let (tx, rx) = crossbeam_channel::bounded(8);
         assert!(tx.try_send(Work::Job(job(&state, 2))).is_ok());
-        assert!(tx.try_send(Work::Probe).is_ok());
+        assert!(tx.try_send(Work::HealthCheck).is_ok());
         assert!(tx.try_send(Work::Job(job(&state, 3))).is_ok());
         let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
         assert_eq!(batch.len(), 2);
-        assert!(matches!(deferred, Some(Work::Probe)));
+        assert!(matches!(deferred, Some(Work::HealthCheck)));
     }
 
     #[test]

@@ -16,9 +16,9 @@ pub trait Executor: Send + 'static {
     fn run_batch(&mut self, inputs: &[&Self::Input]) -> Result<Vec<Self::Output>, ExecError>;
 
     /// A small inference whose success shows that an unhealthy device works again.
-    fn probe(&mut self) -> Result<(), ExecError>;
+    fn health_check(&mut self) -> Result<(), ExecError>;
 
-    /// Whether `error`, from a run or a probe of this executor, means that its device is
+    /// Whether `error`, from a run or a health check of this executor, means that its device is
     /// lost (a GPU whose context failed for every replica on it): retrying is pointless
     /// until the device is recovered.
     fn device_lost(&self, _error: &ExecError) -> bool {
@@ -26,8 +26,8 @@ pub trait Executor: Send + 'static {
     }
 
     /// Brings a lost device back (reopen it, reload the models), on this replica's
-    /// thread, while the router sends the device nothing. A passing probe then returns it
-    /// to service; a failed recovery is tried again at the next failed probe.
+    /// thread, while the router sends the device nothing. A passing health check then returns it
+    /// to service; a failed recovery is tried again at the next failed health check.
     fn recover(&mut self) -> Result<(), ExecError> {
         Ok(())
     }
@@ -41,8 +41,8 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
         (**self).run_batch(inputs)
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
-        (**self).probe()
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        (**self).health_check()
     }
 
     fn device_lost(&self, error: &ExecError) -> bool {

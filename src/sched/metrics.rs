@@ -153,7 +153,7 @@ impl SchedMetrics {
         );
         r.register(
             "device_healthy",
-            "1 while a device takes traffic, 0 while it waits for a probe to pass",
+            "1 while a device takes traffic, 0 while it waits for a health check to pass",
             self.healthy.clone(),
         );
         r.register(

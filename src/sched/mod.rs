@@ -1,6 +1,6 @@
 //! Scheduling: devices, each with R replicas on their own OS threads fed by one bounded
 //! queue; the router that places each request on the device expected to finish it first;
-//! the per-device batcher; health (probes, recovery of a lost device), fail-over and
+//! the per-device batcher; health (health checks, recovery of a lost device), fail-over and
 //! admission. Model calls never run on the async executor.
 //!
 //! Everything is generic over `Executor` (what one replica runs: `crate::replica` for the

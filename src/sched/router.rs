@@ -1,7 +1,7 @@
 //! The router: one bounded queue per device, placement of each request (least busy by
 //! estimated completion, or the round-robin and random baselines), admission (queue
 //! bounds and a global in-flight limit, refused at once), device health with a watchdog
-//! and probes, and one fail-over per request. It never runs a model itself.
+//! and health checks, and one fail-over per request. It never runs a model itself.
 
 use std::fmt;
 use std::future::Future;
@@ -63,8 +63,8 @@ pub struct RouterConfig {
     pub max_in_flight: Option<usize>,
     /// Failed runs in a row that make a device unhealthy.
     pub unhealthy_after_failures: u32,
-    /// How often an unhealthy device is probed.
-    pub probe_interval: Duration,
+    /// How often an unhealthy device is checked.
+    pub health_check_interval: Duration,
 }
 
 impl Default for RouterConfig {
@@ -74,7 +74,7 @@ impl Default for RouterConfig {
             queue_capacity: 16,
             max_in_flight: None,
             unhealthy_after_failures: 3,
-            probe_interval: Duration::from_secs(1),
+            health_check_interval: Duration::from_secs(1),
         }
     }
 }
@@ -118,7 +118,7 @@ struct Shared<E: Executor> {
     /// Round robin's turn, and least busy's starting point (so ties rotate).
     cursor: AtomicUsize,
     stopped: AtomicBool,
-    probe_interval: Duration,
+    health_check_interval: Duration,
     metrics: SchedMetrics,
 }
 
@@ -183,11 +183,11 @@ impl<E: Executor> Router<E> {
             in_flight: Arc::new(AtomicUsize::new(0)),
             cursor: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
-            probe_interval: config.probe_interval,
+            health_check_interval: config.health_check_interval,
             metrics,
         });
-        let tick =
-            (config.probe_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let tick = (config.health_check_interval / 4)
+            .clamp(Duration::from_millis(1), Duration::from_millis(50));
         let weak = Arc::downgrade(&shared);
         match std::thread::Builder::new()
             .name("celer-watchdog".into())
@@ -195,7 +195,7 @@ impl<E: Executor> Router<E> {
         {
             Ok(thread) => threads.push(thread),
             Err(e) => {
-                tracing::error!(error = %e, "cannot start the health watchdog: failed devices will not be probed")
+                tracing::error!(error = %e, "cannot start the health watchdog: failed devices will not be checked")
             }
         }
         Self {
@@ -506,7 +506,7 @@ impl<E: Executor> Shared<E> {
     }
 
     /// One watchdog round: catch runs past their deadline, move queued requests off
-    /// unhealthy devices, and probe those devices.
+    /// unhealthy devices, and check those devices.
     fn check_health(&self) {
         for slot in &self.devices {
             let s = &slot.state;
@@ -526,26 +526,26 @@ impl<E: Executor> Shared<E> {
             if s.is_healthy() {
                 continue;
             }
-            let mut probe_drained = false;
+            let mut check_drained = false;
             while let Ok(work) = slot.drain.try_recv() {
                 match work {
                     Work::Job(job) => job.fail(JobError::DeviceUnhealthy {
                         device: s.name.clone(),
                     }),
-                    Work::Probe => probe_drained = true,
+                    Work::HealthCheck => check_drained = true,
                     Work::Stop => {
                         let _ = slot.queue.try_send(Work::Stop);
                         break;
                     }
                 }
             }
-            let due = now.saturating_sub(s.last_probe_ns.load(Ordering::Acquire))
-                >= self.probe_interval.as_nanos() as u64;
-            if probe_drained || (due && !s.probe_pending.load(Ordering::Acquire)) {
-                let sent = slot.queue.try_send(Work::Probe).is_ok();
-                s.probe_pending.store(sent, Ordering::Release);
-                if sent && !probe_drained {
-                    s.last_probe_ns.store(now, Ordering::Release);
+            let due = now.saturating_sub(s.last_health_check_ns.load(Ordering::Acquire))
+                >= self.health_check_interval.as_nanos() as u64;
+            if check_drained || (due && !s.health_check_pending.load(Ordering::Acquire)) {
+                let sent = slot.queue.try_send(Work::HealthCheck).is_ok();
+                s.health_check_pending.store(sent, Ordering::Release);
+                if sent && !check_drained {
+                    s.last_health_check_ns.store(now, Ordering::Release);
                 }
             }
         }

@@ -55,7 +55,7 @@ pub fn parse_sim_devices(text: &str) -> Result<Vec<f64>, String> {
 /// Switches shared by a simulated device's replicas, for failure tests.
 #[derive(Debug, Default)]
 pub struct SimControl {
-    /// While set, every run and probe fails.
+    /// While set, every run and health check fails.
     pub failing: AtomicBool,
     /// Runs executed (batches), over the device's replicas.
     pub runs: AtomicUsize,
@@ -113,7 +113,7 @@ impl Executor for SimExecutor {
         Ok(vec![t; inputs.len()])
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
+    fn health_check(&mut self) -> Result<(), ExecError> {
         if self.control.failing.load(Ordering::Acquire) {
             return Err(SimFailure.into());
         }

@@ -27,8 +27,8 @@ pub(crate) struct DeviceState {
     healthy: AtomicBool,
     health: watch::Sender<bool>,
     consecutive_failures: AtomicU32,
-    pub probe_pending: AtomicBool,
-    pub last_probe_ns: AtomicU64,
+    pub health_check_pending: AtomicBool,
+    pub last_health_check_ns: AtomicU64,
     /// Per replica: the deadline of the batch it runs (ns since `epoch`), 0 when idle.
     pub running_deadline_ns: Vec<AtomicU64>,
     pub loaded: AtomicUsize,
@@ -56,8 +56,8 @@ impl DeviceState {
             healthy: AtomicBool::new(true),
             health: watch::channel(true).0,
             consecutive_failures: AtomicU32::new(0),
-            probe_pending: AtomicBool::new(false),
-            last_probe_ns: AtomicU64::new(0),
+            health_check_pending: AtomicBool::new(false),
+            last_health_check_ns: AtomicU64::new(0),
             running_deadline_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             loaded: AtomicUsize::new(0),
             load_error: Mutex::new(None),
@@ -77,7 +77,7 @@ impl DeviceState {
 
     pub fn mark_unhealthy(&self, why: &str) {
         if self.healthy.swap(false, Ordering::AcqRel) {
-            tracing::warn!(device = %self.name, reason = why, "device marked unhealthy: no traffic until a probe passes");
+            tracing::warn!(device = %self.name, reason = why, "device marked unhealthy: no traffic until a health check passes");
             self.health.send_replace(false);
         }
     }
@@ -85,7 +85,7 @@ impl DeviceState {
     pub fn mark_healthy(&self) {
         self.consecutive_failures.store(0, Ordering::Release);
         if !self.healthy.swap(true, Ordering::AcqRel) {
-            tracing::info!(device = %self.name, "probe passed: device healthy again");
+            tracing::info!(device = %self.name, "health check passed: device healthy again");
             self.health.send_replace(true);
         }
     }

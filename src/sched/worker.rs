@@ -22,8 +22,8 @@ use super::{Done, Executor, JobError};
 /// What a device's queue carries.
 pub(crate) enum Work<E: Executor> {
     Job(Job<E>),
-    /// Run the executor's probe; a pass makes the device healthy.
-    Probe,
+    /// Run the executor's health check; a pass makes the device healthy.
+    HealthCheck,
     /// One per replica at shutdown, behind the work already queued.
     Stop,
 }
@@ -116,7 +116,7 @@ impl<E: Executor> Replica<E> {
             };
             match work {
                 Work::Stop => return,
-                Work::Probe => self.probe(),
+                Work::HealthCheck => self.health_check(),
                 Work::Job(job) => {
                     let Some(first) = self.still_wanted(job) else {
                         continue;
@@ -226,7 +226,7 @@ impl<E: Executor> Replica<E> {
     }
 
     /// The device is lost: no traffic (requests queued on it fail over), then the
-    /// executor reopens it; the watchdog's next passing probe returns it to service.
+    /// executor reopens it; the watchdog's next passing health check returns it to service.
     fn recover(&mut self, why: &str) {
         let state = self.state.clone();
         state.mark_unhealthy("the device is lost (its context failed)");
@@ -239,34 +239,36 @@ impl<E: Executor> Replica<E> {
                 tracing::info!(
                     device = %state.name,
                     seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-                    "device reopened and reloaded; back in service once a probe passes"
+                    "device reopened and reloaded; back in service once a health check passes"
                 );
             }
             Ok(Err(e)) => {
-                tracing::error!(device = %state.name, error = %e, "recovery failed; tried again after the next failed probe")
+                tracing::error!(device = %state.name, error = %e, "recovery failed; tried again after the next failed health check")
             }
             Err(panic) => tracing::error!(
                 device = %state.name,
                 error = %panic_message(panic.as_ref()),
-                "recovery panicked; tried again after the next failed probe"
+                "recovery panicked; tried again after the next failed health check"
             ),
         }
     }
 
-    fn probe(&mut self) {
+    fn health_check(&mut self) {
         let exec = &mut self.exec;
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| exec.probe()));
-        self.state.probe_pending.store(false, Ordering::Release);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| exec.health_check()));
+        self.state
+            .health_check_pending
+            .store(false, Ordering::Release);
         match result {
             Ok(Ok(())) => self.state.mark_healthy(),
             Ok(Err(e)) if self.exec.device_lost(&e) => self.recover(&e.to_string()),
             Ok(Err(e)) => {
-                tracing::warn!(device = %self.state.name, error = %e, "probe failed; device stays unhealthy")
+                tracing::warn!(device = %self.state.name, error = %e, "health check failed; device stays unhealthy")
             }
             Err(panic) => tracing::warn!(
                 device = %self.state.name,
                 error = %panic_message(panic.as_ref()),
-                "probe panicked; device stays unhealthy"
+                "health check panicked; device stays unhealthy"
             ),
         }
     }

@@ -23,7 +23,7 @@ struct GateState {
     entered: usize,
     /// The inputs of each run let through, in order.
     ran: Vec<Vec<u32>>,
-    probes: usize,
+    health_checks: usize,
 }
 
 #[derive(Default)]
@@ -67,8 +67,8 @@ impl Gate {
         self.lock().ran.clone()
     }
 
-    pub fn probes(&self) -> usize {
-        self.lock().probes
+    pub fn health_checks(&self) -> usize {
+        self.lock().health_checks
     }
 
     /// Blocks until `n` runs have started.
@@ -116,9 +116,9 @@ impl Gate {
         }
     }
 
-    fn probe(&self) -> Result<(), ExecError> {
+    fn health_check(&self) -> Result<(), ExecError> {
         let mut state = self.lock();
-        state.probes += 1;
+        state.health_checks += 1;
         if state.failing {
             Err("the gate says fail".into())
         } else {
@@ -140,8 +140,8 @@ impl Executor for GateExecutor {
         Ok(ids)
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
-        self.0.probe()
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        self.0.health_check()
     }
 }
 

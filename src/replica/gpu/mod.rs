@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 pub use model::ModelSource;
 pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
 
-use super::{probe_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use crate::config::PipelineSpec;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::engines::plan::{GpuEngines, GpuPlan};
@@ -285,12 +285,12 @@ impl Executor for GpuExecutor {
         inputs.iter().map(|job| self.run_one(job)).collect()
     }
 
-    fn probe(&mut self) -> Result<(), ExecError> {
-        self.run_one(&probe_job()).map(|_| ())
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        self.run_one(&health_check_job()).map(|_| ())
     }
 
     /// A lost context, or a replica left without a pipeline by a recovery that failed
-    /// (so the next failed probe tries again).
+    /// (so the next failed health check tries again).
     fn device_lost(&self, error: &ExecError) -> bool {
         error
             .downcast_ref::<GpuError>()
