@@ -4,6 +4,11 @@ use std::io::IsTerminal;
 
 use clap::Parser;
 
+/// See Cargo.toml: memory returns to the system after load (the library and the tests
+/// keep the system allocator).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = celer::cli::Cli::parse();
     tracing_subscriber::fmt()

@@ -327,7 +327,7 @@ fn the_global_in_flight_limit_refuses_before_any_queue_is_full() {
         .collect();
     assert!(matches!(
         router.submit(3, far()),
-        Err(SubmitError::Overloaded { capacity: 3 })
+        Err(SubmitError::Overloaded { capacity: 3, .. })
     ));
     a.set_open(true);
     b.set_open(true);
@@ -335,6 +335,74 @@ fn the_global_in_flight_limit_refuses_before_any_queue_is_full() {
         assert!(answer(t).is_ok());
     }
     assert!(router.submit(4, far()).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
+    let gate = Gate::closed();
+    let router = start(
+        vec![gated("slow", 1, OFF, &gate)],
+        RouterConfig {
+            queue_capacity: 16,
+            max_queue_wait: Some(Duration::from_millis(250)),
+            ..RouterConfig::default()
+        },
+    );
+    // 100 ms a request on one replica: the requests that find 0, 1 and 2 ahead of them
+    // expect to wait 0, 100 and 200 ms; the next one 300 ms, over the budget, though
+    // the queue has room by count.
+    router.seed_service_time(0, Duration::from_millis(100));
+    assert_eq!(router.estimated_wait(), Some(Duration::ZERO));
+    let held: Vec<_> = (0..3)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    assert_eq!(router.estimated_wait(), Some(Duration::from_millis(300)));
+    match router.submit(3, far()) {
+        Err(e @ SubmitError::WaitTooLong {
+            estimated_ms: 300,
+            budget_ms: 250,
+            retry_after_ms: 50,
+        }) => assert_eq!(e.retry_after(), Some(Duration::from_millis(50))),
+        other => panic!("expected WaitTooLong, got {:?}", other.map(|_| ())),
+    }
+    // Refused at once, holding nothing.
+    assert_eq!(router.in_flight(), 3);
+    gate.set_open(true);
+    for t in held {
+        assert!(answer(t).is_ok());
+    }
+    assert!(router.submit(4, far()).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn a_full_server_says_when_a_slot_is_expected_free() {
+    let gate = Gate::closed();
+    let router = start(
+        vec![gated("slow", 2, OFF, &gate)],
+        RouterConfig {
+            queue_capacity: 16,
+            max_in_flight: Some(4),
+            ..RouterConfig::default()
+        },
+    );
+    router.seed_service_time(0, Duration::from_millis(400));
+    let held: Vec<_> = (0..4)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    // Two replicas at 400 ms: 5 requests a second; one must finish to free a slot.
+    match router.submit(4, far()) {
+        Err(SubmitError::Overloaded {
+            capacity: 4,
+            retry_after_ms: 200,
+        }) => {}
+        other => panic!("expected Overloaded, got {:?}", other.map(|_| ())),
+    }
+    gate.set_open(true);
+    for t in held {
+        assert!(answer(t).is_ok());
+    }
     router.shutdown();
 }
 

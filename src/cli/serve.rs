@@ -65,7 +65,12 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
             tokio::time::sleep(grace).await;
         }
     };
-    let server = axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown_signal(stop));
+    let server = crate::http::server::serve(
+        listener,
+        routes(state),
+        args.conn.limits(),
+        shutdown_signal(stop),
+    );
     tokio::select! {
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),

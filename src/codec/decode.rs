@@ -5,7 +5,10 @@
 
 use std::io::Cursor;
 
-use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage};
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
 
 /// What a request image may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +55,10 @@ pub enum DecodeError {
     TooSmall { width: u32, height: u32, min: u32 },
     #[error("the image is {width}x{height}; the longest accepted side is {max} pixels")]
     TooLong { width: u32, height: u32, max: u32 },
-    #[error("the image data is corrupt or truncated: {0}")]
+    #[error("the image data is corrupt: {0}")]
     Corrupt(String),
+    #[error("the image data is truncated: {0}")]
+    Truncated(String),
 }
 
 /// Decodes `bytes` to RGB8, upright.
@@ -101,7 +106,19 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
     let orientation = decoder
         .orientation()
         .unwrap_or(image::metadata::Orientation::NoTransforms);
-    let mut image = DynamicImage::from_decoder(decoder).map_err(corrupt)?;
+    if format == ImageFormat::WebP && riff_ends_early(bytes) {
+        return Err(DecodeError::Truncated(
+            "the WebP file is shorter than its RIFF header says".into(),
+        ));
+    }
+    let mut image = match format {
+        // The `image` crate decodes JPEG leniently: missing data becomes grey rows.
+        ImageFormat::Jpeg => {
+            drop(decoder);
+            jpeg_strict(bytes)?
+        }
+        _ => DynamicImage::from_decoder(decoder).map_err(corrupt)?,
+    };
     image.apply_orientation(orientation);
     Ok(match image {
         DynamicImage::ImageRgb8(rgb) => rgb,
@@ -109,12 +126,132 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
     })
 }
 
+/// A decoder's refusal: unsupported, truncated (the data ends before the image does:
+/// every decoder says so with an end-of-file error) or otherwise corrupt.
 fn corrupt(e: image::ImageError) -> DecodeError {
     match e {
         image::ImageError::Unsupported(u) => DecodeError::UnsupportedFormat {
             format: u.to_string(),
         },
-        other => DecodeError::Corrupt(other.to_string()),
+        image::ImageError::IoError(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+            DecodeError::Truncated(io.to_string())
+        }
+        other => {
+            let text = other.to_string();
+            let lower = text.to_ascii_lowercase();
+            if ["end of file", "unexpected end", "unexpected eof", "fill whole buffer"]
+                .iter()
+                .any(|m| lower.contains(m))
+            {
+                DecodeError::Truncated(text)
+            } else {
+                DecodeError::Corrupt(text)
+            }
+        }
+    }
+}
+
+/// JPEG through zune-jpeg (the decoder the `image` crate wraps) in strict mode: data that
+/// ends early or does not decode is an error instead of grey rows. Gray stays gray (made
+/// RGB by the caller); every other colour space (YCbCr, CMYK, YCCK) becomes RGB.
+fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
+    let refused = |e: zune_jpeg::errors::DecodeErrors| {
+        if jpeg_ends_early(bytes) {
+            DecodeError::Truncated(format!("the JPEG data ends before its image does ({e})"))
+        } else {
+            DecodeError::Corrupt(format!("JPEG: {e}"))
+        }
+    };
+    let options = DecoderOptions::default()
+        .set_strict_mode(true)
+        .set_max_width(usize::MAX)
+        .set_max_height(usize::MAX);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(refused)?;
+    let gray = matches!(
+        decoder.input_colorspace(),
+        Some(ColorSpace::Luma | ColorSpace::LumaA)
+    );
+    let out = if gray { ColorSpace::Luma } else { ColorSpace::RGB };
+    decoder.set_options(decoder.options().jpeg_set_out_colorspace(out));
+    let (width, height) = decoder
+        .dimensions()
+        .ok_or_else(|| DecodeError::Corrupt("JPEG without dimensions".into()))?;
+    let pixels = decoder.decode().map_err(refused)?;
+    let (width, height) = (width as u32, height as u32);
+    let wrong_size = || DecodeError::Corrupt("JPEG: the decoder returned too few pixels".into());
+    Ok(if gray {
+        DynamicImage::ImageLuma8(image::GrayImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?)
+    } else {
+        DynamicImage::ImageRgb8(RgbImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?)
+    })
+}
+
+/// Whether JPEG data runs out before its end-of-image marker: the marker segments are
+/// walked from the start, skipping each scan's entropy-coded data (where a 0xFF byte is
+/// followed by 0x00, a restart marker or more 0xFF), until EOI. A file with bytes after
+/// its EOI is complete; one whose segment lengths make no sense is corrupt, not short.
+pub fn jpeg_ends_early(bytes: &[u8]) -> bool {
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let len = bytes.len();
+    let mut i = 2;
+    loop {
+        // The next marker, past any junk and fill bytes.
+        let Some(ff) = bytes.get(i..).and_then(|rest| rest.iter().position(|&b| b == 0xFF)) else {
+            return true;
+        };
+        i += ff;
+        while i < len && bytes[i] == 0xFF {
+            i += 1;
+        }
+        let Some(&marker) = bytes.get(i) else {
+            return true;
+        };
+        i += 1;
+        match marker {
+            0xD9 => return false,
+            0x00 | 0x01 | 0xD0..=0xD8 => continue,
+            _ => {}
+        }
+        let Some(segment) = bytes.get(i..i + 2) else {
+            return true;
+        };
+        let segment = usize::from(u16::from_be_bytes([segment[0], segment[1]]));
+        if segment < 2 {
+            return false;
+        }
+        i += segment;
+        if i > len {
+            return true;
+        }
+        if marker == 0xDA {
+            // Entropy-coded data: up to the first 0xFF that starts a real marker.
+            loop {
+                let Some(ff) = bytes[i..].iter().position(|&b| b == 0xFF) else {
+                    return true;
+                };
+                i += ff;
+                match bytes.get(i + 1) {
+                    None => return true,
+                    Some(0x00 | 0xD0..=0xD7) => i += 2,
+                    Some(0xFF) => i += 1,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Whether a RIFF (WebP) file is shorter than its header's size field says.
+fn riff_ends_early(bytes: &[u8]) -> bool {
+    match bytes.get(4..8) {
+        Some(size) if bytes.starts_with(b"RIFF") => {
+            let size = u32::from_le_bytes([size[0], size[1], size[2], size[3]]);
+            (bytes.len() as u64) < u64::from(size) + 8
+        }
+        _ => false,
     }
 }
 
@@ -174,7 +311,7 @@ mod tests {
         let png = png_of(16, 16);
         assert!(matches!(
             decode(&png[..png.len() / 2], &limits),
-            Err(DecodeError::Corrupt(_))
+            Err(DecodeError::Truncated(_))
         ));
         assert!(matches!(
             decode(&png_of(1, 1), &limits),
@@ -202,5 +339,100 @@ mod tests {
                 max: 20
             })
         );
+    }
+
+    /// A picture whose every row differs, so that each part of the file carries pixels.
+    fn detailed(width: u32, height: u32) -> RgbImage {
+        RgbImage::from_fn(width, height, |x, y| {
+            Rgb([(x * 2) as u8, (y * 3) as u8, ((x * y) % 251) as u8])
+        })
+    }
+
+    fn encoded(image: &RgbImage, format: image::ImageFormat) -> Vec<u8> {
+        let mut out = Vec::new();
+        let dynamic = DynamicImage::ImageRgb8(image.clone());
+        let dynamic = if format == image::ImageFormat::Gif {
+            DynamicImage::ImageRgba8(dynamic.into_rgba8())
+        } else {
+            dynamic
+        };
+        dynamic
+            .write_to(&mut Cursor::new(&mut out), format)
+            .unwrap();
+        out
+    }
+
+    /// Every decoder, cut anywhere in its pixel data: refused as truncated, never a
+    /// picture with made-up rows (the `image` crate's JPEG path fills them grey).
+    #[test]
+    fn truncated_data_is_refused_in_every_format() {
+        use image::ImageFormat::*;
+        let limits = DecodeLimits::default();
+        let picture = detailed(96, 64);
+        for format in [Jpeg, Png, WebP, Tiff, Gif, Bmp] {
+            let full = encoded(&picture, format);
+            assert!(decode(&full, &limits).is_ok(), "{format:?} whole");
+            let n = full.len();
+            // Trailers that hold no pixels (PNG's IEND, GIF's ';', JPEG's EOI) aside.
+            let trailer = match format {
+                Png => 12,
+                Gif => 1,
+                Jpeg => 2,
+                _ => 0,
+            };
+            for cut in [n / 4, n / 2, 3 * n / 4, n * 9 / 10, n - trailer - 1] {
+                match decode(&full[..cut], &limits) {
+                    Err(DecodeError::Truncated(_)) => {}
+                    other => panic!("{format:?} cut at {cut} of {n}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_jpeg_missing_only_its_end_marker_still_decodes() {
+        let jpeg = encoded(&detailed(96, 64), image::ImageFormat::Jpeg);
+        let whole = decode(&jpeg, &DecodeLimits::default()).unwrap();
+        assert!(!jpeg_ends_early(&jpeg));
+        assert!(jpeg_ends_early(&jpeg[..jpeg.len() - 2]));
+        assert_eq!(
+            decode(&jpeg[..jpeg.len() - 2], &DecodeLimits::default()).unwrap(),
+            whole
+        );
+    }
+
+    #[test]
+    fn corrupt_jpeg_scan_data_is_refused_not_greyed() {
+        let jpeg = encoded(&detailed(96, 64), image::ImageFormat::Jpeg);
+        // Garbage over the middle of the scan: a Huffman code that decodes to nothing.
+        let mut bad = jpeg.clone();
+        let mid = bad.len() / 2;
+        for b in &mut bad[mid..mid + 64] {
+            *b = 0xFE;
+        }
+        match decode(&bad, &DecodeLimits::default()) {
+            Err(DecodeError::Corrupt(_) | DecodeError::Truncated(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn strict_jpeg_decodes_as_the_image_crate_does() {
+        let picture = detailed(97, 61);
+        for quality in [50, 95] {
+            let mut jpeg = Vec::new();
+            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
+                .write_image(picture.as_raw(), 97, 61, image::ExtendedColorType::Rgb8)
+                .unwrap();
+            let lenient = image::load_from_memory(&jpeg).unwrap().into_rgb8();
+            assert_eq!(decode(&jpeg, &DecodeLimits::default()).unwrap(), lenient);
+        }
+        let gray = image::GrayImage::from_fn(33, 20, |x, y| image::Luma([(x * 7 + y) as u8]));
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .write_image(gray.as_raw(), 33, 20, image::ExtendedColorType::L8)
+            .unwrap();
+        let lenient = image::load_from_memory(&jpeg).unwrap().into_rgb8();
+        assert_eq!(decode(&jpeg, &DecodeLimits::default()).unwrap(), lenient);
     }
 }

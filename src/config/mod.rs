@@ -1,6 +1,7 @@
 //! Configuration: the pipeline description of a model directory (`celer.toml`) and the
 //! options of each command. This module validates; it never opens a model or a socket.
 
+mod conn;
 mod pipeline;
 mod serve;
 
@@ -10,6 +11,7 @@ pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
     Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,
 };
+pub use conn::{ConnArgs, ConnLimits};
 pub use serve::{DeviceArgs, RequestLimits, RuntimeArgs, ServeArgs};
 
 /// A configuration problem, said so that the operator can fix it without reading code:

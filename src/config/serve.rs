@@ -107,6 +107,13 @@ pub struct ServeArgs {
     #[arg(long, env = "CELER_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
 
+    /// Milliseconds a new request may be expected to wait before a replica starts it
+    /// (from the devices' measured service times and what is ahead of it); beyond it the
+    /// server answers 503 at once, with a `Retry-After` from the same estimate. 0: no
+    /// limit by time, only by count.
+    #[arg(long, env = "CELER_MAX_QUEUE_MS", default_value_t = 1000)]
+    pub max_queue_ms: u64,
+
     /// Milliseconds between health checks of an unhealthy device (one that failed repeatedly
     /// or overran a deadline); it gets traffic again once a health check passes.
     #[arg(long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000)]
@@ -141,6 +148,10 @@ pub struct ServeArgs {
     #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
     pub server_timing: bool,
 
+    /// Connection and upload limits (src/config/conn.rs).
+    #[command(flatten)]
+    pub conn: crate::config::ConnArgs,
+
     /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
     /// container 30 s after it).
     #[arg(long, env = "CELER_SHUTDOWN_GRACE_S", default_value_t = 25)]
@@ -161,6 +172,7 @@ impl ServeArgs {
             routing: self.routing,
             queue_capacity: self.queue_capacity.max(1),
             max_in_flight: self.max_in_flight,
+            max_queue_wait: (self.max_queue_ms > 0).then(|| Duration::from_millis(self.max_queue_ms)),
             health_check_interval: Duration::from_millis(self.health_check_interval_ms.max(1)),
             ..RouterConfig::default()
         }

@@ -104,7 +104,12 @@ impl EngineManifest {
             reason,
         };
         let text = std::fs::read_to_string(path).map_err(|e| io(e.to_string()))?;
-        serde_json::from_str(&text).map_err(|e| io(format!("not an engine manifest: {e}")))
+        Self::parse(&text).map_err(|e| io(format!("not an engine manifest: {e}")))
+    }
+
+    /// A manifest from its JSON text (what `read` does after reading the file).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
     }
 
     pub fn write(&self, path: &Path) -> std::io::Result<()> {

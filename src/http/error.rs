@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::codec::decode::DecodeError;
+use crate::http::body::BodyError;
 use crate::sched::{JobError, SubmitError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +93,7 @@ impl From<DecodeError> for ApiError {
             DecodeError::TooSmall { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "image_too_small"),
             DecodeError::TooLong { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "image_too_long"),
             DecodeError::Corrupt(_) => (StatusCode::BAD_REQUEST, "corrupt_image"),
+            DecodeError::Truncated(_) => (StatusCode::BAD_REQUEST, "truncated_image"),
         };
         Self::new(status, code, e.to_string())
     }
@@ -99,9 +101,13 @@ impl From<DecodeError> for ApiError {
 
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
+        // Whole seconds, rounded up, at least 1: the header has no fractions.
+        let retry_after_s = e
+            .retry_after()
+            .map(|d| d.as_millis().div_ceil(1000).clamp(1, 3600) as u32);
         match e {
-            SubmitError::Overloaded { .. } => Self {
-                retry_after_s: Some(1),
+            SubmitError::Overloaded { .. } | SubmitError::WaitTooLong { .. } => Self {
+                retry_after_s,
                 ..Self::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "overloaded",
@@ -109,7 +115,7 @@ impl From<SubmitError> for ApiError {
                 )
             },
             SubmitError::NoHealthyDevice => Self {
-                retry_after_s: Some(1),
+                retry_after_s,
                 ..Self::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "no_healthy_device",
@@ -121,6 +127,20 @@ impl From<SubmitError> for ApiError {
                 "shutting_down",
                 "the server is shutting down",
             ),
+        }
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::Timeout { .. } => {
+                Self::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", e.to_string())
+            }
+            BodyError::OverBudget { .. } => Self {
+                retry_after_s: Some(1),
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string())
+            },
         }
     }
 }

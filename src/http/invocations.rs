@@ -38,10 +38,16 @@ pub async fn invocations(
     let deadline = Instant::now() + state.limits.deadline;
     let kind = body_kind(&headers)?;
     let output = output_kind(&headers, state.default_output)?;
-    // Admission before the body is read or decoded: under overload the answer is an
-    // immediate 503, and memory stays bounded by the places, not by the arrivals.
+    // Refusals that need no body come before it is read: an oversized declared length,
+    // then overload (an immediate 503; the connection layer drains the unread body so
+    // that the client reads the answer).
+    check_declared_length(&headers, state.limits.max_body_bytes)?;
+    state.router.check_admission()?;
+    // No slot is held while the body arrives (a slow or stalled upload cannot starve
+    // anyone; its time is bounded by the connection layer, 408); the slot is taken once
+    // it is here, before any decoding, and memory stays bounded by the slots.
+    let bytes = read_body(body, state.limits.max_body_bytes).await?;
     let admission = state.router.admit()?;
-    let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
     let limits = state.limits.decode;
     let source = blocking(move || match kind {
         BodyKind::Image => timed_decode(&bytes, &limits).map(Source::Decoded),
@@ -99,24 +105,29 @@ pub async fn invocations(
     Ok(response)
 }
 
-/// Reads at most `limit` bytes; a larger body is a 413 (from `Content-Length` before a
-/// byte is read, when the client sent one).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || ApiError::payload_too_large("the request body", limit);
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+/// A declared `Content-Length` over `limit` is a 413 before a byte is read.
+fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
+    match super::body::declared_length(headers) {
+        Some(n) if n > limit as u64 => Err(ApiError::payload_too_large("the request body", limit)),
+        _ => Ok(()),
     }
+}
+
+/// Reads at most `limit` bytes; a larger body is a 413, a body that the connection layer
+/// cut off for time a 408, one over the memory of bodies in transit a 503.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-        {
-            too_large()
-        } else {
-            ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            if s.is::<http_body_util::LengthLimitError>() {
+                return ApiError::payload_too_large("the request body", limit);
+            }
+            if let Some(b) = s.downcast_ref::<super::body::BodyError>() {
+                return (*b).into();
+            }
+            source = s.source();
         }
+        ApiError::bad_request("bad_body", format!("cannot read the request body: {e}"))
     })
 }
 

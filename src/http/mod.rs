@@ -3,11 +3,13 @@
 //! decoded images to the router and encode answers on the blocking pool; no pixel work
 //! runs on the executor.
 
+pub mod body;
 pub mod error;
 mod fetch;
 mod invocations;
 pub mod metrics;
 mod negotiate;
+pub mod server;
 
 use std::sync::Arc;
 

@@ -47,6 +47,9 @@ pub struct SchedMetrics {
     pub cancelled: Family<DeviceLabel, Counter>,
     pub failover: Family<DeviceLabel, Counter>,
     pub recoveries: Family<DeviceLabel, Counter>,
+    pub replacements: Family<DeviceLabel, Counter>,
+    pub stuck_runs: Family<DeviceLabel, Counter>,
+    pub stuck: Family<DeviceLabel, Gauge>,
     pub exec_count: Family<DeviceLabel, Counter>,
     pub request_us: HistogramFamily<DeviceLabel>,
     pub queue_us: HistogramFamily<DeviceLabel>,
@@ -68,6 +71,9 @@ impl Default for SchedMetrics {
             cancelled: Family::default(),
             failover: Family::default(),
             recoveries: Family::default(),
+            replacements: Family::default(),
+            stuck_runs: Family::default(),
+            stuck: Family::default(),
             exec_count: Family::default(),
             request_us: Family::new_with_constructor(latency_us),
             queue_us: Family::new_with_constructor(latency_us),
@@ -115,6 +121,21 @@ impl SchedMetrics {
             "device_recoveries",
             "Times a lost device (a GPU whose context failed) was reopened and reloaded",
             self.recoveries.clone(),
+        );
+        r.register(
+            "replica_replacements",
+            "Replicas reloaded with a fresh executor after a panic in one of their runs",
+            self.replacements.clone(),
+        );
+        r.register(
+            "replica_stuck_runs",
+            "Runs that went on past their request's deadline (the replica is routed around)",
+            self.stuck_runs.clone(),
+        );
+        r.register(
+            "replicas_stuck",
+            "Replicas running past their request's deadline now",
+            self.stuck.clone(),
         );
         r.register(
             "inference_exec_count",
@@ -177,6 +198,9 @@ impl SchedMetrics {
             cancelled: self.cancelled.get_or_create_owned(&label),
             failover: self.failover.get_or_create_owned(&label),
             recoveries: self.recoveries.get_or_create_owned(&label),
+            replacements: self.replacements.get_or_create_owned(&label),
+            stuck_runs: self.stuck_runs.get_or_create_owned(&label),
+            stuck: self.stuck.get_or_create_owned(&label),
             exec_count: self.exec_count.get_or_create_owned(&label),
             request_us: self.request_us.get_or_create_owned(&label),
             queue_us: self.queue_us.get_or_create_owned(&label),
@@ -200,6 +224,9 @@ pub(crate) struct DeviceMetrics {
     pub cancelled: Counter,
     pub failover: Counter,
     pub recoveries: Counter,
+    pub replacements: Counter,
+    pub stuck_runs: Counter,
+    pub stuck: Gauge,
     pub exec_count: Counter,
     pub request_us: Histogram,
     pub queue_us: Histogram,

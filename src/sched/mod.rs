@@ -47,7 +47,18 @@ pub struct Done<O> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
     #[error("all {capacity} queue slots are taken")]
-    Overloaded { capacity: usize },
+    Overloaded {
+        capacity: usize,
+        /// When a slot is expected to be free, from the devices' throughput.
+        retry_after_ms: u64,
+    },
+    #[error("a new request would wait about {estimated_ms} ms for a replica, over the {budget_ms} ms allowed")]
+    WaitTooLong {
+        estimated_ms: u64,
+        budget_ms: u64,
+        /// When the expected wait is back within the budget.
+        retry_after_ms: u64,
+    },
     #[error("no device is healthy")]
     NoHealthyDevice,
     #[error("the workers have stopped")]
@@ -72,16 +83,27 @@ pub enum JobError {
     Rejected(SubmitError),
 }
 
+impl SubmitError {
+    /// When a refused request may be worth retrying, if the refusal says.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Overloaded { retry_after_ms, .. } | Self::WaitTooLong { retry_after_ms, .. } => {
+                Some(Duration::from_millis(*retry_after_ms))
+            }
+            Self::NoHealthyDevice => Some(Duration::from_secs(1)),
+            Self::Stopped => None,
+        }
+    }
+}
+
 impl JobError {
     /// A fault of the device rather than of the request's timing: worth one more try on
-    /// another device.
+    /// another device. Not a panic: the same request would most likely panic there too,
+    /// so it is answered as the server's error at once.
     fn is_device_fault(&self) -> bool {
         matches!(
             self,
-            Self::Failed { .. }
-                | Self::Panicked { .. }
-                | Self::DeviceUnhealthy { .. }
-                | Self::Dropped { .. }
+            Self::Failed { .. } | Self::DeviceUnhealthy { .. } | Self::Dropped { .. }
         )
     }
 

@@ -61,6 +61,9 @@ pub struct RouterConfig {
     /// Admitted requests not yet answered, over every device. `None`: each device's
     /// replicas plus queue, summed.
     pub max_in_flight: Option<usize>,
+    /// The longest a new request may be expected to wait before a replica starts it
+    /// (`Router::estimated_wait`); beyond it admission refuses. `None`: by count only.
+    pub max_queue_wait: Option<Duration>,
     /// Failed runs in a row that make a device unhealthy.
     pub unhealthy_after_failures: u32,
     /// How often an unhealthy device is checked.
@@ -73,6 +76,7 @@ impl Default for RouterConfig {
             routing: Routing::LeastBusy,
             queue_capacity: 16,
             max_in_flight: None,
+            max_queue_wait: None,
             unhealthy_after_failures: 3,
             health_check_interval: Duration::from_secs(1),
         }
@@ -113,6 +117,7 @@ struct Shared<E: Executor> {
     routing: Routing,
     queue_capacity: usize,
     max_in_flight: usize,
+    max_queue_wait: Option<Duration>,
     /// Shared with each `Admission`, which holds a slot before it becomes a ticket.
     in_flight: Arc<AtomicUsize>,
     /// Round robin's turn, and least busy's starting point (so ties rotate).
@@ -180,6 +185,7 @@ impl<E: Executor> Router<E> {
             routing: config.routing,
             queue_capacity,
             max_in_flight: max_in_flight.max(1),
+            max_queue_wait: config.max_queue_wait,
             in_flight: Arc::new(AtomicUsize::new(0)),
             cursor: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
@@ -233,19 +239,37 @@ impl<E: Executor> Router<E> {
         })
     }
 
-    /// Takes an in-flight slot before any work is done for a request (reading its body,
-    /// decoding it), or refuses at once. An overloaded server then costs a refused
-    /// request nothing, and memory stays bounded by the slots, not by the arrivals.
+    /// Takes an in-flight slot before any work is done for a request (decoding it), or
+    /// refuses at once: `Overloaded` when every slot is taken, `WaitTooLong` when the
+    /// request would be expected to wait longer than `max_queue_wait` before a replica
+    /// starts it. An overloaded server then costs a refused request nothing, memory stays
+    /// bounded by the slots, not by the arrivals, and admitted requests wait at most about
+    /// the budget.
     pub fn admit(&self) -> Result<Admission, SubmitError> {
         let shared = &self.shared;
         if shared.stopped.load(Ordering::Acquire) {
             return Err(SubmitError::Stopped);
         }
-        if shared.in_flight.fetch_add(1, Ordering::AcqRel) >= shared.max_in_flight {
-            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let e = SubmitError::Overloaded {
+        let ahead = shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        let refusal = if ahead >= shared.max_in_flight {
+            // The time until enough of those ahead finish to free one slot.
+            let to_free = ahead + 1 - shared.max_in_flight;
+            Some(SubmitError::Overloaded {
                 capacity: shared.max_in_flight,
-            };
+                retry_after_ms: shared.time_to_finish(to_free).map_or(1000, ms),
+            })
+        } else {
+            match (shared.max_queue_wait, shared.estimated_wait(ahead)) {
+                (Some(budget), Some(wait)) if wait > budget => Some(SubmitError::WaitTooLong {
+                    estimated_ms: ms(wait),
+                    budget_ms: ms(budget),
+                    retry_after_ms: ms(wait - budget),
+                }),
+                _ => None,
+            }
+        };
+        if let Some(e) = refusal {
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             shared.count_rejection(&e);
             return Err(e);
         }
@@ -254,6 +278,20 @@ impl<E: Executor> Router<E> {
             admitted: Instant::now(),
             holds_slot: true,
         })
+    }
+
+    /// What `admit` would answer now, without holding a slot: the check made before a
+    /// request's body is read, so that an overloaded server refuses before reading it.
+    pub fn check_admission(&self) -> Result<(), SubmitError> {
+        self.admit().map(drop)
+    }
+
+    /// The expected wait before a replica starts a request admitted now: those admitted
+    /// and not yet started (beyond the free replicas) shared over the healthy devices'
+    /// measured throughput. `None` until a service time has been measured.
+    pub fn estimated_wait(&self) -> Option<Duration> {
+        self.shared
+            .estimated_wait(self.shared.in_flight.load(Ordering::Acquire))
     }
 
     /// The device the routing policy would give a request now, without admitting one:
@@ -378,10 +416,43 @@ struct Placed<O> {
     health: watch::Receiver<bool>,
 }
 
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
 impl<E: Executor> Shared<E> {
+    /// Requests per second the healthy devices finish, and their replicas, from the
+    /// measured service times; `None` before any is measured.
+    fn throughput(&self) -> Option<(f64, usize)> {
+        let (mut rate, mut replicas) = (0.0, 0);
+        for slot in &self.devices {
+            let s = &slot.state;
+            if let (true, Some(service_s)) = (s.is_healthy(), s.service_s()) {
+                let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
+                rate += working as f64 / service_s;
+                replicas += working;
+            }
+        }
+        (rate > 0.0 && replicas > 0).then_some((rate, replicas))
+    }
+
+    /// The expected time for `n` requests to finish at the devices' throughput.
+    fn time_to_finish(&self, n: usize) -> Option<Duration> {
+        let (rate, _) = self.throughput()?;
+        Some(Duration::from_secs_f64((n as f64 / rate).min(3600.0)))
+    }
+
+    /// The expected wait before a replica starts a request that finds `ahead` admitted
+    /// requests: those beyond the replicas must finish first.
+    fn estimated_wait(&self, ahead: usize) -> Option<Duration> {
+        let (_, replicas) = self.throughput()?;
+        self.time_to_finish((ahead + 1).saturating_sub(replicas))
+    }
+
     fn count_rejection(&self, e: &SubmitError) {
         let reason = match e {
             SubmitError::Overloaded { .. } => "overloaded",
+            SubmitError::WaitTooLong { .. } => "wait_too_long",
             SubmitError::NoHealthyDevice => "no_healthy_device",
             SubmitError::Stopped => "stopped",
         };
@@ -449,6 +520,7 @@ impl<E: Executor> Shared<E> {
                     Some((i, _)) => Ok(i),
                     None if any_healthy => Err(SubmitError::Overloaded {
                         capacity: self.queue_capacity,
+                        retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
                     }),
                     None => Err(SubmitError::NoHealthyDevice),
                 }
@@ -500,6 +572,7 @@ impl<E: Executor> Shared<E> {
             }),
             Err(TrySendError::Full(_)) => Err(SubmitError::Overloaded {
                 capacity: self.queue_capacity,
+                retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
             }),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
@@ -520,7 +593,19 @@ impl<E: Executor> Shared<E> {
                         .compare_exchange(deadline, 0, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 {
-                    s.mark_unhealthy("a request ran past its deadline");
+                    // The replica's own thread takes it back off when the run ends.
+                    let stuck = s.stuck.fetch_add(1, Ordering::AcqRel) + 1;
+                    s.metrics.stuck_runs.inc();
+                    s.metrics.stuck.set(stuck as i64);
+                    tracing::warn!(
+                        device = %s.name,
+                        stuck,
+                        replicas = s.replicas,
+                        "a replica's run went past its request's deadline: routed around until it ends"
+                    );
+                    if stuck >= s.replicas {
+                        s.mark_unhealthy("every replica is running past a deadline");
+                    }
                 }
             }
             if s.is_healthy() {
@@ -652,6 +737,12 @@ impl<E: Executor> Ticket<E> {
                         .enqueue(self.input.clone(), self.deadline, Some(device))
                     {
                         Ok(next) => self.placed = next,
+                        // A run that failed, with nowhere else to go, is that run's error
+                        // (the server's), not an overload.
+                        Err(_) if matches!(e, JobError::Failed { .. }) => {
+                            m.failure(e.reason());
+                            return Err(e);
+                        }
                         Err(refused) => return Err(JobError::Rejected(refused)),
                     }
                 }

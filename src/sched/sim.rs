@@ -293,7 +293,9 @@ where
                             });
                         });
                     }
-                    Err(SubmitError::Overloaded { .. }) => rejections.push(submit),
+                    Err(SubmitError::Overloaded { .. } | SubmitError::WaitTooLong { .. }) => {
+                        rejections.push(submit)
+                    }
                     Err(_) => failed += 1,
                 }
             }

@@ -22,6 +22,9 @@ pub(crate) struct DeviceState {
     /// when it is dropped, whoever drops it (see `Outstanding`).
     pub outstanding: AtomicUsize,
     pub running: AtomicUsize,
+    /// Replicas whose run went past its deadline and has not ended: routed around (the
+    /// throughput estimate leaves them out; the device turns unhealthy when all are).
+    pub stuck: AtomicUsize,
     /// Seconds per request, as f64 bits; 0 until the first observation.
     service_s: AtomicU64,
     healthy: AtomicBool,
@@ -52,6 +55,7 @@ impl DeviceState {
             replicas,
             outstanding: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            stuck: AtomicUsize::new(0),
             service_s: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             health: watch::channel(true).0,

@@ -75,8 +75,10 @@ pub(crate) fn spawn<E: Executor>(
                 exec,
                 state,
                 index,
+                load: config.load,
                 batching: config.batching,
                 unhealthy_after_failures: config.unhealthy_after_failures,
+                panicked: false,
             }
             .serve(&jobs);
         })
@@ -98,8 +100,12 @@ struct Replica<E: Executor> {
     exec: E,
     state: Arc<DeviceState>,
     index: usize,
+    /// Loads a fresh executor when this one panicked (its state is not to be trusted).
+    load: LoadFn<E>,
     batching: BatchingSpec,
     unhealthy_after_failures: u32,
+    /// The executor panicked: replace it before the next run.
+    panicked: bool,
 }
 
 impl<E: Executor> Replica<E> {
@@ -127,6 +133,43 @@ impl<E: Executor> Replica<E> {
                     self.execute(batch);
                 }
             }
+            if self.panicked {
+                self.replace();
+            }
+        }
+    }
+
+    /// A run or health check panicked: whatever the executor held (sessions, scratch,
+    /// device buffers) may be half-updated, so it is dropped and a fresh one loaded on
+    /// this thread, as at start-up. The other replicas serve meanwhile. A failed load
+    /// keeps the old executor (better a suspect replica than none) and is retried after
+    /// the next panic.
+    fn replace(&mut self) {
+        self.panicked = false;
+        let state = self.state.clone();
+        let started = Instant::now();
+        let load = self.load.clone();
+        let index = self.index;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| load(index))) {
+            Ok(Ok(fresh)) => {
+                self.exec = fresh;
+                state.metrics.replacements.inc();
+                tracing::warn!(
+                    device = %state.name,
+                    replica = index,
+                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                    "replica replaced after a panic"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::error!(device = %state.name, replica = index, error = %e, "replacing the replica after a panic failed; it keeps its executor")
+            }
+            Err(panic) => tracing::error!(
+                device = %state.name,
+                replica = index,
+                error = %panic_message(panic.as_ref()),
+                "replacing the replica after a panic panicked; it keeps its executor"
+            ),
         }
     }
 
@@ -173,7 +216,12 @@ impl<E: Executor> Replica<E> {
         let compute = started.elapsed();
 
         state.running.fetch_sub(n, Ordering::AcqRel);
-        running.store(0, Ordering::Release);
+        if running.swap(0, Ordering::AcqRel) == 0 {
+            // The watchdog reported this run as stuck; it has ended.
+            let stuck = state.stuck.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+            m.stuck.set(stuck as i64);
+            tracing::info!(device = %state.name, replica = self.index, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "a run that went past its deadline ended");
+        }
         m.compute_us.observe(us(compute));
         m.batch_size.observe(n as f64);
         m.exec_count.inc();
@@ -210,10 +258,13 @@ impl<E: Executor> Replica<E> {
                     reason: e.to_string(),
                 }
             }
-            Err(panic) => JobError::Panicked {
-                device: state.name.clone(),
-                what: panic_message(panic.as_ref()),
-            },
+            Err(panic) => {
+                self.panicked = true;
+                JobError::Panicked {
+                    device: state.name.clone(),
+                    what: panic_message(panic.as_ref()),
+                }
+            }
         };
         tracing::warn!(device = %state.name, replica = self.index, batch = n, error = %error, "batch failed");
         state.record_failure(self.unhealthy_after_failures);
@@ -265,11 +316,14 @@ impl<E: Executor> Replica<E> {
             Ok(Err(e)) => {
                 tracing::warn!(device = %self.state.name, error = %e, "health check failed; device stays unhealthy")
             }
-            Err(panic) => tracing::warn!(
-                device = %self.state.name,
-                error = %panic_message(panic.as_ref()),
-                "health check panicked; device stays unhealthy"
-            ),
+            Err(panic) => {
+                self.panicked = true;
+                tracing::warn!(
+                    device = %self.state.name,
+                    error = %panic_message(panic.as_ref()),
+                    "health check panicked; device stays unhealthy"
+                )
+            }
         }
     }
 }
