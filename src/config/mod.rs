@@ -1,6 +1,7 @@
 //! Configuration: the pipeline description of a model directory (`celer.toml`) and the
 //! options of each command. This module validates; it never opens a model or a socket.
 
+mod describe;
 mod pipeline;
 mod serve;
 
