@@ -2,6 +2,7 @@
 //! options of each command. This module validates; it never opens a model or a socket.
 
 mod conn;
+mod describe;
 mod pipeline;
 mod serve;
 
