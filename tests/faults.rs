@@ -49,7 +49,8 @@ impl Executor for Faulty {
                 PANIC_WIDTH => panic!("injected: a stage panicked"),
                 ORT_ERROR_WIDTH => {
                     let data = vec![0.5f32; 3 * 8 * 8];
-                    self.model.run(&[("no_such_input", [1, 3, 8, 8], &data)], "mask")?;
+                    self.model
+                        .run(&[("no_such_input", [1, 3, 8, 8], &data)], "mask")?;
                     return Err("the injected ONNX Runtime run unexpectedly succeeded".into());
                 }
                 STUCK_WIDTH => std::thread::sleep(STUCK_FOR),
@@ -180,10 +181,7 @@ async fn a_panic_in_a_stage_is_a_500_and_the_replica_is_replaced() {
     // The one replica serves again, with a fresh executor.
     assert_eq!(post_image(app, 64, 48).await.status, StatusCode::OK);
     assert_eq!(served.loads.load(Ordering::SeqCst), 2, "loaded afresh once");
-    assert_eq!(
-        metric(app, "celer_replica_replacements_total").await,
-        1.0
-    );
+    assert_eq!(metric(app, "celer_replica_replacements_total").await, 1.0);
 
     // Panics among normal requests: only the panicking ones fail.
     let requests: Vec<_> = (0..12)
@@ -222,7 +220,11 @@ async fn an_onnx_runtime_error_is_a_500_for_that_request_only() {
         assert_eq!(post_image(app, 64, 48).await.status, StatusCode::OK);
     }
     assert!(served.state.router.devices()[0].healthy);
-    assert_eq!(served.loads.load(Ordering::SeqCst), 2, "no replica replaced");
+    assert_eq!(
+        served.loads.load(Ordering::SeqCst),
+        2,
+        "no replica replaced"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -251,7 +253,10 @@ async fn a_stuck_replica_is_reported_and_routed_around() {
         "{:?}",
         answer.json
     );
-    assert!(took < Duration::from_millis(1900), "answered at its deadline, not after the run: {took:?}");
+    assert!(
+        took < Duration::from_millis(1900),
+        "answered at its deadline, not after the run: {took:?}"
+    );
     // Reported, and the device still healthy: it has a working replica.
     assert_eq!(metric(app, "celer_replica_stuck_runs_total").await, 1.0);
     assert_eq!(metric(app, "celer_replicas_stuck").await, 1.0);

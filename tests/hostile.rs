@@ -71,12 +71,8 @@ async fn hostile_clients(args: Vec<String>) -> serde_json::Value {
             "hostile_clients.py {args:?} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
     })
     .await
     .unwrap()
@@ -124,7 +120,11 @@ async fn a_30_mb_body_gets_413_read_by_every_python_client_and_curl() {
         .output()
         .expect("running curl");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.ends_with("\n413"), "curl: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.ends_with("\n413"),
+        "curl: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("payload_too_large"), "curl: {text}");
 }
 
@@ -275,7 +275,8 @@ async fn heads_and_idle_connections_have_separate_time_limits() {
 
         // Idle after an answer: kept for the keep-alive limit, not the header limit.
         let mut idle = TcpStream::connect(addr).unwrap();
-        idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        idle.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let mut first = [0u8; 256];
         let n = idle.read(&mut first).unwrap();
         assert!(first[..n].starts_with(b"HTTP/1.1 200"));
@@ -332,7 +333,11 @@ async fn the_connection_cap_holds_new_connections_until_one_closes() {
             s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .unwrap();
             let (_, got, _) = read_until_closed(&mut s, Duration::from_secs(10));
-            assert!(got.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&got));
+            assert!(
+                got.starts_with(b"HTTP/1.1 200"),
+                "{:?}",
+                String::from_utf8_lossy(&got)
+            );
             started.elapsed()
         };
         assert!(ask() < Duration::from_millis(500));

@@ -359,11 +359,13 @@ fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
         .collect();
     assert_eq!(router.estimated_wait(), Some(Duration::from_millis(300)));
     match router.submit(3, far()) {
-        Err(e @ SubmitError::WaitTooLong {
-            estimated_ms: 300,
-            budget_ms: 250,
-            retry_after_ms: 50,
-        }) => assert_eq!(e.retry_after(), Some(Duration::from_millis(50))),
+        Err(
+            e @ SubmitError::WaitTooLong {
+                estimated_ms: 300,
+                budget_ms: 250,
+                retry_after_ms: 50,
+            },
+        ) => assert_eq!(e.retry_after(), Some(Duration::from_millis(50))),
         other => panic!("expected WaitTooLong, got {:?}", other.map(|_| ())),
     }
     // Refused at once, holding nothing.
@@ -496,11 +498,10 @@ fn with_no_healthy_device_requests_are_refused() {
             ..RouterConfig::default()
         },
     );
+    // The request whose run failed gets that failure (the server's error), not the
+    // refusal its retry met; the next one is refused at once.
     let error = answer(router.submit(0, far()).expect("admitted")).expect_err("failed");
-    assert!(
-        matches!(error, JobError::Rejected(SubmitError::NoHealthyDevice)),
-        "{error}"
-    );
+    assert!(matches!(error, JobError::Failed { .. }), "{error}");
     assert!(matches!(
         router.submit(1, far()),
         Err(SubmitError::NoHealthyDevice)

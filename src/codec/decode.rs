@@ -139,9 +139,14 @@ fn corrupt(e: image::ImageError) -> DecodeError {
         other => {
             let text = other.to_string();
             let lower = text.to_ascii_lowercase();
-            if ["end of file", "unexpected end", "unexpected eof", "fill whole buffer"]
-                .iter()
-                .any(|m| lower.contains(m))
+            if [
+                "end of file",
+                "unexpected end",
+                "unexpected eof",
+                "fill whole buffer",
+            ]
+            .iter()
+            .any(|m| lower.contains(m))
             {
                 DecodeError::Truncated(text)
             } else {
@@ -172,7 +177,11 @@ fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
         decoder.input_colorspace(),
         Some(ColorSpace::Luma | ColorSpace::LumaA)
     );
-    let out = if gray { ColorSpace::Luma } else { ColorSpace::RGB };
+    let out = if gray {
+        ColorSpace::Luma
+    } else {
+        ColorSpace::RGB
+    };
     decoder.set_options(decoder.options().jpeg_set_out_colorspace(out));
     let (width, height) = decoder
         .dimensions()
@@ -181,7 +190,9 @@ fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
     let (width, height) = (width as u32, height as u32);
     let wrong_size = || DecodeError::Corrupt("JPEG: the decoder returned too few pixels".into());
     Ok(if gray {
-        DynamicImage::ImageLuma8(image::GrayImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?)
+        DynamicImage::ImageLuma8(
+            image::GrayImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?,
+        )
     } else {
         DynamicImage::ImageRgb8(RgbImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?)
     })
@@ -199,7 +210,10 @@ pub fn jpeg_ends_early(bytes: &[u8]) -> bool {
     let mut i = 2;
     loop {
         // The next marker, past any junk and fill bytes.
-        let Some(ff) = bytes.get(i..).and_then(|rest| rest.iter().position(|&b| b == 0xFF)) else {
+        let Some(ff) = bytes
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+        else {
             return true;
         };
         i += ff;

@@ -8,11 +8,11 @@ mod serve;
 
 use std::path::PathBuf;
 
+pub use conn::{ConnArgs, ConnLimits};
 pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
     Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,
 };
-pub use conn::{ConnArgs, ConnLimits};
 pub use serve::{DeviceArgs, RequestLimits, RuntimeArgs, ServeArgs};
 
 /// A configuration problem, said so that the operator can fix it without reading code:

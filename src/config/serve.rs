@@ -172,7 +172,8 @@ impl ServeArgs {
             routing: self.routing,
             queue_capacity: self.queue_capacity.max(1),
             max_in_flight: self.max_in_flight,
-            max_queue_wait: (self.max_queue_ms > 0).then(|| Duration::from_millis(self.max_queue_ms)),
+            max_queue_wait: (self.max_queue_ms > 0)
+                .then(|| Duration::from_millis(self.max_queue_ms)),
             health_check_interval: Duration::from_millis(self.health_check_interval_ms.max(1)),
             ..RouterConfig::default()
         }

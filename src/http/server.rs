@@ -271,10 +271,7 @@ impl AsyncWrite for Tracked {
         polled
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
@@ -311,8 +308,14 @@ async fn connection(
                 let busy = Busy::new(&activity);
                 let (parts, body) = request.into_parts();
                 let body_busy: Box<dyn Send + Sync> = Box::new(Busy::new(&activity));
-                let body =
-                    LimitedBody::new(body, &parts.headers, limits, budget, body_busy, outcome.clone());
+                let body = LimitedBody::new(
+                    body,
+                    &parts.headers,
+                    limits,
+                    budget,
+                    body_busy,
+                    outcome.clone(),
+                );
                 let request = Request::from_parts(parts, axum::body::Body::new(body));
                 let Ok(mut response) = app.oneshot(request).await;
                 if outcome.abandoned() {

@@ -152,7 +152,12 @@ pub fn request(data: &[u8]) {
     };
     let served = served();
     let (status, content_type, body) = served.runtime.block_on(async {
-        let response = served.app.clone().oneshot(request).await.expect("infallible");
+        let response = served
+            .app
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("infallible");
         let status = response.status();
         let content_type = response
             .headers()
@@ -169,12 +174,21 @@ pub fn request(data: &[u8]) {
         (status, content_type, body)
     });
     // The stand-in never fails: a 500 is a bug of the request path.
-    assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR, "{:?}", String::from_utf8_lossy(&body));
+    assert_ne!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{:?}",
+        String::from_utf8_lossy(&body)
+    );
     if status.is_success() {
         assert!(
-            ["image/png", "application/json", "application/openmetrics-text"]
-                .iter()
-                .any(|t| content_type.starts_with(t)),
+            [
+                "image/png",
+                "application/json",
+                "application/openmetrics-text"
+            ]
+            .iter()
+            .any(|t| content_type.starts_with(t)),
             "{content_type}"
         );
     } else {
@@ -220,5 +234,8 @@ pub fn manifest(data: &[u8]) {
     let checked = manifest.check(Path::new("plan"), &have, Path::new("model"));
     assert_eq!(reasons.is_empty(), checked.is_ok());
     let again = serde_json::to_string(&manifest).expect("a manifest serialises");
-    assert_eq!(EngineManifest::parse(&again).expect("and parses back"), manifest);
+    assert_eq!(
+        EngineManifest::parse(&again).expect("and parses back"),
+        manifest
+    );
 }
