@@ -11,6 +11,8 @@ mod run;
 mod serve;
 mod sim;
 
+pub use serve::set_heap_trim;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]

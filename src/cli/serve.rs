@@ -1,7 +1,7 @@
 //! `celer serve`: start the devices' replicas behind the router, listen, answer until
 //! SIGTERM or Ctrl-C, then drain in-flight requests within the grace period.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,6 +10,34 @@ use tokio::sync::watch;
 use crate::config::ServeArgs;
 use crate::http::{routes, AppState, UrlFetcher};
 use crate::sched::{Readiness, Router};
+
+/// How the binary gives freed heap back to the system (src/main.rs); none in tests.
+static HEAP_TRIM: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what `serve` calls when the server goes idle after work (once).
+pub fn set_heap_trim(trim: fn()) {
+    let _ = HEAP_TRIM.set(trim);
+}
+
+/// Calls the heap trim when the server has gone idle (nothing in flight) after being
+/// busy: what a burst allocated goes back to the system, and no trim runs under load
+/// (the next run would fault the pages in again).
+async fn trim_when_idle(state: Arc<AppState>) {
+    let Some(&trim) = HEAP_TRIM.get() else {
+        return;
+    };
+    let mut busy = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if state.router.in_flight() > 0 {
+            busy = true;
+        } else if busy {
+            busy = false;
+            let _ = tokio::task::spawn_blocking(trim).await;
+        }
+    }
+}
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
@@ -57,6 +85,7 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
     // `true` once shutdown has begun, whoever began it.
     let stop = Arc::new(watch::channel(false).0);
     let load_failure = tokio::spawn(watch_loading(state.clone(), stop.clone()));
+    let trimming = tokio::spawn(trim_when_idle(state.clone()));
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let draining = {
         let mut stopping = stop.subscribe();
@@ -75,6 +104,7 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),
     }
+    trimming.abort();
     match load_failure.await {
         Ok(Some(e)) => Err(anyhow::anyhow!("the models failed to load: {e}")),
         _ => {
