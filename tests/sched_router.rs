@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use celer::config::BatchingSpec;
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime};
-use celer::sched::{Done, JobError, Router, RouterConfig, Routing, SubmitError, Ticket};
+use celer::sched::{
+    Done, JobError, QueueBudget, Router, RouterConfig, Routing, SubmitError, Ticket,
+};
 use sched_support::{eventually, gated, Gate, GateExecutor};
 
 fn far() -> Instant {
@@ -345,7 +347,7 @@ fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
         vec![gated("slow", 1, OFF, &gate)],
         RouterConfig {
             queue_capacity: 16,
-            max_queue_wait: Some(Duration::from_millis(250)),
+            max_queue_wait: QueueBudget::Fixed(Duration::from_millis(250)),
             ..RouterConfig::default()
         },
     );
@@ -375,6 +377,38 @@ fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
         assert!(answer(t).is_ok());
     }
     assert!(router.submit(4, far()).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn the_default_budget_is_a_number_of_measured_service_times() {
+    let gate = Gate::closed();
+    let router = start(
+        vec![gated("slow", 1, OFF, &gate)],
+        RouterConfig {
+            queue_capacity: 16,
+            max_queue_wait: QueueBudget::ServiceTimes(2.5),
+            ..RouterConfig::default()
+        },
+    );
+    // Before a service time is measured there is no budget: admission by count.
+    let first = router.submit(0, far()).expect("admitted");
+    // 100 ms a request on one replica: a budget of 250 ms, as in the fixed test above.
+    router.seed_service_time(0, Duration::from_millis(100));
+    let mut held = vec![first];
+    held.extend((1..3).map(|id| router.submit(id, far()).expect("admitted")));
+    match router.submit(3, far()) {
+        Err(SubmitError::WaitTooLong {
+            estimated_ms: 300,
+            budget_ms: 250,
+            ..
+        }) => {}
+        other => panic!("expected WaitTooLong, got {:?}", other.map(|_| ())),
+    }
+    gate.set_open(true);
+    for t in held {
+        assert!(answer(t).is_ok());
+    }
     router.shutdown();
 }
 
@@ -498,10 +532,17 @@ fn with_no_healthy_device_requests_are_refused() {
             ..RouterConfig::default()
         },
     );
-    // The request whose run failed gets that failure (the server's error), not the
-    // refusal its retry met; the next one is refused at once.
+    // The request whose run failed gets that failure (the server's error) or, when the
+    // device was marked unhealthy first, the refusal its retry met; the next one is
+    // refused at once.
     let error = answer(router.submit(0, far()).expect("admitted")).expect_err("failed");
-    assert!(matches!(error, JobError::Failed { .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            JobError::Failed { .. } | JobError::Rejected(SubmitError::NoHealthyDevice)
+        ),
+        "{error}"
+    );
     assert!(matches!(
         router.submit(1, far()),
         Err(SubmitError::NoHealthyDevice)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::codec::decode::DecodeLimits;
-use crate::sched::{DeviceSelection, RouterConfig, Routing};
+use crate::sched::{DeviceSelection, QueueBudget, RouterConfig, Routing};
 
 /// How many replicas, with how many ONNX Runtime threads each.
 #[derive(Debug, Clone, Args)]
@@ -110,9 +110,14 @@ pub struct ServeArgs {
     /// Milliseconds a new request may be expected to wait before a replica starts it
     /// (from the devices' measured service times and what is ahead of it); beyond it the
     /// server answers 503 at once, with a `Retry-After` from the same estimate. 0: no
-    /// limit by time, only by count.
-    #[arg(long, env = "CELER_MAX_QUEUE_MS", default_value_t = 1000)]
-    pub max_queue_ms: u64,
+    /// limit by time, only by count. Default: `--max-queue-service-times` service times.
+    #[arg(long, env = "CELER_MAX_QUEUE_MS")]
+    pub max_queue_ms: Option<u64>,
+
+    /// Without `--max-queue-ms`: the wait budget as this many measured service times (a
+    /// full queue is a few service times, whatever the model and device). 0: off.
+    #[arg(long, env = "CELER_MAX_QUEUE_SERVICE_TIMES", default_value_t = 2.0)]
+    pub max_queue_service_times: f64,
 
     /// Milliseconds between health checks of an unhealthy device (one that failed repeatedly
     /// or overran a deadline); it gets traffic again once a health check passes.
@@ -172,8 +177,14 @@ impl ServeArgs {
             routing: self.routing,
             queue_capacity: self.queue_capacity.max(1),
             max_in_flight: self.max_in_flight,
-            max_queue_wait: (self.max_queue_ms > 0)
-                .then(|| Duration::from_millis(self.max_queue_ms)),
+            max_queue_wait: match self.max_queue_ms {
+                Some(0) => QueueBudget::Off,
+                Some(ms) => QueueBudget::Fixed(Duration::from_millis(ms)),
+                None if self.max_queue_service_times > 0.0 => {
+                    QueueBudget::ServiceTimes(self.max_queue_service_times)
+                }
+                None => QueueBudget::Off,
+            },
             health_check_interval: Duration::from_millis(self.health_check_interval_ms.max(1)),
             ..RouterConfig::default()
         }

@@ -24,8 +24,8 @@ pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor};
 pub use metrics::SchedMetrics;
 pub use router::{
-    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, Router, RouterConfig,
-    Routing, Ticket,
+    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, QueueBudget, Router,
+    RouterConfig, Routing, Ticket,
 };
 
 /// A finished request: the executor's output and where and how it ran.

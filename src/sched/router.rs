@@ -62,8 +62,8 @@ pub struct RouterConfig {
     /// replicas plus queue, summed.
     pub max_in_flight: Option<usize>,
     /// The longest a new request may be expected to wait before a replica starts it
-    /// (`Router::estimated_wait`); beyond it admission refuses. `None`: by count only.
-    pub max_queue_wait: Option<Duration>,
+    /// (`Router::estimated_wait`); beyond it admission refuses.
+    pub max_queue_wait: QueueBudget,
     /// Failed runs in a row that make a device unhealthy.
     pub unhealthy_after_failures: u32,
     /// How often an unhealthy device is checked.
@@ -76,11 +76,24 @@ impl Default for RouterConfig {
             routing: Routing::LeastBusy,
             queue_capacity: 16,
             max_in_flight: None,
-            max_queue_wait: None,
+            max_queue_wait: QueueBudget::Off,
             unhealthy_after_failures: 3,
             health_check_interval: Duration::from_secs(1),
         }
     }
+}
+
+/// How long a new request may be expected to wait for a replica before admission
+/// refuses it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum QueueBudget {
+    /// By count only (queue capacity, in-flight limit).
+    Off,
+    /// A fixed time.
+    Fixed(Duration),
+    /// This many service times, as measured: the budget follows the model and the
+    /// device (a CPU's second is a GPU's few milliseconds).
+    ServiceTimes(f64),
 }
 
 /// The expected time until a new request on a device finishes, in units of
@@ -117,7 +130,7 @@ struct Shared<E: Executor> {
     routing: Routing,
     queue_capacity: usize,
     max_in_flight: usize,
-    max_queue_wait: Option<Duration>,
+    max_queue_wait: QueueBudget,
     /// Shared with each `Admission`, which holds a slot before it becomes a ticket.
     in_flight: Arc<AtomicUsize>,
     /// Round robin's turn, and least busy's starting point (so ties rotate).
@@ -259,7 +272,7 @@ impl<E: Executor> Router<E> {
                 retry_after_ms: shared.time_to_finish(to_free).map_or(1000, ms),
             })
         } else {
-            match (shared.max_queue_wait, shared.estimated_wait(ahead)) {
+            match (shared.queue_budget(), shared.estimated_wait(ahead)) {
                 (Some(budget), Some(wait)) if wait > budget => Some(SubmitError::WaitTooLong {
                     estimated_ms: ms(wait),
                     budget_ms: ms(budget),
@@ -434,6 +447,21 @@ impl<E: Executor> Shared<E> {
             }
         }
         (rate > 0.0 && replicas > 0).then_some((rate, replicas))
+    }
+
+    /// The queue budget now: fixed, or a number of the measured service times (`None`
+    /// before one is measured: admission by count alone until then).
+    fn queue_budget(&self) -> Option<Duration> {
+        match self.max_queue_wait {
+            QueueBudget::Off => None,
+            QueueBudget::Fixed(d) => Some(d),
+            QueueBudget::ServiceTimes(k) => {
+                let (rate, replicas) = self.throughput()?;
+                Some(Duration::from_secs_f64(
+                    (k * replicas as f64 / rate).min(3600.0),
+                ))
+            }
+        }
     }
 
     /// The expected time for `n` requests to finish at the devices' throughput.
