@@ -77,7 +77,14 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
             format: format!("{format:?}"),
         });
     }
-    let mut decoder = reader.into_decoder().map_err(corrupt)?;
+    let mut decoder = reader.into_decoder().map_err(|e| match corrupt(e) {
+        // A JPEG cut inside its header segments: the header reader says only that bytes
+        // are missing, in words of its own.
+        DecodeError::Corrupt(text) if format == ImageFormat::Jpeg && jpeg_ends_early(bytes) => {
+            DecodeError::Truncated(text)
+        }
+        other => other,
+    })?;
     let (width, height) = decoder.dimensions();
     let pixels = u64::from(width) * u64::from(height);
     if pixels > limits.max_pixels {
@@ -144,6 +151,7 @@ fn corrupt(e: image::ImageError) -> DecodeError {
                 "unexpected end",
                 "unexpected eof",
                 "fill whole buffer",
+                "not enough bytes",
             ]
             .iter()
             .any(|m| lower.contains(m))
@@ -159,7 +167,16 @@ fn corrupt(e: image::ImageError) -> DecodeError {
 /// JPEG through zune-jpeg (the decoder the `image` crate wraps) in strict mode: data that
 /// ends early or does not decode is an error instead of grey rows. Gray stays gray (made
 /// RGB by the caller); every other colour space (YCbCr, CMYK, YCCK) becomes RGB.
+///
+/// A JPEG must reach its end-of-image marker. Without it nothing tells whether the scan
+/// data is whole: zune-jpeg, even strict, decodes a scan short of its last bytes by
+/// padding the bits, so the last blocks would be made up.
 fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
+    if jpeg_ends_early(bytes) {
+        return Err(DecodeError::Truncated(
+            "the JPEG data ends before its end-of-image marker".into(),
+        ));
+    }
     let refused = |e: zune_jpeg::errors::DecodeErrors| {
         if jpeg_ends_early(bytes) {
             DecodeError::Truncated(format!("the JPEG data ends before its image does ({e})"))
@@ -387,46 +404,47 @@ mod tests {
             let full = encoded(&picture, format);
             assert!(decode(&full, &limits).is_ok(), "{format:?} whole");
             let n = full.len();
-            // Trailers that hold no pixels (PNG's IEND, GIF's ';', JPEG's EOI) aside.
+            // Trailers that hold no pixels (PNG's IEND, GIF's ';' and its last data
+            // sub-block's terminator, JPEG's EOI) aside.
             let trailer = match format {
                 Png => 12,
-                Gif => 1,
+                Gif => 2,
                 Jpeg => 2,
                 _ => 0,
             };
-            for cut in [n / 4, n / 2, 3 * n / 4, n * 9 / 10, n - trailer - 1] {
+            for cut in [n / 4, n / 2, 3 * n / 4, n * 9 / 10] {
                 match decode(&full[..cut], &limits) {
                     Err(DecodeError::Truncated(_)) => {}
                     other => panic!("{format:?} cut at {cut} of {n}: {other:?}"),
                 }
             }
+            // One byte short of the pixels' end: refused, or every pixel already there
+            // (GIF's last LZW byte may hold only its end code).
+            let cut = n - trailer - 1;
+            match decode(&full[..cut], &limits) {
+                Err(DecodeError::Truncated(_)) => {}
+                Ok(image) if image == decode(&full, &limits).unwrap() => {}
+                other => panic!("{format:?} cut at {cut} of {n}: {other:?}"),
+            }
         }
     }
 
     #[test]
-    fn a_jpeg_missing_only_its_end_marker_still_decodes() {
+    fn a_jpeg_without_its_end_marker_is_truncated() {
         let jpeg = encoded(&detailed(96, 64), image::ImageFormat::Jpeg);
-        let whole = decode(&jpeg, &DecodeLimits::default()).unwrap();
+        assert!(decode(&jpeg, &DecodeLimits::default()).is_ok());
         assert!(!jpeg_ends_early(&jpeg));
-        assert!(jpeg_ends_early(&jpeg[..jpeg.len() - 2]));
-        assert_eq!(
-            decode(&jpeg[..jpeg.len() - 2], &DecodeLimits::default()).unwrap(),
-            whole
-        );
-    }
-
-    #[test]
-    fn corrupt_jpeg_scan_data_is_refused_not_greyed() {
-        let jpeg = encoded(&detailed(96, 64), image::ImageFormat::Jpeg);
-        // Garbage over the middle of the scan: a Huffman code that decodes to nothing.
-        let mut bad = jpeg.clone();
-        let mid = bad.len() / 2;
-        for b in &mut bad[mid..mid + 64] {
-            *b = 0xFE;
-        }
-        match decode(&bad, &DecodeLimits::default()) {
-            Err(DecodeError::Corrupt(_) | DecodeError::Truncated(_)) => {}
-            other => panic!("{other:?}"),
+        // Bytes after the end marker are not the image's.
+        let mut trailing = jpeg.clone();
+        trailing.extend_from_slice(b"junk after EOI");
+        assert!(!jpeg_ends_early(&trailing));
+        assert!(decode(&trailing, &DecodeLimits::default()).is_ok());
+        for cut in [2, 3] {
+            assert!(jpeg_ends_early(&jpeg[..jpeg.len() - cut]));
+            assert!(matches!(
+                decode(&jpeg[..jpeg.len() - cut], &DecodeLimits::default()),
+                Err(DecodeError::Truncated(_))
+            ));
         }
     }
 
