@@ -254,7 +254,7 @@ async fn a_stuck_replica_is_reported_and_routed_around() {
         answer.json
     );
     assert!(
-        took < Duration::from_millis(1900),
+        took < STUCK_FOR - Duration::from_millis(500),
         "answered at its deadline, not after the run: {took:?}"
     );
     // Reported, and the device still healthy: it has a working replica.
