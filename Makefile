@@ -18,7 +18,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models
+.PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
 
 python:
 	@scripts/setup-python
@@ -85,6 +85,35 @@ gpu-check: models
 # CUDA_INCLUDE_DIR=...): no GPU or TensorRT needed; not part of `make test`.
 check-tensorrt:
 	scripts/check-tensorrt
+
+# The hardening figures of the README against a release server (scripts/hostile_figures.py):
+# stalled uploads, the 64-client aiohttp flood against 4 clients, a 30 MB body from
+# http.client, peak RSS at 4 clients on 1080p. About 3 minutes; fails on a missed target.
+hostile: models build
+	$(PY) scripts/hostile_figures.py --check
+
+# A release server at ~80 % of its measured capacity, photos mixed with hostile requests,
+# for SOAK_MINUTES (30 for the README's figure); RSS, answers by code and latency per
+# interval; fails on the issue's checks (see scripts/soak.py).
+SOAK_MINUTES ?= 30
+SOAK_INTERVAL_S ?= 60
+soak: models build
+	$(PY) scripts/soak.py --minutes $(SOAK_MINUTES) --interval-s $(SOAK_INTERVAL_S)
+
+# cargo-fuzz on nightly (installed when missing): each target of tests/fuzz for
+# FUZZ_SECONDS, from the committed corpus (new finds go to tests/fuzz/target's corpus
+# copy, crashes to tests/fuzz/artifacts). `make fuzz FUZZ_TARGETS=decode FUZZ_SECONDS=3600`.
+# `make test` replays the committed corpus and regressions on stable (tests/fuzz_corpus.rs).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= decode request celer_toml manifest
+fuzz: python
+	@cargo +nightly fuzz --version >/dev/null 2>&1 || cargo +nightly install cargo-fuzz --locked
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p tests/fuzz/target/corpus/$$t && cp -n tests/fuzz/corpus/$$t/* tests/fuzz/target/corpus/$$t/ ; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		$(ORT_ENV) cargo +nightly fuzz run --fuzz-dir tests/fuzz $$t tests/fuzz/target/corpus/$$t \
+			-- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 || exit 1; \
+	done
 
 clean-models:
 	rm -rf models/cache $(FETCHED) onnx/u2netp/u2netp.onnx onnx/isnet/isnet.onnx onnx/u2net/u2net.onnx
