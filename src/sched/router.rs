@@ -739,10 +739,12 @@ impl<E: Executor> Ticket<E> {
                 reply = &mut placed.reply => reply.unwrap_or_else(|_| Err(JobError::Dropped {
                     device: state.name.clone(),
                 })),
+                // Before the health signal: the watchdog marks a device unhealthy when a
+                // run passes its deadline, and that request's answer is its deadline.
+                () = tokio::time::sleep_until(self.deadline.into()) => Err(JobError::DeadlineExceeded),
                 () = health_lost(&mut placed.health) => Err(JobError::DeviceUnhealthy {
                     device: state.name.clone(),
                 }),
-                () = tokio::time::sleep_until(self.deadline.into()) => Err(JobError::DeadlineExceeded),
             };
             let m = &state.metrics;
             match outcome {
