@@ -1,11 +1,14 @@
 //! Configuration: the pipeline description of a model directory (`celer.toml`) and the
 //! options of each command. This module validates; it never opens a model or a socket.
 
+pub mod cpus;
+pub mod hosting;
 mod pipeline;
 mod serve;
 
 use std::path::PathBuf;
 
+pub use hosting::{HostingMode, HostingPlan};
 pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
     Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,

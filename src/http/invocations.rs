@@ -16,7 +16,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::negotiate::{body_kind, output_kind, BodyKind};
+use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
@@ -37,7 +37,8 @@ pub async fn invocations(
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + state.limits.deadline;
     let kind = body_kind(&headers)?;
-    let output = output_kind(&headers, state.default_output)?;
+    let wanted = wanted(&headers, state.default_output)?;
+    let output = wanted.kind;
     // Admission before the body is read or decoded: under overload the answer is an
     // immediate 503, and memory stays bounded by the places, not by the arrivals.
     let admission = state.router.admit()?;
@@ -75,15 +76,25 @@ pub async fn invocations(
     let done = ticket.wait().await?;
 
     let queued = done.queued;
+    let dimensions = done.output.matte.alpha.dimensions();
     let (rendered, timings) = blocking(move || {
         let out = done.output;
         let mut timings = out.timings;
-        codec::render(&out.matte, out.cutout.as_ref(), output, &mut timings)
-            .map(|r| (r, timings))
-            .map_err(ApiError::internal)
+        codec::render_as(
+            &out.matte,
+            out.cutout.as_ref(),
+            output,
+            wanted.format,
+            &mut timings,
+        )
+        .map(|r| (r, timings))
+        .map_err(ApiError::internal)
     })
     .await?;
     state.metrics.observe_stages(&timings);
+    state
+        .hosting
+        .check_response(rendered.body.len(), wanted, dimensions)?;
 
     let mut response = (StatusCode::OK, rendered.body).into_response();
     let h = response.headers_mut();

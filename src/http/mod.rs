@@ -5,6 +5,7 @@
 
 pub mod error;
 mod fetch;
+pub mod hosting;
 mod invocations;
 pub mod metrics;
 mod negotiate;
@@ -23,6 +24,7 @@ use crate::sched::Readiness;
 use error::ApiError;
 
 pub use fetch::UrlFetcher;
+pub use hosting::Hosting;
 pub use metrics::HttpMetrics;
 
 /// Everything a handler needs, shared by all requests.
@@ -36,6 +38,9 @@ pub struct AppState {
     pub server_timing: bool,
     /// The registry behind `/metrics`, holding the router's figures too.
     pub metrics: HttpMetrics,
+    /// The hosting mode's response limit and batch transform parameters (real-time's
+    /// unless set after `new`).
+    pub hosting: Hosting,
 }
 
 impl AppState {
@@ -54,6 +59,7 @@ impl AppState {
             fetcher,
             server_timing,
             metrics,
+            hosting: Hosting::default(),
         }
     }
 }
@@ -64,6 +70,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/ping", get(ping))
         .route("/invocations", post(invocations::invocations))
         .route("/metrics", get(metrics::metrics))
+        .route("/execution-parameters", get(hosting::execution_parameters))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -91,10 +98,16 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// 200 once every replica has loaded its models; 503 before (and if loading failed).
-/// Reads a few atomics: it never waits behind inference or a full queue.
+/// 200 once every replica has loaded its models and while a device can serve; 503 before,
+/// if loading failed, and while every device is unhealthy (SageMaker then replaces the
+/// instance). Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
     match state.router.readiness() {
+        Readiness::Ready if !state.router.devices().iter().any(|d| d.healthy) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "unhealthy", "reason": "no device can serve" })),
+        )
+            .into_response(),
         Readiness::Ready => Json(serde_json::json!({ "status": "ok" })).into_response(),
         Readiness::Loading { loaded, of } => (
             StatusCode::SERVICE_UNAVAILABLE,
