@@ -192,3 +192,28 @@ fn inspect_of_a_model_dir_lists_its_engines() {
     assert!(stdout.contains("engines: none in"), "{stdout}");
     assert!(stdout.contains("`celer build` makes them"), "{stdout}");
 }
+
+#[test]
+fn inspect_describes_the_pipeline_in_words() {
+    for (dir, says) in [
+        (
+            "onnx/fixtures/prob-guided",
+            "guided filter of the mask by the image's luma",
+        ),
+        (
+            "onnx/fixtures/classes-matting",
+            "class scores, argmax mapped to the trimap",
+        ),
+    ] {
+        let out = celer(&["inspect", dir]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+        assert!(stdout.contains(says), "{stdout}");
+        assert!(
+            stdout.contains("  trimap        foreground at >="),
+            "{stdout}"
+        );
+        // Not Rust's Debug form of the description.
+        assert!(!stdout.contains("Spec {"), "{stdout}");
+    }
+}

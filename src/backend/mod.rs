@@ -1,7 +1,8 @@
-//! Model execution backends. A backend runs one ONNX model on one device; the pipeline
-//! owns one instance per replica, so `run` takes `&mut self` and needs no lock.
-//! ONNX Runtime (CPU) here; TensorRT engines run inside the GPU pipeline
-//! (`crate::cuda::model`), behind the cargo feature `tensorrt`.
+//! Model execution backends. A backend runs one ONNX model on one device; a replica owns
+//! one instance per model, so `run` takes `&mut self` and needs no lock. ONNX Runtime
+//! (CPU) here; TensorRT engines run on a GPU replica's stream (`crate::cuda::trt_model`,
+//! behind the cargo feature `tensorrt`). Whether a model fits the pipeline is the replica
+//! layer's contract check (`crate::replica::contract`), the same for both.
 
 pub mod ort;
 

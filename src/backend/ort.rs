@@ -150,46 +150,6 @@ impl OrtModel {
         self.session.outputs().iter().map(describe).collect()
     }
 
-    /// Checks that input `name` is an f32 NCHW tensor whose fixed dimensions agree with
-    /// `[batch, channels, height, width]`, and that `output` exists.
-    pub fn check_io(&self, inputs: &[(&str, [i64; 4])], output: &str) -> Result<(), BackendError> {
-        let mismatch = |reason: String| BackendError::Mismatch {
-            model: self.label.clone(),
-            reason,
-        };
-        let declared = self.inputs();
-        for (name, want) in inputs {
-            let Some(found) = declared.iter().find(|d| d.name == *name) else {
-                return Err(mismatch(format!(
-                    "no input named `{name}`; the model's inputs are {}",
-                    names(&declared)
-                )));
-            };
-            if found.element_type != "Float32" {
-                return Err(mismatch(format!(
-                    "input `{name}` is {}, celer feeds Float32",
-                    found.element_type
-                )));
-            }
-            let agrees = found.shape.len() == 4
-                && found.shape.iter().zip(want).all(|(d, w)| *d < 0 || d == w);
-            if !agrees {
-                return Err(mismatch(format!(
-                    "input `{name}` has shape {:?}, the pipeline description gives {:?}",
-                    found.shape, want
-                )));
-            }
-        }
-        let outputs = self.outputs();
-        if !outputs.iter().any(|d| d.name == output) {
-            return Err(mismatch(format!(
-                "no output named `{output}`; the model's outputs are {}",
-                names(&outputs)
-            )));
-        }
-        Ok(())
-    }
-
     /// Runs the model on NCHW f32 inputs and returns the named output.
     pub fn run(
         &mut self,
@@ -236,11 +196,4 @@ fn describe(outlet: &ort::value::Outlet) -> TensorDescription {
             .map(|s| s.iter().copied().collect())
             .unwrap_or_default(),
     }
-}
-
-fn names(list: &[TensorDescription]) -> String {
-    list.iter()
-        .map(|d| format!("`{}`", d.name))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

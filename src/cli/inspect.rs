@@ -33,11 +33,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         };
         let spec = super::load_pipeline(&dir)?;
         engines = Some(dir.join(ENGINES_DIR));
-        println!("pipeline {}", spec.source.display());
-        println!("  segmentation: {:?}", spec.segmentation);
-        println!("  trimap:       {:?}", spec.trimap);
-        println!("  matting:      {:?}", spec.matting);
-        println!("  output:       {:?}", spec.default_output);
+        println!("{spec}");
         spec.model_keys()
             .into_iter()
             .map(|(_, p)| p.to_path_buf())

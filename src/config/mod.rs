@@ -2,6 +2,7 @@
 //! options of each command. This module validates; it never opens a model or a socket.
 
 pub mod cpus;
+mod describe;
 pub mod hosting;
 mod pipeline;
 mod serve;

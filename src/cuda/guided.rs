@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::launch::{taps_capacity, GpuTaps, Launcher};
+use super::plane_resize::PlaneResize;
 use super::CudaError;
 
 /// The filter's parameters, as `MattingSpec::GuidedFilter` gives them.
@@ -73,10 +74,8 @@ pub struct FastGuidedFilter {
     rgb_tmp: CudaSlice<u8>,
     rgb_small: CudaSlice<u8>,
     rgb_max: CudaSlice<u32>,
-    /// fast_image_resize taps of the mask's resize.
-    mask_horizontal: GpuTaps<f64>,
-    mask_vertical: GpuTaps<f64>,
-    mask_tmp: CudaSlice<f32>,
+    /// The mask's resize to the fit size.
+    mask_resize: PlaneResize,
     guide: CudaSlice<f32>,
     p: CudaSlice<f32>,
     scratch: [CudaSlice<f32>; 4],
@@ -113,8 +112,6 @@ impl FastGuidedFilter {
             (1, 1, 1)
         };
         let (gh_out, gh_w) = taps_capacity(guide_side, low_side);
-        let (mh_out, mh_w) = taps_capacity(mask_max.0, low_side);
-        let (mv_out, mv_w) = taps_capacity(mask_max.1, low_side);
         let (up_out, up_w) = taps_capacity(low_side, max_side);
         let plane = || stream.alloc_zeros::<f32>(low_px.max(1));
         Ok(Self {
@@ -124,9 +121,7 @@ impl FastGuidedFilter {
             rgb_tmp: stream.alloc_zeros(rgb_tmp)?,
             rgb_small: stream.alloc_zeros(rgb_small)?,
             rgb_max: stream.alloc_zeros(1)?,
-            mask_horizontal: GpuTaps::alloc(stream, mh_out, mh_w)?,
-            mask_vertical: GpuTaps::alloc(stream, mv_out, mv_w)?,
-            mask_tmp: stream.alloc_zeros(low_side as usize * mask_max.1.max(1) as usize)?,
+            mask_resize: PlaneResize::alloc(stream, mask_max, low_side)?,
             guide: plane()?,
             p: plane()?,
             scratch: [plane()?, plane()?, plane()?, plane()?],
@@ -148,10 +143,7 @@ impl FastGuidedFilter {
         mask_size: (u32, u32),
     ) -> Result<(), CudaError> {
         let low = self.params.low_size(size);
-        self.mask_horizontal
-            .set_convolution(stream, mask_size.0, low.0)?;
-        self.mask_vertical
-            .set_convolution(stream, mask_size.1, low.1)?;
+        self.mask_resize.set(stream, mask_size, low)?;
         if self.params.s() > 1 {
             self.guide_horizontal.set_fixed(stream, size.0, low.0)?;
             self.guide_vertical.set_fixed(stream, size.1, low.1)?;
@@ -174,18 +166,8 @@ impl FastGuidedFilter {
         let low = self.params.low_size(size);
         let low_px = u64::from(low.0) * u64::from(low.1);
         self.fitted = None;
-        self.mask_horizontal
-            .set_convolution(stream, mask_size.0, low.0)?;
-        self.mask_vertical
-            .set_convolution(stream, mask_size.1, low.1)?;
-        launcher.resize_plane(
-            coarse,
-            mask_size,
-            &self.mask_horizontal,
-            &self.mask_vertical,
-            &mut self.mask_tmp,
-            &mut self.p,
-        )?;
+        self.mask_resize
+            .run(launcher, coarse, mask_size, low, &mut self.p)?;
         let low32 = u32::try_from(low_px).map_err(|_| CudaError::Stage {
             stage: "guided filter",
             reason: format!("{}x{} does not fit the kernels' 32-bit sizes", low.0, low.1),

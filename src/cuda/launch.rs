@@ -106,6 +106,53 @@ fn as_u32(what: &'static str, v: u64) -> Result<u32, CudaError> {
     })
 }
 
+/// A separable resize as its taps were uploaded: the target size, and the source rows
+/// `row0..row0 + rows` that the horizontal pass covers.
+struct Separable {
+    dst: (u32, u32),
+    row0: u32,
+    rows: u32,
+}
+
+impl Separable {
+    /// The resize the taps describe for a `src`-sized source; an error naming `stage`
+    /// when none were uploaded, or when they were for another source size.
+    fn of<W: DeviceRepr>(
+        stage: &'static str,
+        src: (u32, u32),
+        horizontal: &GpuTaps<W>,
+        vertical: &GpuTaps<W>,
+    ) -> Result<Self, CudaError> {
+        let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
+            return Err(CudaError::Stage {
+                stage,
+                reason: "no taps uploaded".into(),
+            });
+        };
+        if (hin, vin) != src {
+            return Err(CudaError::Stage {
+                stage,
+                reason: format!("taps for {hin}x{vin}, source is {}x{}", src.0, src.1),
+            });
+        }
+        let (row0, row_end) = vertical.span;
+        Ok(Self {
+            dst: (dst_w, dst_h),
+            row0,
+            rows: row_end - row0,
+        })
+    }
+
+    /// Threads of the horizontal pass: one per output column of each covered row.
+    fn horizontal_threads(&self) -> u64 {
+        u64::from(self.dst.0) * u64::from(self.rows)
+    }
+
+    fn pixels(&self) -> u64 {
+        u64::from(self.dst.0) * u64::from(self.dst.1)
+    }
+}
+
 /// Launches kernel `$name` over `$threads` threads with the arguments in order. The
 /// argument list must match the kernel's C signature, type for type.
 macro_rules! launch {
@@ -319,21 +366,17 @@ impl Launcher<'_> {
         max_value: &mut CudaSlice<u32>,
         out: ModelInput<'_>,
     ) -> Result<(), CudaError> {
-        if horizontal.sizes != Some((src_w, dst_w)) || vertical.sizes != Some((src_h, dst_h)) {
+        let resize = Separable::of("preprocess", (src_w, src_h), horizontal, vertical)?;
+        if resize.dst != (dst_w, dst_h) {
             return Err(CudaError::Stage {
                 stage: "preprocess",
                 reason: "taps uploaded for other sizes".into(),
             });
         }
-        let (row0, row_end) = vertical.span;
-        let rows = row_end - row0;
-        let pixels = u64::from(dst_w) * u64::from(dst_h);
+        let Separable { row0, rows, .. } = resize;
+        let pixels = resize.pixels();
         need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
-        need(
-            "horizontal pass",
-            tmp,
-            u64::from(dst_w) * u64::from(rows) * 3,
-        )?;
+        need("horizontal pass", tmp, resize.horizontal_threads() * 3)?;
         if (out.len() as u64) < pixels * 3 {
             return Err(CudaError::BufferTooSmall {
                 what: "model input",
@@ -346,7 +389,7 @@ impl Launcher<'_> {
         match norm.scale {
             // The horizontal pass, then the vertical pass fused with the normalisation.
             Scale::Fixed(scale) => {
-                launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+                launch!(self, "resize_rgb8_horizontal", resize.horizontal_threads(), BLOCK;
                     src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
                     &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
                 match out {
@@ -405,30 +448,18 @@ impl Launcher<'_> {
         out: &mut CudaSlice<u8>,
         max_value: &mut CudaSlice<u32>,
     ) -> Result<(), CudaError> {
-        let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
-            return Err(CudaError::Stage {
-                stage: "resize rgb",
-                reason: "no taps uploaded".into(),
-            });
-        };
-        if (hin, vin) != (src_w, src_h) {
-            return Err(CudaError::Stage {
-                stage: "resize rgb",
-                reason: format!("taps for {hin}x{vin}, source is {src_w}x{src_h}"),
-            });
-        }
-        let (row0, row_end) = vertical.span;
-        let rows = row_end - row0;
-        let pixels = u64::from(dst_w) * u64::from(dst_h);
+        let resize = Separable::of("resize rgb", (src_w, src_h), horizontal, vertical)?;
+        let Separable {
+            dst: (dst_w, dst_h),
+            row0,
+            rows,
+        } = resize;
+        let pixels = resize.pixels();
         need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
-        need(
-            "horizontal pass",
-            tmp,
-            u64::from(dst_w) * u64::from(rows) * 3,
-        )?;
+        need("horizontal pass", tmp, resize.horizontal_threads() * 3)?;
         need("resized image", out, pixels * 3)?;
         need("max", max_value, 1)?;
-        launch!(self, "resize_rgb8_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+        launch!(self, "resize_rgb8_horizontal", resize.horizontal_threads(), BLOCK;
             src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
             &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
         self.stream.memset_zeros(max_value)?;
@@ -583,28 +614,16 @@ impl Launcher<'_> {
         tmp: &mut CudaSlice<f32>,
         dst: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
-            return Err(CudaError::Stage {
-                stage: "resize plane",
-                reason: "no taps uploaded".into(),
-            });
-        };
-        if (hin, vin) != (src_w, src_h) {
-            return Err(CudaError::Stage {
-                stage: "resize plane",
-                reason: format!("taps for {hin}x{vin}, source is {src_w}x{src_h}"),
-            });
-        }
-        let (row0, row_end) = vertical.span;
-        let rows = row_end - row0;
+        let resize = Separable::of("resize plane", (src_w, src_h), horizontal, vertical)?;
+        let Separable {
+            dst: (dst_w, dst_h),
+            row0,
+            rows,
+        } = resize;
         need("plane source", src, u64::from(src_w) * u64::from(src_h))?;
-        need(
-            "plane horizontal pass",
-            tmp,
-            u64::from(dst_w) * u64::from(rows),
-        )?;
+        need("plane horizontal pass", tmp, resize.horizontal_threads())?;
         need("plane target", dst, u64::from(dst_w) * u64::from(dst_h))?;
-        launch!(self, "resize_plane_horizontal", u64::from(dst_w) * u64::from(rows), BLOCK;
+        launch!(self, "resize_plane_horizontal", resize.horizontal_threads(), BLOCK;
             src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
             &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
         launch!(self, "resize_plane_vertical", u64::from(dst_w) * u64::from(dst_h), BLOCK;

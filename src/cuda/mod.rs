@@ -13,6 +13,7 @@ pub mod guided;
 pub mod kernels;
 pub mod launch;
 pub mod nvrtc;
+pub mod plane_resize;
 pub mod probe;
 pub mod taps;
 pub mod tensor;
@@ -21,6 +22,9 @@ pub mod trt_model;
 pub use device::{pinned, GpuDevice};
 pub use nvrtc::Arch;
 pub use probe::{probe, GpuIdentity, GpuInfo, Probe};
+
+/// An image's or plane's `(width, height)` in pixels.
+pub type Size = (u32, u32);
 
 /// A failure in the CUDA path. The server's fault, never the client's: the caller falls
 /// back to, or stays on, the CPU path.

@@ -30,6 +30,23 @@ __device__ __forceinline__ u64 global_index() {
     return (u64)blockIdx.x * (u64)blockDim.x + (u64)threadIdx.x;
 }
 
+// Thread `i` of a resize's horizontal pass, which writes `dst_w` outputs for each of the
+// `rows` source rows it covers: output column `x` of covered row `row`. False for the
+// threads past the end.
+struct HorizontalCell {
+    u64 i;
+    u32 x;
+    u64 row;
+};
+__device__ __forceinline__ bool horizontal_cell(u32 dst_w, u32 rows, HorizontalCell* cell) {
+    u64 i = global_index();
+    if (i >= (u64)dst_w * rows) return false;
+    cell->i = i;
+    cell->x = (u32)(i % dst_w);
+    cell->row = i / dst_w;
+    return true;
+}
+
 // The max (min) of `v` over the warp, valid in lane 0.
 __device__ __forceinline__ u32 warp_max_u32(u32 v) {
     for (int offset = 16; offset > 0; offset >>= 1) {

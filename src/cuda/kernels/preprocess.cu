@@ -18,22 +18,20 @@ extern "C" __global__ void resize_rgb8_horizontal(
     const u8* src, u32 src_w, u32 row0, u32 rows,
     const u32* first, const u32* count, const i32* weights, u32 max_taps,
     u8* tmp, u32 dst_w) {
-    u64 i = global_index();
-    if (i >= (u64)dst_w * rows) return;
-    u32 x = (u32)(i % dst_w);
-    u64 r = i / dst_w;
-    const u8* line = src + ((u64)row0 + r) * src_w * 3u;
-    const u8* s = line + (u64)first[x] * 3u;
-    const i32* w = weights + (u64)x * max_taps;
+    HorizontalCell c;
+    if (!horizontal_cell(dst_w, rows, &c)) return;
+    const u8* line = src + ((u64)row0 + c.row) * src_w * 3u;
+    const u8* s = line + (u64)first[c.x] * 3u;
+    const i32* w = weights + (u64)c.x * max_taps;
     i32 a0 = HALF_ROUNDING, a1 = HALF_ROUNDING, a2 = HALF_ROUNDING;
-    u32 n = count[x];
+    u32 n = count[c.x];
     for (u32 k = 0; k < n; ++k) {
         i32 wk = w[k];
         a0 += (i32)s[3 * k] * wk;
         a1 += (i32)s[3 * k + 1] * wk;
         a2 += (i32)s[3 * k + 2] * wk;
     }
-    u8* out = tmp + i * 3u;
+    u8* out = tmp + c.i * 3u;
     out[0] = clip8(a0);
     out[1] = clip8(a1);
     out[2] = clip8(a2);

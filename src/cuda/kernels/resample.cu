@@ -8,16 +8,13 @@
 
 // Horizontal pass over source rows [row0, row0 + rows): `dst` is dst_w x rows.
 extern "C" __global__ void resize_plane_horizontal(
-    const float* src, u32 src_w, u32 row0, u32 rows,
-    const u32* first, const u32* count, const double* coeffs, u32 window,
-    float* dst, u32 dst_w) {
-    u64 i = global_index();
-    if (i >= (u64)dst_w * rows) return;
-    u32 x = (u32)(i % dst_w);
-    u64 r = i / dst_w;
-    const float* s = src + ((u64)row0 + r) * src_w + first[x];
-    const double* k = coeffs + (u64)x * window;
-    u32 n = count[x];
+    const float* src, u32 src_w, u32 row0, u32 rows, const u32* first, const u32* count,
+    const double* coeffs, u32 window, float* dst, u32 dst_w) {
+    HorizontalCell c;
+    if (!horizontal_cell(dst_w, rows, &c)) return;
+    const float* s = src + ((u64)row0 + c.row) * src_w + first[c.x];
+    const double* k = coeffs + (u64)c.x * window;
+    u32 n = count[c.x];
     // Lane j of the AVX2 accumulator takes taps j, j + 4, j + 8, ... in order.
     double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
     u32 t = 0;
@@ -46,7 +43,7 @@ extern "C" __global__ void resize_plane_horizontal(
     if (t < n) {
         l0 = l0 + (double)s[t] * k[t];
     }
-    dst[i] = (float)((l0 + l2) + (l1 + l3));
+    dst[c.i] = (float)((l0 + l2) + (l1 + l3));
 }
 
 // Vertical pass: `src` (w wide) starts at source row `src_row0`; `dst` is w x dst_h.

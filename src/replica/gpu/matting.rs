@@ -15,7 +15,8 @@ use super::pipeline::{GpuLimits, SourcePlanes};
 use super::GpuError;
 use crate::config::{MattingSpec, PipelineSpec};
 use crate::cuda::guided::{FastGuidedFilter, GuidedParams};
-use crate::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher};
+use crate::cuda::launch::{GpuNearest, Launcher};
+use crate::cuda::plane_resize::PlaneResize;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::replica::models;
 
@@ -32,10 +33,8 @@ pub struct ModelMatting {
     /// The trimap from the mask's resolution to the model's input size.
     trimap_nearest: GpuNearest,
     trimap_small: CudaSlice<u8>,
-    /// The model's alpha resized to the source (fast_image_resize's bilinear).
-    plane_horizontal: GpuTaps<f64>,
-    plane_vertical: GpuTaps<f64>,
-    plane_tmp: CudaSlice<f32>,
+    /// The model's alpha resized to the source, into `refined`.
+    alpha_resize: PlaneResize,
     refined: CudaSlice<f32>,
 }
 
@@ -96,18 +95,13 @@ impl Matting {
                 model.output_shape()
             )));
         }
-        let side = limits.max_side_px;
-        let (outs_h, weights_h) = taps_capacity(aw as u32, side);
-        let (outs_v, weights_v) = taps_capacity(ah as u32, side);
         let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
         Ok(Self::Model(Box::new(ModelMatting {
             input: InputStage::alloc(stream, &image, limits)?,
             model,
             trimap_nearest: GpuNearest::alloc(stream, image.width, image.height)?,
             trimap_small: stream.alloc_zeros(image.width as usize * image.height as usize)?,
-            plane_horizontal: GpuTaps::alloc(stream, outs_h, weights_h)?,
-            plane_vertical: GpuTaps::alloc(stream, outs_v, weights_v)?,
-            plane_tmp: stream.alloc_zeros(side as usize * ah)?,
+            alpha_resize: PlaneResize::alloc(stream, (aw as u32, ah as u32), limits.max_side_px)?,
             refined: stream.alloc_zeros(max_px)?,
         })))
     }
@@ -118,17 +112,16 @@ impl Matting {
         &mut self,
         stream: &Arc<CudaStream>,
         size: (u32, u32),
-        mask_size: (u32, u32),
+        mask: &MaskStage,
     ) -> Result<(), CudaError> {
+        let mask_size = mask.size();
         match self {
             Self::GuidedFilter(filter) => filter.upload_tables(stream, size, mask_size),
             Self::Model(m) => {
                 m.input.upload_taps(stream, size)?;
                 m.trimap_nearest.set(stream, mask_size, m.input.size())?;
-                let [_, _, ah, aw] = m.model.output_shape();
-                m.plane_horizontal
-                    .set_convolution(stream, aw as u32, size.0)?;
-                m.plane_vertical.set_convolution(stream, ah as u32, size.1)
+                let alpha_size = m.alpha_size();
+                m.alpha_resize.set(stream, alpha_size, size)
             }
         }
     }
@@ -177,6 +170,12 @@ impl Matting {
 }
 
 impl ModelMatting {
+    /// `(width, height)` of the model's alpha.
+    fn alpha_size(&self) -> (u32, u32) {
+        let [_, _, h, w] = self.model.output_shape();
+        (w as u32, h as u32)
+    }
+
     /// The model on the image and the mask's trimap at its input size; its alpha resized
     /// to the source into `refined`.
     fn run_model(
@@ -194,18 +193,12 @@ impl ModelMatting {
         launcher.resize_nearest(&mask.trimap, &self.trimap_nearest, &mut self.trimap_small)?;
         launcher.trimap_to_unit(&self.trimap_small, iw * ih, self.model.input(1)?)?;
         let host = self.model.run(launcher)?;
-        let [_, _, ah, aw] = self.model.output_shape();
-        let alpha_size = (aw as u32, ah as u32);
-        self.plane_horizontal
-            .set_convolution(stream, alpha_size.0, size.0)?;
-        self.plane_vertical
-            .set_convolution(stream, alpha_size.1, size.1)?;
-        launcher.resize_plane(
+        let alpha_size = self.alpha_size();
+        self.alpha_resize.run(
+            launcher,
             self.model.output(),
             alpha_size,
-            &self.plane_horizontal,
-            &self.plane_vertical,
-            &mut self.plane_tmp,
+            size,
             &mut self.refined,
         )?;
         Ok(host)

@@ -222,8 +222,7 @@ impl GpuPipeline {
             .reserve(size.0 as usize * size.1 as usize, cutout)?;
         self.segmentation.input.upload_taps(stream, size)?;
         self.mask.upload_tables(stream, size)?;
-        let mask_size = self.mask.size();
-        self.matting.upload_tables(stream, size, mask_size)?;
+        self.matting.upload_tables(stream, size, &self.mask)?;
         Ok(())
     }
 

@@ -34,18 +34,9 @@ typedef enum celer_trt_status {
 
 /* Element types, numbered as TensorRT 10 and 11 number nvinfer1::DataType. */
 enum celer_trt_data_type {
-    CELER_TRT_FLOAT = 0,
-    CELER_TRT_HALF = 1,
-    CELER_TRT_INT8 = 2,
-    CELER_TRT_INT32 = 3,
-    CELER_TRT_BOOL = 4,
-    CELER_TRT_UINT8 = 5,
-    CELER_TRT_FP8 = 6,
-    CELER_TRT_BF16 = 7,
-    CELER_TRT_INT64 = 8,
-    CELER_TRT_INT4 = 9,
-    CELER_TRT_FP4 = 10,
-    CELER_TRT_E8M0 = 11,
+    CELER_TRT_FLOAT = 0, CELER_TRT_HALF = 1, CELER_TRT_INT8 = 2, CELER_TRT_INT32 = 3,
+    CELER_TRT_BOOL = 4, CELER_TRT_UINT8 = 5, CELER_TRT_FP8 = 6, CELER_TRT_BF16 = 7,
+    CELER_TRT_INT64 = 8, CELER_TRT_INT4 = 9, CELER_TRT_FP4 = 10, CELER_TRT_E8M0 = 11,
     CELER_TRT_UNKNOWN_TYPE = 255
 };
 
