@@ -27,17 +27,18 @@ fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// The fastest of three runs of `f`, and its result.
+/// The median of five runs of `f`, and its result.
 fn timed<T>(mut f: impl FnMut() -> T) -> (T, Duration) {
-    let mut best = Duration::MAX;
+    let mut times = Vec::new();
     let mut out = None;
-    for _ in 0..3 {
+    for _ in 0..5 {
         let t = Instant::now();
         let r = f();
-        best = best.min(t.elapsed());
+        times.push(t.elapsed());
         out = Some(r);
     }
-    (out.expect("ran"), best)
+    times.sort();
+    (out.expect("ran"), times[times.len() / 2])
 }
 
 fn mb(bytes: usize) -> String {
@@ -55,7 +56,7 @@ fn main() {
     let mut pipeline = CpuPipeline::load(&spec, threads)
         .unwrap_or_else(|e| panic!("loading U2NetP: {e}; run `make models`"));
     let mut table = String::from(
-        "| photo | size | source bytes | cut-out PNG, colour kept under alpha 0 (MB) | cut-out PNG (MB) | cut-out WebP lossless (MB) | WebP / PNG | alpha PNG (MB) | PNG encode ms | WebP encode ms |\n\
+        "| photo | size | source bytes | cut-out PNG, colour kept under alpha 0 (MB) | cut-out PNG (MB) | cut-out WebP lossless (MB) | WebP / PNG | alpha PNG (MB) | PNG encode ms (median of 5) | WebP encode ms (median of 5) |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for name in PHOTOS {
