@@ -186,8 +186,8 @@ fn batch_transform_job_with_the_concurrency_of_execution_parameters() {
     assert_eq!(params["BatchStrategy"], "SINGLE_RECORD", "{params}");
     assert_eq!(params["MaxPayloadInMB"], 20, "{params}");
     let concurrency = params["MaxConcurrentTransforms"].as_u64().unwrap() as usize;
-    // Two per replica; at least one replica.
-    assert!(concurrency >= 2 && concurrency % 2 == 0, "{params}");
+    // Two per replica of the CPU, as many as the server says it started.
+    assert_eq!(concurrency, 2 * replicas_in(&server.log()), "{params}");
 
     let (records, most) = transform(&server, &files, concurrency, false);
     check_records(&server, &records, files.len());
@@ -222,7 +222,20 @@ fn batch_transform_job_with_its_own_concurrency_and_chunked_bodies() {
     assert!(server.stop().success());
 }
 
+/// The CPU replicas `celer serve` says it started (`replicas=N` in its log).
+fn replicas_in(log: &str) -> usize {
+    log.split("replicas=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no replicas=N in\n{log}"))
+}
+
 // ---- each mode's limits ----
+
+/// One mode's case: its name, environment, body limit, response limit as logged,
+/// deadline (s) and `MaxPayloadInMB`.
+type ModeCase<'a> = (&'a str, &'a [(&'a str, &'a str)], usize, &'a str, u64, u64);
 
 /// The body limit a server states when refusing a declared `Content-Length` over it.
 fn body_limit(server: &Server) -> usize {
@@ -255,8 +268,7 @@ fn refuses_one_over(server: &Server, limit: usize) {
 #[test]
 fn each_hosting_mode_sets_its_limits() {
     let fixture = fixture_dir("prob-guided");
-    // (mode, env, body limit, response limit text, deadline s, MaxPayloadInMB)
-    let cases: [(&str, &[(&str, &str)], usize, &str, u64, u64); 4] = [
+    let cases: [ModeCase; 4] = [
         ("realtime", &[], 6 * MIB, "up to 6000000 bytes", 60, 6),
         ("serverless", &[], 4 * MIB, "up to 4000000 bytes", 60, 4),
         ("async", &[], 400_000_000 + MIB, "unlimited", 3600, 100),
@@ -283,7 +295,7 @@ fn each_hosting_mode_sets_its_limits() {
         if mode == "serverless" {
             // One replica: two at once.
             assert_eq!(params["MaxConcurrentTransforms"], 2, "{params}");
-            assert!(log.contains("replicas=1"), "{log}");
+            assert_eq!(replicas_in(&log), 1, "{log}");
         }
         assert!(server.stop().success(), "{mode}");
     }
