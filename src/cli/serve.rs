@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::config::cpus::CpuBudget;
 use crate::config::ServeArgs;
-use crate::http::{routes, AppState, Hosting, UrlFetcher};
+use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Router};
 
 pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
@@ -58,6 +58,11 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         args.server_timing,
     );
     state.hosting = Hosting::from_plan(&plan, admission_limit);
+    state.model = ServedModel {
+        name: args.model_name.clone(),
+        max_batch: spec.batching.max_batch,
+        max_wait_us: spec.batching.max_wait_us,
+    };
     let state = Arc::new(state);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

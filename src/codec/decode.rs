@@ -56,24 +56,9 @@ pub enum DecodeError {
     Corrupt(String),
 }
 
-/// Decodes `bytes` to RGB8, upright.
-pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeError> {
-    if bytes.is_empty() {
-        return Err(DecodeError::Empty);
-    }
-    let reader = ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-    let Some(format) = reader.format() else {
-        return Err(DecodeError::UnknownFormat);
-    };
-    if !format.reading_enabled() {
-        return Err(DecodeError::UnsupportedFormat {
-            format: format!("{format:?}"),
-        });
-    }
-    let mut decoder = reader.into_decoder().map_err(corrupt)?;
-    let (width, height) = decoder.dimensions();
+/// The limits on an image's size, from its width and height alone: checked before a
+/// decoder (or a raw tensor's copy) allocates its pixels.
+pub fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), DecodeError> {
     let pixels = u64::from(width) * u64::from(height);
     if pixels > limits.max_pixels {
         return Err(DecodeError::TooManyPixels {
@@ -97,6 +82,28 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
             min: limits.min_side_px,
         });
     }
+    Ok(())
+}
+
+/// Decodes `bytes` to RGB8, upright.
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+    let Some(format) = reader.format() else {
+        return Err(DecodeError::UnknownFormat);
+    };
+    if !format.reading_enabled() {
+        return Err(DecodeError::UnsupportedFormat {
+            format: format!("{format:?}"),
+        });
+    }
+    let mut decoder = reader.into_decoder().map_err(corrupt)?;
+    let (width, height) = decoder.dimensions();
+    check_size(width, height, limits)?;
     // A missing or unreadable orientation tag means "as stored".
     let orientation = decoder
         .orientation()

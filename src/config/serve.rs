@@ -151,6 +151,11 @@ pub struct ServeArgs {
     #[arg(long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000)]
     pub fetch_timeout_ms: u64,
 
+    /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
+    /// KServe's InferenceService passes its own name.
+    #[arg(long, env = "CELER_MODEL_NAME", default_value = "celer")]
+    pub model_name: String,
+
     /// Send a `Server-Timing` header with the per-stage times of each request.
     #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
     pub server_timing: bool,

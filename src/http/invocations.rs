@@ -1,7 +1,9 @@
 //! `POST /invocations`: body -> image bytes -> decode (blocking pool) -> device stages
 //! (the router, then a replica) -> composite + encode (blocking pool) -> response. The
 //! async handler only waits: JSON parsing, base64 and decoding run on the blocking pool
-//! too, and only a `url` fetch is awaited in between.
+//! too, and only a `url` fetch is awaited in between. `run_image` and the body, decode and
+//! blocking helpers are the request path the Open Inference Protocol's `infer` (v2.rs)
+//! shares: one admission, deadline and set of limits for both.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -20,8 +22,11 @@ use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
+use crate::config::OutputKind;
 use crate::pipeline::StageTimings;
-use crate::replica::PipelineJob;
+use crate::replica::{PipelineJob, PipelineOutput};
+use crate::sched::Admission;
+use image::RgbImage;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,20 +70,12 @@ pub async fn invocations(
             blocking(move || timed_decode(&encoded, &limits)).await?
         }
     };
-    let image = Arc::new(image);
+    let served = run_image(&state, admission, image, decode_time, output, deadline).await?;
 
-    let timings = StageTimings {
-        decode: decode_time,
-        ..StageTimings::default()
-    };
-    let job = PipelineJob::new(image, timings, output);
-    let ticket = state.router.submit_admitted(admission, job, deadline)?;
-    let done = ticket.wait().await?;
-
-    let queued = done.queued;
-    let dimensions = done.output.matte.alpha.dimensions();
+    let queued = served.queued;
+    let dimensions = served.output.matte.alpha.dimensions();
     let (rendered, timings) = blocking(move || {
-        let out = done.output;
+        let out = served.output;
         let mut timings = out.timings;
         codec::render_as(
             &out.matte,
@@ -110,9 +107,43 @@ pub async fn invocations(
     Ok(response)
 }
 
+/// What a device made of one image, and how long the image waited for it.
+pub(super) struct Served {
+    pub output: PipelineOutput,
+    pub queued: Duration,
+}
+
+/// The part of the request path every protocol shares: an admitted, decoded image
+/// through the router to a replica and back, under the request's deadline. The caller
+/// took the admission before reading the body, so that overload is answered at once.
+pub(super) async fn run_image(
+    state: &AppState,
+    admission: Admission,
+    image: RgbImage,
+    decode_time: Duration,
+    output: OutputKind,
+    deadline: Instant,
+) -> Result<Served, ApiError> {
+    let timings = StageTimings {
+        decode: decode_time,
+        ..StageTimings::default()
+    };
+    let job = PipelineJob::new(Arc::new(image), timings, output);
+    let ticket = state.router.submit_admitted(admission, job, deadline)?;
+    let done = ticket.wait().await?;
+    Ok(Served {
+        output: done.output,
+        queued: done.queued,
+    })
+}
+
 /// Reads at most `limit` bytes; a larger body is a 413 (from `Content-Length` before a
 /// byte is read, when the client sent one).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let too_large = || ApiError::payload_too_large("the request body", limit);
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -132,7 +163,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 }
 
 /// Runs CPU work on the blocking pool, never on the async executor.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(work)
@@ -147,7 +178,7 @@ enum Source {
     Url(String),
 }
 
-fn timed_decode(
+pub(super) fn timed_decode(
     encoded: &[u8],
     limits: &DecodeLimits,
 ) -> Result<(image::RgbImage, Duration), ApiError> {
@@ -194,7 +225,7 @@ fn json_image(bytes: &[u8]) -> Result<JsonImage, ApiError> {
 /// The base64 text of `image`, as clients send it: possibly a `data:` URL, possibly
 /// wrapped at 76 columns (the `base64` tool, Python's `encodebytes`). Copied only when
 /// there is white space to drop.
-fn base64_payload(text: &str) -> Cow<'_, [u8]> {
+pub(super) fn base64_payload(text: &str) -> Cow<'_, [u8]> {
     let text = match text.trim_start().strip_prefix("data:") {
         Some(rest) => rest.split_once(',').map_or(rest, |(_, data)| data),
         None => text,
@@ -207,7 +238,7 @@ fn base64_payload(text: &str) -> Cow<'_, [u8]> {
 }
 
 /// `Server-Timing: queue;dur=1.2, decode;dur=3.4, ...` (milliseconds).
-fn server_timing(queued: std::time::Duration, timings: &StageTimings) -> String {
+pub(super) fn server_timing(queued: std::time::Duration, timings: &StageTimings) -> String {
     std::iter::once(("queue", queued))
         .chain(timings.stages())
         .map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1e3))

@@ -9,6 +9,7 @@ pub mod hosting;
 mod invocations;
 pub mod metrics;
 mod negotiate;
+pub mod v2;
 
 use std::sync::Arc;
 
@@ -41,6 +42,27 @@ pub struct AppState {
     /// The hosting mode's response limit and batch transform parameters (real-time's
     /// unless set after `new`).
     pub hosting: Hosting,
+    /// The model as the Open Inference Protocol names it (`celer` unless set after `new`).
+    pub model: ServedModel,
+}
+
+/// The model's name and batching, for the v2 metadata and Triton's model configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    pub name: String,
+    /// Requests per model run (1: no batching) and the wait for more.
+    pub max_batch: usize,
+    pub max_wait_us: u64,
+}
+
+impl Default for ServedModel {
+    fn default() -> Self {
+        Self {
+            name: "celer".into(),
+            max_batch: 1,
+            max_wait_us: 0,
+        }
+    }
 }
 
 impl AppState {
@@ -60,6 +82,7 @@ impl AppState {
             server_timing,
             metrics,
             hosting: Hosting::default(),
+            model: ServedModel::default(),
         }
     }
 }
@@ -71,6 +94,29 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/invocations", post(invocations::invocations))
         .route("/metrics", get(metrics::metrics))
         .route("/execution-parameters", get(hosting::execution_parameters))
+        .route("/v2", get(v2::server_metadata))
+        .route("/v2/health/live", get(v2::live))
+        .route("/v2/health/ready", get(v2::ready))
+        .route("/v2/models/{model}", get(v2::model_metadata))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(v2::model_metadata),
+        )
+        .route("/v2/models/{model}/ready", get(v2::model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(v2::model_ready),
+        )
+        .route("/v2/models/{model}/config", get(v2::model_config))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(v2::model_config),
+        )
+        .route("/v2/models/{model}/infer", post(v2::infer))
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(v2::infer),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -85,7 +131,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such path; this server answers GET /ping and POST /invocations",
+        "no such path; this server answers GET /ping, POST /invocations and the Open Inference Protocol (KServe v2) under /v2",
     )
 }
 
