@@ -19,6 +19,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
 .PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
+.PHONY: bench-formats
 
 python:
 	@scripts/setup-python
@@ -70,6 +71,10 @@ image-test: models build
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
 bench: models
 	$(ORT_ENV) cargo bench --bench stages
+
+# Response sizes on the test photos: cut-out PNG vs lossless WebP vs alpha alone.
+bench-formats: models
+	$(ORT_ENV) cargo bench --bench formats
 
 # celer against the Python handler users deploy, same model, cores and images.
 compare: models build

@@ -1,5 +1,6 @@
 //! Load against a running server speaking the `/invocations` contract (celer's or any
-//! other): closed loop at a concurrency, or open loop at an offered rate with Poisson or
+//! other), or the Open Inference Protocol's `infer` with the image as a binary BYTES
+//! tensor (`v2_infer_body`): closed loop at a concurrency, or open loop at an offered rate with Poisson or
 //! constant arrivals (closed loops hide queueing: a slow server slows its own load).
 //! Requests started during the warm-up are not measured.
 
@@ -14,11 +15,54 @@ use indicatif::ProgressBar;
 
 use super::report::{median, Percentiles, PointReport};
 
+/// One request's body, as sent.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    pub body: Bytes,
+    pub content_type: &'static str,
+    /// `Inference-Header-Content-Length` (the v2 binary-data extension's JSON length).
+    pub inference_header: Option<usize>,
+}
+
+impl Payload {
+    /// An image as `/invocations` takes it.
+    pub fn invocations((body, content_type): (Bytes, &'static str)) -> Self {
+        Self {
+            body,
+            content_type,
+            inference_header: None,
+        }
+    }
+
+    /// An image as the v2 `infer` takes it in binary: the JSON header naming the `image`
+    /// input (`BYTES [1]`) and asking for `output` in binary, then the one BYTES element
+    /// (its 4-byte little-endian length, then the encoded image).
+    pub fn v2_infer(image: &[u8], output: &str) -> Self {
+        let element = image.len() + 4;
+        let head = serde_json::json!({
+            "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                        "parameters": {"binary_data_size": element}}],
+            "outputs": [{"name": output, "parameters": {"binary_data": true}}],
+        })
+        .to_string();
+        let mut body = Vec::with_capacity(head.len() + element);
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        body.extend_from_slice(image);
+        Self {
+            body: Bytes::from(body),
+            content_type: "application/octet-stream",
+            inference_header: Some(head.len()),
+        }
+    }
+}
+
 /// What each request sends.
 pub struct LoadTarget {
-    pub invocations_url: String,
-    /// Bodies with their Content-Type, sent round robin.
-    pub inputs: Vec<(Bytes, &'static str)>,
+    /// The route loaded: `/invocations`, or `/v2/models/{m}/infer`.
+    pub url: String,
+    /// Bodies sent round robin.
+    pub inputs: Vec<Payload>,
     pub accept: Option<String>,
     pub custom_attributes: Option<String>,
 }
@@ -241,11 +285,14 @@ async fn one_request(
     measured: bool,
     recorder: &Mutex<Recorder>,
 ) {
-    let (body, content_type) = &target.inputs[index % target.inputs.len()];
+    let payload = &target.inputs[index % target.inputs.len()];
     let mut request = client
-        .post(&target.invocations_url)
-        .header(reqwest::header::CONTENT_TYPE, *content_type)
-        .body(body.clone());
+        .post(&target.url)
+        .header(reqwest::header::CONTENT_TYPE, payload.content_type)
+        .body(payload.body.clone());
+    if let Some(n) = payload.inference_header {
+        request = request.header("Inference-Header-Content-Length", n);
+    }
     if let Some(accept) = &target.accept {
         request = request.header(reqwest::header::ACCEPT, accept);
     }

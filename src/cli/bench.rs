@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Window};
+use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Payload, Window};
 use crate::bench::report::{self, stage_percentiles, PointReport};
 use crate::config::{OutputKind, RuntimeArgs};
 
@@ -29,9 +29,21 @@ pub enum Arrivals {
 
 #[derive(Debug, Args)]
 pub struct HttpArgs {
-    /// Base URL of the server (its /invocations is loaded).
+    /// Base URL of the server (its /invocations is loaded, or with --route v2 its
+    /// /v2/models/{model}/infer).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
+    /// The route loaded: SageMaker's /invocations, or the Open Inference Protocol's infer
+    /// with the image as a binary BYTES tensor (the binary-data extension).
+    #[arg(long, value_enum, default_value = "invocations")]
+    route: Route,
+    /// The model name of --route v2.
+    #[arg(long, default_value = "celer")]
+    model_name: String,
+    /// The output --route v2 asks for, in binary (`cutout`: the PNG /invocations answers
+    /// by default; `alpha`, `trimap`).
+    #[arg(long, default_value = "cutout")]
+    v2_output: String,
     /// An image, or a folder of images sent round robin.
     #[arg(long)]
     input: PathBuf,
@@ -100,6 +112,13 @@ pub struct LocalArgs {
     json: Option<PathBuf>,
 }
 
+/// Which protocol `celer bench http` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Route {
+    Invocations,
+    V2,
+}
+
 pub fn bench(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Http(args) => http(args),
@@ -123,8 +142,22 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
     if modes.is_empty() {
         modes.push(LoadMode::Closed { concurrency: 1 });
     }
+    let base = args.url.trim_end_matches('/');
+    let (url, inputs) = match args.route {
+        Route::Invocations => (
+            format!("{base}/invocations"),
+            inputs.into_iter().map(Payload::invocations).collect(),
+        ),
+        Route::V2 => (
+            format!("{base}/v2/models/{}/infer", args.model_name),
+            inputs
+                .iter()
+                .map(|(image, _)| Payload::v2_infer(image, &args.v2_output))
+                .collect(),
+        ),
+    };
     let target = Arc::new(LoadTarget {
-        invocations_url: format!("{}/invocations", args.url.trim_end_matches('/')),
+        url,
         inputs,
         accept: args.accept.clone(),
         custom_attributes: args.custom_attributes.clone(),

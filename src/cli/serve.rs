@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use crate::config::cpus::CpuBudget;
 use crate::config::ServeArgs;
-use crate::http::{routes, AppState, UrlFetcher};
+use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Router};
 
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
@@ -39,7 +40,13 @@ async fn trim_when_idle(state: Arc<AppState>) {
     }
 }
 
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+    let plan = args.hosting_plan().map_err(anyhow::Error::msg)?;
+    tracing::info!(cores = %CpuBudget::get().describe(), "{}", plan.describe());
+    for note in &plan.notes {
+        tracing::warn!("{note}");
+    }
+    args.runtime.replicas = plan.replicas;
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::backend::ort::environment()?;
@@ -56,19 +63,35 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_batch = spec.batching.max_batch,
         "starting the devices"
     );
-    let pipeline_router = Router::start(setups, args.router_config());
+    let mut router_config = args.router_config();
+    // A transform job's own concurrency is admitted at once, never refused.
+    router_config.queue_capacity = plan.queue_capacity(router_config.queue_capacity);
+    let admission_limit = router_config.max_in_flight.unwrap_or_else(|| {
+        setups
+            .iter()
+            .map(|d| d.replicas.max(1) + router_config.queue_capacity.max(1))
+            .sum()
+    });
+    let pipeline_router = Router::start(setups, router_config);
     let fetcher = UrlFetcher::new(
         &args.fetch_allow_hosts,
         Duration::from_millis(args.fetch_timeout_ms),
-        args.max_body_bytes,
+        plan.max_body_bytes,
     );
-    let state = Arc::new(AppState::new(
+    let mut state = AppState::new(
         pipeline_router,
-        args.limits(),
+        args.limits(&plan),
         spec.default_output,
         fetcher,
         args.server_timing,
-    ));
+    );
+    state.hosting = Hosting::from_plan(&plan, admission_limit);
+    state.model = ServedModel {
+        name: args.model_name.clone(),
+        max_batch: spec.batching.max_batch,
+        max_wait_us: spec.batching.max_wait_us,
+    };
+    let state = Arc::new(state);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -94,12 +117,13 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
             tokio::time::sleep(grace).await;
         }
     };
-    let server = crate::http::server::serve(
-        listener,
-        routes(state),
-        args.conn.limits(),
-        shutdown_signal(stop),
-    );
+    // The hosting mode's largest body must fit the limits on bodies in transit.
+    let conn_limits = args
+        .conn
+        .limits()
+        .fit_to_bodies(state.limits.max_body_bytes, state.limits.deadline);
+    let server =
+        crate::http::server::serve(listener, routes(state), conn_limits, shutdown_signal(stop));
     tokio::select! {
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),

@@ -61,6 +61,35 @@ pub enum DecodeError {
     Truncated(String),
 }
 
+/// The limits on an image's size, from its width and height alone: checked before a
+/// decoder (or a raw tensor's copy) allocates its pixels.
+pub fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), DecodeError> {
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > limits.max_pixels {
+        return Err(DecodeError::TooManyPixels {
+            width,
+            height,
+            pixels,
+            limit: limits.max_pixels,
+        });
+    }
+    if width.max(height) > limits.max_side_px {
+        return Err(DecodeError::TooLong {
+            width,
+            height,
+            max: limits.max_side_px,
+        });
+    }
+    if width < limits.min_side_px || height < limits.min_side_px {
+        return Err(DecodeError::TooSmall {
+            width,
+            height,
+            min: limits.min_side_px,
+        });
+    }
+    Ok(())
+}
+
 /// Decodes `bytes` to RGB8, upright.
 pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeError> {
     if bytes.is_empty() {
@@ -86,29 +115,7 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
         other => other,
     })?;
     let (width, height) = decoder.dimensions();
-    let pixels = u64::from(width) * u64::from(height);
-    if pixels > limits.max_pixels {
-        return Err(DecodeError::TooManyPixels {
-            width,
-            height,
-            pixels,
-            limit: limits.max_pixels,
-        });
-    }
-    if width.max(height) > limits.max_side_px {
-        return Err(DecodeError::TooLong {
-            width,
-            height,
-            max: limits.max_side_px,
-        });
-    }
-    if width < limits.min_side_px || height < limits.min_side_px {
-        return Err(DecodeError::TooSmall {
-            width,
-            height,
-            min: limits.min_side_px,
-        });
-    }
+    check_size(width, height, limits)?;
     // A missing or unreadable orientation tag means "as stored".
     let orientation = decoder
         .orientation()

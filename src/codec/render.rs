@@ -1,5 +1,6 @@
 //! A device's result as the response body the output kind asks for: the RGBA cut-out, the
-//! alpha or the trimap as PNG, or JSON with all three and the stage times. Nothing is
+//! alpha or the trimap as PNG or lossless WebP, or JSON with all three (PNG) and the stage
+//! times. Nothing is
 //! composited here: a device that was asked for a cut-out (every output that shows one)
 //! made it, the GPU before its one download, the CPU on its replica.
 
@@ -10,6 +11,45 @@ use image::{ExtendedColorType, GrayImage, RgbaImage};
 use super::encode;
 use crate::config::OutputKind;
 use crate::pipeline::{Matte, StageTimings};
+
+/// How an image answer is encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ImageFormat {
+    #[default]
+    Png,
+    /// Lossless WebP (VP8L), alpha included.
+    Webp,
+}
+
+impl ImageFormat {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Png => "image/png",
+            Self::Webp => "image/webp",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Png => "PNG",
+            Self::Webp => "WebP",
+        }
+    }
+
+    /// Encodes 8-bit pixels (`color` says which) in this format.
+    pub fn encode(
+        self,
+        pixels: &[u8],
+        width: u32,
+        height: u32,
+        color: ExtendedColorType,
+    ) -> Result<Vec<u8>, String> {
+        match self {
+            Self::Png => encode::png(pixels, width, height, color),
+            Self::Webp => encode::webp(pixels, width, height, color),
+        }
+    }
+}
 
 /// An encoded response body.
 #[derive(Debug, Clone)]
@@ -28,28 +68,58 @@ pub enum RenderError {
 }
 
 /// Encodes `matte` (and the device's `cutout`, which every output showing one needs) as
-/// `kind`. JSON carries every PNG (base64) and the timings, which is why `timings.encode`
-/// is set before the JSON is written.
+/// `kind`, images as PNG. JSON carries every PNG (base64) and the timings, which is why
+/// `timings.encode` is set before the JSON is written.
 pub fn render(
     matte: &Matte,
     cutout: Option<&RgbaImage>,
     kind: OutputKind,
     timings: &mut StageTimings,
 ) -> Result<Rendered, RenderError> {
+    render_as(matte, cutout, kind, ImageFormat::Png, timings)
+}
+
+/// As `render`, the cut-out, alpha or trimap in `format` (JSON's images stay PNG).
+pub fn render_as(
+    matte: &Matte,
+    cutout: Option<&RgbaImage>,
+    kind: OutputKind,
+    format: ImageFormat,
+    timings: &mut StageTimings,
+) -> Result<Rendered, RenderError> {
     let (w, h) = matte.alpha.dimensions();
-    let png = |what: &'static str, pixels: &[u8], color| {
-        encode::png(pixels, w, h, color).map_err(|reason| RenderError::Encode { what, reason })
+    let encode_as = |format: ImageFormat, what: &'static str, pixels: &[u8], color| {
+        format
+            .encode(pixels, w, h, color)
+            .map_err(|reason| RenderError::Encode { what, reason })
     };
+    let png = |what, pixels: &[u8], color| encode_as(ImageFormat::Png, what, pixels, color);
     let gray = |what, g: &GrayImage| png(what, g.as_raw(), ExtendedColorType::L8);
     let cutout = || cutout.ok_or(RenderError::NoCutout { kind: kind.name() });
     let t = Instant::now();
     let (content_type, body) = match kind {
         OutputKind::Cutout => (
-            "image/png",
-            png("cut-out", cutout()?.as_raw(), ExtendedColorType::Rgba8)?,
+            format.content_type(),
+            encode_as(
+                format,
+                "cut-out",
+                cutout()?.as_raw(),
+                ExtendedColorType::Rgba8,
+            )?,
         ),
-        OutputKind::Alpha => ("image/png", gray("alpha", &matte.alpha)?),
-        OutputKind::Trimap => ("image/png", gray("trimap", &matte.trimap)?),
+        OutputKind::Alpha => (
+            format.content_type(),
+            encode_as(format, "alpha", matte.alpha.as_raw(), ExtendedColorType::L8)?,
+        ),
+        OutputKind::Trimap => (
+            format.content_type(),
+            encode_as(
+                format,
+                "trimap",
+                matte.trimap.as_raw(),
+                ExtendedColorType::L8,
+            )?,
+        ),
         OutputKind::Json => {
             use base64::Engine;
             let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);

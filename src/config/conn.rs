@@ -126,9 +126,43 @@ impl ConnArgs {
     }
 }
 
+/// The slowest upload rate a whole-body deadline allows for the largest body a hosting
+/// mode takes (async and batch bodies of hundreds of MB come from S3 inside AWS).
+const MIN_BODY_RATE_BYTES_PER_S: u64 = 1024 * 1024;
+
+impl ConnLimits {
+    /// The limits raised where they would refuse every body the hosting mode allows: the
+    /// memory of bodies in transit holds at least one largest body (or each would be a
+    /// 503), and the whole-body time allows the largest body at 1 MiB/s, within the
+    /// request deadline. Never lowered: a limit set higher stays.
+    pub fn fit_to_bodies(mut self, max_body_bytes: usize, deadline: Duration) -> Self {
+        self.body_buffer_bytes = self.body_buffer_bytes.max(max_body_bytes);
+        let upload = Duration::from_secs(max_body_bytes as u64 / MIN_BODY_RATE_BYTES_PER_S);
+        self.body_timeout = self.body_timeout.max(upload.min(deadline));
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_bodies_of_a_hosting_mode_fit_the_connection_limits() {
+        let defaults = ConnLimits::default();
+        // Real-time bodies (6 MiB) change nothing.
+        assert_eq!(
+            defaults.fit_to_bodies(6 << 20, Duration::from_secs(60)),
+            defaults
+        );
+        // An async body of 400 MiB: held in memory whole, and given 400 s to arrive.
+        let fitted = defaults.fit_to_bodies(400 << 20, Duration::from_secs(3600));
+        assert_eq!(fitted.body_buffer_bytes, 400 << 20);
+        assert_eq!(fitted.body_timeout, Duration::from_secs(400));
+        // Never past the request's deadline.
+        let short = defaults.fit_to_bodies(400 << 20, Duration::from_secs(120));
+        assert_eq!(short.body_timeout, Duration::from_secs(120));
+    }
 
     #[test]
     fn defaults_round_trip_through_the_flags() {

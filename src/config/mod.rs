@@ -2,13 +2,16 @@
 //! options of each command. This module validates; it never opens a model or a socket.
 
 mod conn;
+pub mod cpus;
 mod describe;
+pub mod hosting;
 mod pipeline;
 mod serve;
 
 use std::path::PathBuf;
 
 pub use conn::{ConnArgs, ConnLimits};
+pub use hosting::{HostingMode, HostingPlan};
 pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
     Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,

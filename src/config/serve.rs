@@ -1,13 +1,15 @@
 //! Options of `celer serve` (and the runtime options `celer run` shares), from flags or
 //! the environment. SageMaker's own variables are honoured where they mean the same
 //! thing: `SAGEMAKER_BIND_TO_PORT`, `SAGEMAKER_MODEL_SERVER_WORKERS`,
-//! `SAGEMAKER_MODEL_SERVER_TIMEOUT`.
+//! `SAGEMAKER_MODEL_SERVER_TIMEOUT`, and a transform job's (see `hosting`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
+use super::cpus::CpuBudget;
+use super::hosting::{BatchJob, Explicit, HostingArgs, HostingPlan};
 use crate::codec::decode::DecodeLimits;
 use crate::sched::{DeviceSelection, QueueBudget, RouterConfig, Routing};
 
@@ -21,11 +23,13 @@ pub struct RuntimeArgs {
 
     /// Pipeline replicas per device, each on its own thread with its own sessions (or
     /// execution contexts). Default: on the CPU, as many as keep replicas x threads
-    /// within the cores; on a GPU, 2 (one copies while the other computes).
+    /// within the cores (the container's CPU quota, not the host's count); on a GPU, 2
+    /// (one copies while the other computes); serverless hosting 1.
     #[arg(long, env = "SAGEMAKER_MODEL_SERVER_WORKERS")]
     pub replicas: Option<usize>,
 
-    /// ONNX Runtime intra-op threads per replica. Default: cores / replicas.
+    /// ONNX Runtime intra-op threads per replica. Default: cores / replicas, the cores
+    /// being the container's CPU quota.
     #[arg(long, env = "CELER_THREADS_PER_REPLICA")]
     pub threads_per_replica: Option<usize>,
 }
@@ -49,7 +53,11 @@ pub struct DeviceArgs {
 impl RuntimeArgs {
     /// `(replicas, threads per replica)`, keeping their product within the cores.
     pub fn replicas_and_threads(&self) -> (usize, usize) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.replicas_and_threads_on(CpuBudget::get().cores)
+    }
+
+    /// As `replicas_and_threads`, on `cores` cores.
+    pub fn replicas_and_threads_on(&self, cores: usize) -> (usize, usize) {
         match (self.replicas, self.threads_per_replica) {
             (Some(r), Some(t)) => (r.max(1), t.max(1)),
             (Some(r), None) => (r.max(1), (cores / r.max(1)).max(1)),
@@ -66,7 +74,7 @@ impl RuntimeArgs {
     /// Replicas per GPU, and ONNX Runtime threads for each where TensorRT is absent (the
     /// `gpus` x replicas share the cores).
     pub fn gpu_replicas_and_threads(&self, gpus: usize) -> (usize, usize) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = CpuBudget::get().cores;
         let replicas = self.replicas.unwrap_or(2).max(1);
         let threads = self
             .threads_per_replica
@@ -83,6 +91,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub device: DeviceArgs,
+
+    #[command(flatten)]
+    pub hosting: HostingArgs,
 
     /// Address to listen on.
     #[arg(long, env = "CELER_BIND", default_value = "0.0.0.0")]
@@ -124,13 +135,16 @@ pub struct ServeArgs {
     #[arg(long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000)]
     pub health_check_interval_ms: u64,
 
-    /// Seconds a request may take from arrival; an expired request is not run.
-    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", default_value_t = 60)]
-    pub deadline_s: u64,
+    /// Seconds a request may take from arrival; an expired request is not run. Default:
+    /// the hosting mode's (60; async and batch 3600).
+    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT")]
+    pub deadline_s: Option<u64>,
 
-    /// Largest request body, bytes (SageMaker real-time endpoints cap it at about 6 MB).
-    #[arg(long, env = "CELER_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
-    pub max_body_bytes: usize,
+    /// Largest request body, bytes. Default: the hosting mode's (realtime 6 MiB,
+    /// serverless 4 MiB, batch the job's MaxPayloadInMB, async any image within
+    /// --max-pixels).
+    #[arg(long, env = "CELER_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
 
     /// Largest image, in pixels (width x height), checked before decoding.
     #[arg(long, env = "CELER_MAX_PIXELS", default_value_t = DecodeLimits::default().max_pixels)]
@@ -148,6 +162,11 @@ pub struct ServeArgs {
     /// Time limit for fetching a `url`, milliseconds.
     #[arg(long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000)]
     pub fetch_timeout_ms: u64,
+
+    /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
+    /// KServe's InferenceService passes its own name.
+    #[arg(long, env = "CELER_MODEL_NAME", default_value = "celer")]
+    pub model_name: String,
 
     /// Send a `Server-Timing` header with the per-stage times of each request.
     #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
@@ -190,15 +209,33 @@ impl ServeArgs {
         }
     }
 
-    pub fn limits(&self) -> RequestLimits {
-        RequestLimits {
+    /// The hosting mode's limits with the explicit settings over them, and the transform
+    /// job's variables read from the environment (an impossible value is an error).
+    pub fn hosting_plan(&self) -> Result<HostingPlan, String> {
+        let explicit = Explicit {
             max_body_bytes: self.max_body_bytes,
+            max_response_bytes: self.hosting.max_response_bytes,
+            deadline_s: self.deadline_s,
+            replicas: self.runtime.replicas,
+        };
+        let job = BatchJob::from_env(|name| std::env::var(name).ok())?;
+        Ok(HostingPlan::resolve(
+            self.hosting.mode,
+            explicit,
+            job,
+            self.max_pixels,
+        ))
+    }
+
+    pub fn limits(&self, plan: &HostingPlan) -> RequestLimits {
+        RequestLimits {
+            max_body_bytes: plan.max_body_bytes,
             decode: DecodeLimits {
                 max_pixels: self.max_pixels,
                 min_side_px: self.min_side_px,
                 max_side_px: DecodeLimits::default().max_side_px,
             },
-            deadline: Duration::from_secs(self.deadline_s.max(1)),
+            deadline: plan.deadline,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! `POST /invocations`: body -> image bytes -> decode (blocking pool) -> device stages
 //! (the router, then a replica) -> composite + encode (blocking pool) -> response. The
 //! async handler only waits: JSON parsing, base64 and decoding run on the blocking pool
-//! too, and only a `url` fetch is awaited in between.
+//! too, and only a `url` fetch is awaited in between. `run_image` and the body, decode and
+//! blocking helpers are the request path the Open Inference Protocol's `infer` (v2.rs)
+//! shares: one admission, deadline and set of limits for both.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -16,12 +18,15 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::negotiate::{body_kind, output_kind, BodyKind};
+use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
+use crate::config::OutputKind;
 use crate::pipeline::StageTimings;
-use crate::replica::PipelineJob;
+use crate::replica::{PipelineJob, PipelineOutput};
+use crate::sched::Admission;
+use image::RgbImage;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,17 +42,9 @@ pub async fn invocations(
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + state.limits.deadline;
     let kind = body_kind(&headers)?;
-    let output = output_kind(&headers, state.default_output)?;
-    // Refusals that need no body come before it is read: an oversized declared length,
-    // then overload (an immediate 503; the connection layer drains the unread body so
-    // that the client reads the answer).
-    check_declared_length(&headers, state.limits.max_body_bytes)?;
-    state.router.check_admission()?;
-    // No slot is held while the body arrives (a slow or stalled upload cannot starve
-    // anyone; its time is bounded by the connection layer, 408); the slot is taken once
-    // it is here, before any decoding, and memory stays bounded by the slots.
-    let bytes = read_body(body, state.limits.max_body_bytes).await?;
-    let admission = state.router.admit()?;
+    let wanted = wanted(&headers, state.default_output)?;
+    let output = wanted.kind;
+    let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let limits = state.limits.decode;
     let source = blocking(move || match kind {
         BodyKind::Image => timed_decode(&bytes, &limits).map(Source::Decoded),
@@ -70,26 +67,28 @@ pub async fn invocations(
             blocking(move || timed_decode(&encoded, &limits)).await?
         }
     };
-    let image = Arc::new(image);
+    let served = run_image(&state, admission, image, decode_time, output, deadline).await?;
 
-    let timings = StageTimings {
-        decode: decode_time,
-        ..StageTimings::default()
-    };
-    let job = PipelineJob::new(image, timings, output);
-    let ticket = state.router.submit_admitted(admission, job, deadline)?;
-    let done = ticket.wait().await?;
-
-    let queued = done.queued;
+    let queued = served.queued;
+    let dimensions = served.output.matte.alpha.dimensions();
     let (rendered, timings) = blocking(move || {
-        let out = done.output;
+        let out = served.output;
         let mut timings = out.timings;
-        codec::render(&out.matte, out.cutout.as_ref(), output, &mut timings)
-            .map(|r| (r, timings))
-            .map_err(ApiError::internal)
+        codec::render_as(
+            &out.matte,
+            out.cutout.as_ref(),
+            output,
+            wanted.format,
+            &mut timings,
+        )
+        .map(|r| (r, timings))
+        .map_err(ApiError::internal)
     })
     .await?;
     state.metrics.observe_stages(&timings);
+    state
+        .hosting
+        .check_response(rendered.body.len(), wanted, dimensions)?;
 
     let mut response = (StatusCode::OK, rendered.body).into_response();
     let h = response.headers_mut();
@@ -103,6 +102,54 @@ pub async fn invocations(
         }
     }
     Ok(response)
+}
+
+/// What a device made of one image, and how long the image waited for it.
+pub(super) struct Served {
+    pub output: PipelineOutput,
+    pub queued: Duration,
+}
+
+/// The part of the request path every protocol shares: an admitted, decoded image
+/// through the router to a replica and back, under the request's deadline. The
+/// admission comes from `admit_and_read`, so that overload is answered at once.
+pub(super) async fn run_image(
+    state: &AppState,
+    admission: Admission,
+    image: RgbImage,
+    decode_time: Duration,
+    output: OutputKind,
+    deadline: Instant,
+) -> Result<Served, ApiError> {
+    let timings = StageTimings {
+        decode: decode_time,
+        ..StageTimings::default()
+    };
+    let job = PipelineJob::new(Arc::new(image), timings, output);
+    let ticket = state.router.submit_admitted(admission, job, deadline)?;
+    let done = ticket.wait().await?;
+    Ok(Served {
+        output: done.output,
+        queued: done.queued,
+    })
+}
+
+/// The refusals that need no body, then the body, then the admission: an oversized
+/// declared length (413) and overload (an immediate 503; the connection layer drains the
+/// unread body so that the client reads the answer) come before a byte is read. No slot
+/// is held while the body arrives (a slow or stalled upload cannot starve anyone; its time
+/// is bounded by the connection layer, 408); the slot is taken once it is here, before
+/// any decoding, so memory stays bounded by the slots. Every protocol's request starts here.
+pub(super) async fn admit_and_read(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Admission, Bytes), ApiError> {
+    check_declared_length(headers, state.limits.max_body_bytes)?;
+    state.router.check_admission()?;
+    let bytes = read_body(body, state.limits.max_body_bytes).await?;
+    let admission = state.router.admit()?;
+    Ok((admission, bytes))
 }
 
 /// A declared `Content-Length` over `limit` is a 413 before a byte is read.
@@ -132,7 +179,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 }
 
 /// Runs CPU work on the blocking pool, never on the async executor.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(work)
@@ -147,7 +194,7 @@ enum Source {
     Url(String),
 }
 
-fn timed_decode(
+pub(super) fn timed_decode(
     encoded: &[u8],
     limits: &DecodeLimits,
 ) -> Result<(image::RgbImage, Duration), ApiError> {
@@ -194,7 +241,7 @@ fn json_image(bytes: &[u8]) -> Result<JsonImage, ApiError> {
 /// The base64 text of `image`, as clients send it: possibly a `data:` URL, possibly
 /// wrapped at 76 columns (the `base64` tool, Python's `encodebytes`). Copied only when
 /// there is white space to drop.
-fn base64_payload(text: &str) -> Cow<'_, [u8]> {
+pub(super) fn base64_payload(text: &str) -> Cow<'_, [u8]> {
     let text = match text.trim_start().strip_prefix("data:") {
         Some(rest) => rest.split_once(',').map_or(rest, |(_, data)| data),
         None => text,
@@ -207,7 +254,7 @@ fn base64_payload(text: &str) -> Cow<'_, [u8]> {
 }
 
 /// `Server-Timing: queue;dur=1.2, decode;dur=3.4, ...` (milliseconds).
-fn server_timing(queued: std::time::Duration, timings: &StageTimings) -> String {
+pub(super) fn server_timing(queued: std::time::Duration, timings: &StageTimings) -> String {
     std::iter::once(("queue", queued))
         .chain(timings.stages())
         .map(|(name, d)| format!("{name};dur={:.3}", d.as_secs_f64() * 1e3))

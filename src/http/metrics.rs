@@ -115,11 +115,13 @@ impl HttpMetrics {
 
 /// Counts and times every routed request (except scrapes of `/metrics` itself).
 pub async fn track(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    // A route layer: only matched routes get here, and none has parameters, so the
-    // path is one of the known values (bounded label cardinality, no allocation).
+    // A route layer: only matched routes get here; the label is one of a few fixed
+    // values (bounded cardinality, no allocation), v2's inferences under one whatever
+    // model name and version their path carries.
     let path = match request.uri().path() {
         "/ping" => "/ping",
         "/invocations" => "/invocations",
+        p if p.starts_with("/v2/models/") && p.ends_with("/infer") => "/v2/models/infer",
         _ => return next.run(request).await,
     };
     let start = Instant::now();

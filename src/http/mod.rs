@@ -6,10 +6,12 @@
 pub mod body;
 pub mod error;
 mod fetch;
+pub mod hosting;
 mod invocations;
 pub mod metrics;
 mod negotiate;
 pub mod server;
+pub mod v2;
 
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ use crate::sched::Readiness;
 use error::ApiError;
 
 pub use fetch::UrlFetcher;
+pub use hosting::Hosting;
 pub use metrics::HttpMetrics;
 
 /// Everything a handler needs, shared by all requests.
@@ -38,6 +41,30 @@ pub struct AppState {
     pub server_timing: bool,
     /// The registry behind `/metrics`, holding the router's figures too.
     pub metrics: HttpMetrics,
+    /// The hosting mode's response limit and batch transform parameters (real-time's
+    /// unless set after `new`).
+    pub hosting: Hosting,
+    /// The model as the Open Inference Protocol names it (`celer` unless set after `new`).
+    pub model: ServedModel,
+}
+
+/// The model's name and batching, for the v2 metadata and Triton's model configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    pub name: String,
+    /// Requests per model run (1: no batching) and the wait for more.
+    pub max_batch: usize,
+    pub max_wait_us: u64,
+}
+
+impl Default for ServedModel {
+    fn default() -> Self {
+        Self {
+            name: "celer".into(),
+            max_batch: 1,
+            max_wait_us: 0,
+        }
+    }
 }
 
 impl AppState {
@@ -56,6 +83,8 @@ impl AppState {
             fetcher,
             server_timing,
             metrics,
+            hosting: Hosting::default(),
+            model: ServedModel::default(),
         }
     }
 }
@@ -66,6 +95,30 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/ping", get(ping))
         .route("/invocations", post(invocations::invocations))
         .route("/metrics", get(metrics::metrics))
+        .route("/execution-parameters", get(hosting::execution_parameters))
+        .route("/v2", get(v2::server_metadata))
+        .route("/v2/health/live", get(v2::live))
+        .route("/v2/health/ready", get(v2::ready))
+        .route("/v2/models/{model}", get(v2::model_metadata))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(v2::model_metadata),
+        )
+        .route("/v2/models/{model}/ready", get(v2::model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(v2::model_ready),
+        )
+        .route("/v2/models/{model}/config", get(v2::model_config))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(v2::model_config),
+        )
+        .route("/v2/models/{model}/infer", post(v2::infer))
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(v2::infer),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -80,7 +133,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        "no such path; this server answers GET /ping and POST /invocations",
+        "no such path; this server answers GET /ping, POST /invocations and the Open Inference Protocol (KServe v2) under /v2",
     )
 }
 
@@ -93,10 +146,16 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// 200 once every replica has loaded its models; 503 before (and if loading failed).
-/// Reads a few atomics: it never waits behind inference or a full queue.
+/// 200 once every replica has loaded its models and while a device can serve; 503 before,
+/// if loading failed, and while every device is unhealthy (SageMaker then replaces the
+/// instance). Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
     match state.router.readiness() {
+        Readiness::Ready if !state.router.devices().iter().any(|d| d.healthy) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "unhealthy", "reason": "no device can serve" })),
+        )
+            .into_response(),
         Readiness::Ready => Json(serde_json::json!({ "status": "ok" })).into_response(),
         Readiness::Loading { loaded, of } => (
             StatusCode::SERVICE_UNAVAILABLE,

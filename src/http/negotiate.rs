@@ -1,9 +1,11 @@
 //! Content negotiation: what the request body is (`Content-Type`) and what the answer
-//! should be (`Accept`, plus `output=` in `X-Amzn-SageMaker-Custom-Attributes`, the only
-//! other header SageMaker passes through).
+//! should be (`Accept`, plus `output=` and `format=` in
+//! `X-Amzn-SageMaker-Custom-Attributes`, the header SageMaker passes for a model's own
+//! options).
 
 use axum::http::{header, HeaderMap, StatusCode};
 
+use crate::codec::ImageFormat;
 use crate::config::OutputKind;
 use crate::http::error::ApiError;
 
@@ -42,37 +44,68 @@ pub fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
     }
 }
 
-/// The output kind: `Accept` picks PNG or JSON; within PNG, `output=` in the custom
-/// attributes (or the pipeline's default) picks cut-out, alpha or trimap.
-pub fn output_kind(headers: &HeaderMap, default: OutputKind) -> Result<OutputKind, ApiError> {
-    let wanted = match custom_attribute(headers, "output") {
-        Some(word) => word.parse::<OutputKind>().map_err(|e| {
-            ApiError::bad_request("bad_custom_attribute", format!("output={word}: {e}"))
-        })?,
+/// What the answer is: an output kind and, for an image, its encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    pub kind: OutputKind,
+    /// How the cut-out, alpha or trimap is encoded (JSON's images are PNG).
+    pub format: ImageFormat,
+}
+
+/// `Accept` picks an image (`image/png`, `image/webp`) or JSON; `output=` in the custom
+/// attributes (or the pipeline's default) picks cut-out, alpha or trimap, `output=webp`
+/// being the cut-out as WebP; `format=png|webp` the encoding where `Accept` leaves it open.
+pub fn wanted(headers: &HeaderMap, default: OutputKind) -> Result<Wanted, ApiError> {
+    let bad = |what: String| ApiError::bad_request("bad_custom_attribute", what);
+    let mut format = match custom_attribute(headers, "format") {
+        None => ImageFormat::Png,
+        Some(word) => match word.to_ascii_lowercase().as_str() {
+            "png" => ImageFormat::Png,
+            "webp" => ImageFormat::Webp,
+            _ => return Err(bad(format!("format={word}: expected png or webp"))),
+        },
+    };
+    let kind = match custom_attribute(headers, "output") {
+        Some(word) if word.eq_ignore_ascii_case("webp") => {
+            format = ImageFormat::Webp;
+            OutputKind::Cutout
+        }
+        Some(word) => word
+            .parse::<OutputKind>()
+            .map_err(|e| bad(format!("output={word}: {e} (or webp: the cut-out as WebP)")))?,
         None => default,
     };
+    let wanted = Wanted { kind, format };
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
         return Ok(wanted);
     };
-    let png = |k: OutputKind| {
-        if k == OutputKind::Json {
+    let image = |format: ImageFormat| Wanted {
+        kind: if kind == OutputKind::Json {
             OutputKind::Cutout
         } else {
-            k
-        }
+            kind
+        },
+        format,
     };
     for range in accept.split(',').map(essence) {
         match range.as_str() {
             "" | "*/*" => return Ok(wanted),
-            "application/json" => return Ok(OutputKind::Json),
-            "image/png" | "image/*" => return Ok(png(wanted)),
+            "application/json" => {
+                return Ok(Wanted {
+                    kind: OutputKind::Json,
+                    format,
+                })
+            }
+            "image/png" => return Ok(image(ImageFormat::Png)),
+            "image/webp" => return Ok(image(ImageFormat::Webp)),
+            "image/*" => return Ok(image(format)),
             _ => {}
         }
     }
     Err(ApiError::new(
         StatusCode::NOT_ACCEPTABLE,
         "not_acceptable",
-        format!("cannot answer with {accept}; accept image/png or application/json"),
+        format!("cannot answer with {accept}; accept image/png, image/webp or application/json"),
     ))
 }
 
@@ -98,6 +131,10 @@ fn essence(media: &str) -> String {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    fn output_kind(headers: &HeaderMap, default: OutputKind) -> Result<OutputKind, ApiError> {
+        wanted(headers, default).map(|w| w.kind)
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -171,6 +208,50 @@ mod tests {
                 .unwrap_err()
                 .status,
             StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn webp_by_accept_or_custom_attributes() {
+        let d = OutputKind::Cutout;
+        let w = |kind, format| Wanted { kind, format };
+        let webp = ImageFormat::Webp;
+        assert_eq!(
+            wanted(&headers(&[("accept", "image/webp")]), d).unwrap(),
+            w(OutputKind::Cutout, webp)
+        );
+        assert_eq!(
+            wanted(&headers(&[(CUSTOM_ATTRIBUTES, "output=webp")]), d).unwrap(),
+            w(OutputKind::Cutout, webp)
+        );
+        assert_eq!(
+            wanted(
+                &headers(&[
+                    ("accept", "image/*"),
+                    (CUSTOM_ATTRIBUTES, "output=alpha;format=webp")
+                ]),
+                d
+            )
+            .unwrap(),
+            w(OutputKind::Alpha, webp)
+        );
+        // Accept names the encoding, over the attribute.
+        assert_eq!(
+            wanted(
+                &headers(&[("accept", "image/png"), (CUSTOM_ATTRIBUTES, "output=webp")]),
+                d
+            )
+            .unwrap(),
+            w(OutputKind::Cutout, ImageFormat::Png)
+        );
+        assert_eq!(
+            wanted(&headers(&[]), d).unwrap(),
+            w(OutputKind::Cutout, ImageFormat::Png)
+        );
+        let e = wanted(&headers(&[(CUSTOM_ATTRIBUTES, "format=gif")]), d).unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "bad_custom_attribute")
         );
     }
 }

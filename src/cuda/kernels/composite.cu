@@ -28,14 +28,16 @@ __device__ __forceinline__ u8 composite_alpha(const float* refined, const u8* tr
     return alpha_u8(refined[i]);
 }
 
-// Pixel i's alpha `a`, and its straight RGBA cut-out from the RGB8 source.
+// Pixel i's alpha `a`, and its straight RGBA cut-out from the RGB8 source; a fully
+// transparent pixel carries no colour (RGB 0), as composite::cutout.
 __device__ __forceinline__ void write_cutout(const u8* rgb, u64 i, u8 a, u8* alpha, u8* rgba) {
     alpha[i] = a;
     const u8* p = rgb + i * 3u;
     u8* o = rgba + i * 4u;
-    o[0] = p[0];
-    o[1] = p[1];
-    o[2] = p[2];
+    bool shown = a != 0;
+    o[0] = shown ? p[0] : 0;
+    o[1] = shown ? p[1] : 0;
+    o[2] = shown ? p[2] : 0;
     o[3] = a;
 }
 

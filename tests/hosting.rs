@@ -1,0 +1,550 @@
+//! SageMaker's hosting modes against `celer serve` over sockets: a batch transform agent
+//! (asks `/execution-parameters`, then sends a folder of images with that concurrency,
+//! one image per request, and checks every answer), the limits each mode sets, the
+//! response limit on a 12 MP photo, and `/ping` while no device can serve.
+
+mod common;
+mod serve_support;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use celer::codec::decode::{self, DecodeLimits};
+use celer::config::OutputKind;
+use celer::http::{routes, AppState};
+use celer::pipeline::Matte;
+use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use common::{app_state, fetched, fixture_dir, model_dir, StateOptions};
+use http_body_util::BodyExt;
+use image::{GrayImage, Luma};
+use serve_support::{Answer, Body as Sent, Server};
+use tower::ServiceExt;
+
+const MIB: usize = 1024 * 1024;
+
+// ---- batch transform ----
+
+/// A job's input folder: the test photos, and a BMP over real-time's 6 MiB.
+fn job_folder() -> (tempfile::TempDir, Vec<PathBuf>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for name in [
+        "astronaut.png",
+        "astronaut.jpg",
+        "chelsea.png",
+        "chelsea-exif6.jpg",
+        "photo-320x320.jpg",
+        "photo-1920x1080.jpg",
+    ] {
+        let to = dir.path().join(name);
+        std::fs::copy(fetched(name), &to).unwrap();
+        files.push(to);
+    }
+    let photo = image::open(fetched("photo-1920x1080.jpg")).unwrap();
+    let big = photo.resize_exact(2048, 1152, image::imageops::FilterType::Triangle);
+    let bmp = dir.path().join("photo-2048x1152.bmp");
+    big.to_rgb8().save(&bmp).unwrap();
+    assert!(std::fs::metadata(&bmp).unwrap().len() > 6 * MIB as u64);
+    files.push(bmp);
+    (dir, files)
+}
+
+/// What the transform agent got back for one file.
+struct Record {
+    file: PathBuf,
+    answer: Answer,
+}
+
+/// The transform agent as documented: every file of the folder as one request
+/// (`SplitType` None), `concurrency` at a time, with the job's `ContentType` and
+/// `Accept`; `chunked` sends each body with chunked transfer encoding (`MaxPayloadInMB`
+/// 0). Returns the records and the most requests it had outstanding at once.
+fn transform(
+    server: &Server,
+    files: &[PathBuf],
+    concurrency: usize,
+    chunked: bool,
+) -> (Vec<Record>, usize) {
+    let queue = Mutex::new(files.to_vec());
+    let outstanding = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    let start = std::sync::Barrier::new(concurrency);
+    let records = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..concurrency {
+            scope.spawn(|| {
+                // Every worker starts together, as the agent's do.
+                start.wait();
+                loop {
+                    let Some(file) = queue.lock().unwrap().pop() else {
+                        return;
+                    };
+                    let bytes = std::fs::read(&file).unwrap();
+                    let body = if chunked {
+                        Sent::Chunked(&bytes, 256 * 1024)
+                    } else {
+                        Sent::Whole(&bytes)
+                    };
+                    let now = outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let answer = server.request(
+                        "POST",
+                        "/invocations",
+                        &[
+                            ("Content-Type", "application/x-image"),
+                            ("Accept", "image/png"),
+                        ],
+                        Some(body),
+                    );
+                    outstanding.fetch_sub(1, Ordering::SeqCst);
+                    records.lock().unwrap().push(Record { file, answer });
+                }
+            });
+        }
+    });
+    (records.into_inner().unwrap(), most.load(Ordering::SeqCst))
+}
+
+/// Every record is a 200 RGBA PNG of its file's upright size, with no colour under
+/// transparent pixels, byte for byte the answer a lone request gets.
+fn check_records(server: &Server, records: &[Record], expected: usize) {
+    assert_eq!(records.len(), expected, "one answer per file");
+    let mut alone = std::collections::HashMap::new();
+    for r in records {
+        let name = r.file.file_name().unwrap().to_string_lossy().to_string();
+        let a = &r.answer;
+        assert_eq!(
+            a.status,
+            200,
+            "{name}: {}\n{}",
+            String::from_utf8_lossy(&a.body),
+            server.log()
+        );
+        assert_eq!(a.header("content-type"), Some("image/png"), "{name}");
+        let source = std::fs::read(&r.file).unwrap();
+        let upright = decode::decode(&source, &DecodeLimits::default()).unwrap();
+        let cutout = image::load_from_memory(&a.body).unwrap();
+        assert_eq!(cutout.color(), image::ColorType::Rgba8, "{name}");
+        let cutout = cutout.into_rgba8();
+        assert_eq!(cutout.dimensions(), upright.dimensions(), "{name}");
+        let mut shown = 0usize;
+        for p in cutout.pixels() {
+            if p[3] == 0 {
+                assert_eq!(
+                    p.0,
+                    [0, 0, 0, 0],
+                    "{name}: colour under a transparent pixel"
+                );
+            } else {
+                shown += 1;
+            }
+        }
+        assert!(shown > 0, "{name}: nothing cut out");
+        let lone = alone.entry(name.clone()).or_insert_with(|| {
+            let lone = server.post(
+                "/invocations",
+                &[("Content-Type", "application/x-image")],
+                &source,
+            );
+            assert_eq!(lone.status, 200, "{name}");
+            lone.body
+        });
+        assert!(
+            *lone == a.body,
+            "{name}: differs from a lone request's answer"
+        );
+    }
+}
+
+#[test]
+fn batch_transform_job_with_the_concurrency_of_execution_parameters() {
+    let (_dir, files) = job_folder();
+    // A job that sets its payload limit (20 MB) and leaves the concurrency to the
+    // container.
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[
+            ("SAGEMAKER_BATCH", "true"),
+            ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "20"),
+            ("SAGEMAKER_BATCH_STRATEGY", "SINGLE_RECORD"),
+        ],
+    );
+    assert!(
+        server
+            .log()
+            .contains("hosting batch: bodies up to 20971520 bytes"),
+        "{}",
+        server.log()
+    );
+    let params = server.get_json("/execution-parameters");
+    assert_eq!(params["BatchStrategy"], "SINGLE_RECORD", "{params}");
+    assert_eq!(params["MaxPayloadInMB"], 20, "{params}");
+    let concurrency = params["MaxConcurrentTransforms"].as_u64().unwrap() as usize;
+    // Two per replica of the CPU, as many as the server says it started.
+    assert_eq!(concurrency, 2 * replicas_in(&server.log()), "{params}");
+
+    let (records, most) = transform(&server, &files, concurrency, false);
+    check_records(&server, &records, files.len());
+    assert_eq!(
+        most, concurrency,
+        "the agent kept {concurrency} requests outstanding"
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
+fn batch_transform_job_with_its_own_concurrency_and_chunked_bodies() {
+    let (_dir, files) = job_folder();
+    // The job sets 24 at once, over the default queue of 16, and MaxPayloadInMB 0:
+    // bodies come chunked, of any size.
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[
+            ("SAGEMAKER_BATCH", "true"),
+            ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "0"),
+            ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "24"),
+        ],
+    );
+    let params = server.get_json("/execution-parameters");
+    assert_eq!(params["MaxConcurrentTransforms"], 24, "{params}");
+    assert_eq!(params["MaxPayloadInMB"], 0, "{params}");
+    let many: Vec<PathBuf> = (0..4).flat_map(|_| files.iter().cloned()).collect();
+    let (records, most) = transform(&server, &many, 24, true);
+    check_records(&server, &records, many.len());
+    assert_eq!(most, 24);
+    assert!(server.stop().success());
+}
+
+/// The CPU replicas `celer serve` says it started (`replicas=N` in its log).
+fn replicas_in(log: &str) -> usize {
+    log.split("replicas=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no replicas=N in\n{log}"))
+}
+
+// ---- each mode's limits ----
+
+/// One mode's case: its name, environment, body limit, response limit as logged,
+/// deadline (s) and `MaxPayloadInMB`.
+type ModeCase<'a> = (&'a str, &'a [(&'a str, &'a str)], usize, &'a str, u64, u64);
+
+/// The body limit a server states when refusing a declared `Content-Length` over it.
+fn body_limit(server: &Server) -> usize {
+    let (status, body) = server.raw(
+        "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n\
+         Content-Length: 1099511627776\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["code"], "payload_too_large");
+    let message = json["error"].as_str().unwrap();
+    message
+        .split("limit of ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no limit in {message}"))
+}
+
+/// Declares one byte over `limit`: refused from the header alone.
+fn refuses_one_over(server: &Server, limit: usize) {
+    let (status, _) = server.raw(&format!(
+        "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        limit + 1
+    ));
+    assert_eq!(status, 413);
+}
+
+#[test]
+fn each_hosting_mode_sets_its_limits() {
+    let fixture = fixture_dir("prob-guided");
+    let cases: [ModeCase; 4] = [
+        ("realtime", &[], 6 * MIB, "up to 6000000 bytes", 60, 6),
+        ("serverless", &[], 4 * MIB, "up to 4000000 bytes", 60, 4),
+        ("async", &[], 400_000_000 + MIB, "unlimited", 3600, 100),
+        (
+            "batch",
+            &[("SAGEMAKER_MAX_PAYLOAD_IN_MB", "50")],
+            50 * MIB,
+            "unlimited",
+            3600,
+            50,
+        ),
+    ];
+    for (mode, env, body, response, deadline, payload_mb) in cases {
+        let server = Server::start(&fixture, ["--hosting", mode], env);
+        let log = server.log();
+        let line = format!(
+            "hosting {mode}: bodies up to {body} bytes, responses {response}, deadline {deadline} s"
+        );
+        assert!(log.contains(&line), "{mode}: no `{line}` in\n{log}");
+        assert_eq!(body_limit(&server), body, "{mode}");
+        refuses_one_over(&server, body);
+        let params = server.get_json("/execution-parameters");
+        assert_eq!(params["MaxPayloadInMB"], payload_mb, "{mode}: {params}");
+        if mode == "serverless" {
+            // One replica: two at once.
+            assert_eq!(params["MaxConcurrentTransforms"], 2, "{params}");
+            assert_eq!(replicas_in(&log), 1, "{log}");
+        }
+        assert!(server.stop().success(), "{mode}");
+    }
+    // SAGEMAKER_BATCH=true alone picks batch.
+    let server = Server::start(
+        &fixture,
+        std::iter::empty::<&str>(),
+        &[("SAGEMAKER_BATCH", "true")],
+    );
+    assert!(
+        server
+            .log()
+            .contains("hosting batch: bodies up to 6291456 bytes"),
+        "{}",
+        server.log()
+    );
+    drop(server);
+}
+
+#[test]
+fn explicit_settings_win_over_the_mode_and_the_response_limit_refuses() {
+    let server = Server::start(
+        &fixture_dir("prob-guided"),
+        [
+            "--hosting",
+            "serverless",
+            "--max-body-bytes",
+            "100000",
+            "--max-response-bytes",
+            "700",
+            "--deadline-s",
+            "7",
+            "--replicas",
+            "2",
+        ],
+        &[],
+    );
+    let log = server.log();
+    assert!(
+        log.contains("hosting serverless: bodies up to 100000 bytes, responses up to 700 bytes, deadline 7 s"),
+        "{log}"
+    );
+    assert!(log.contains("replicas=2"), "{log}");
+    assert_eq!(body_limit(&server), 100_000);
+    // This 64x48 image's cut-out is about 960 bytes as PNG, its alpha about 510.
+    let png = common::png_bytes(&common::bright_rectangle(64, 48));
+    let a = server.post("/invocations", &[("Content-Type", "image/png")], &png);
+    assert_eq!(a.status, 413, "{}", String::from_utf8_lossy(&a.body));
+    let json = a.json();
+    assert_eq!(json["code"], "response_too_large", "{json}");
+    let message = json["error"].as_str().unwrap();
+    assert!(
+        message.contains("limit of 700 bytes") && message.contains("output=alpha"),
+        "{message}"
+    );
+    // The mask alone fits, and the server is still up.
+    let a = server.post(
+        "/invocations",
+        &[
+            ("Content-Type", "image/png"),
+            ("X-Amzn-SageMaker-Custom-Attributes", "output=alpha"),
+        ],
+        &png,
+    );
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    assert!(a.body.len() <= 700);
+    assert!(server.stop().success());
+}
+
+// ---- the response limit on a 12 MP photo ----
+
+async fn send(app: &axum::Router, request: Request<Body>) -> (StatusCode, String, Vec<u8>) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, content_type, body)
+}
+
+fn photo_request(jpeg: &[u8], headers: &[(&str, &str)]) -> Request<Body> {
+    let mut r = Request::post("/invocations").header(header::CONTENT_TYPE, "image/jpeg");
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.body(Body::from(jpeg.to_vec())).unwrap()
+}
+
+#[tokio::test]
+async fn a_12_mp_photo_on_real_time_settings_fits_or_is_refused_clearly() {
+    // The state `celer serve` builds on real-time settings (the default mode).
+    let state = app_state(&model_dir("u2netp"), StateOptions::default());
+    assert_eq!(state.hosting.max_response_bytes, Some(6_000_000));
+    let app = routes(Arc::new(state));
+    let jpeg = std::fs::read(fetched("photo-4032x3024.jpg")).unwrap();
+    for (what, headers) in [
+        ("the default answer", &[][..]),
+        ("WebP", &[("accept", "image/webp")][..]),
+    ] {
+        let (status, content_type, body) = send(&app, photo_request(&jpeg, headers)).await;
+        match status {
+            StatusCode::OK => {
+                assert!(body.len() <= 6_000_000, "{what}: {} bytes", body.len());
+                let image = image::load_from_memory(&body).unwrap();
+                assert_eq!(image.color(), image::ColorType::Rgba8, "{what}");
+                assert_eq!((image.width(), image.height()), (4032, 3024), "{what}");
+                eprintln!("{what}: {content_type}, {} bytes: fits", body.len());
+            }
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(json["code"], "response_too_large", "{what}: {json}");
+                let message = json["error"].as_str().unwrap();
+                for hint in [
+                    "output=alpha",
+                    "smaller image",
+                    "CELER_HOSTING=async",
+                    "6000000",
+                ] {
+                    assert!(message.contains(hint), "{what}: {hint}: {message}");
+                }
+                eprintln!("{what}: refused: {message}");
+            }
+            other => panic!("{what}: {other}: {}", String::from_utf8_lossy(&body)),
+        }
+    }
+    // The mask alone always fits.
+    let (status, content_type, body) = send(
+        &app,
+        photo_request(
+            &jpeg,
+            &[("x-amzn-sagemaker-custom-attributes", "output=alpha")],
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, "image/png");
+    assert!(body.len() < 6_000_000, "{}", body.len());
+    eprintln!("alpha: {} bytes", body.len());
+}
+
+// ---- /ping while no device can serve ----
+
+/// A device that fails while `broken` is set, runs and health checks alike.
+struct Breakable(Arc<std::sync::atomic::AtomicBool>);
+
+impl Executor for Breakable {
+    type Input = PipelineJob;
+    type Output = PipelineOutput;
+
+    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+        self.health_check()?;
+        Ok(inputs
+            .iter()
+            .map(|job| {
+                let (w, h) = job.image.dimensions();
+                PipelineOutput {
+                    matte: Matte {
+                        alpha: GrayImage::from_pixel(w, h, Luma([255])),
+                        trimap: GrayImage::from_pixel(w, h, Luma([255])),
+                    },
+                    cutout: None,
+                    timings: job.timings,
+                }
+            })
+            .collect())
+    }
+
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        if self.0.load(Ordering::SeqCst) {
+            Err("the device is broken".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn ping_fails_while_no_device_can_serve_and_recovers_with_it() {
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = broken.clone();
+    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+        name: "breakable".into(),
+        replicas: 1,
+        batching: Default::default(),
+        load: Arc::new(move |_| Ok(Box::new(Breakable(flag.clone())) as BoxedPipelineExecutor)),
+    };
+    let router = Router::start(
+        vec![device],
+        RouterConfig {
+            unhealthy_after_failures: 1,
+            health_check_interval: Duration::from_millis(20),
+            ..RouterConfig::default()
+        },
+    );
+    router.wait_ready().unwrap();
+    let state = AppState::new(
+        router,
+        StateOptions::default().limits,
+        OutputKind::Alpha,
+        None,
+        false,
+    );
+    let app = routes(Arc::new(state));
+    let ping = || async { send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await };
+    assert_eq!(ping().await.0, StatusCode::OK);
+
+    broken.store(true, Ordering::SeqCst);
+    let png = common::png_bytes(&common::bright_rectangle(64, 48));
+    let (status, _, _) = send(
+        &app,
+        Request::post("/invocations")
+            .header(header::CONTENT_TYPE, "image/png")
+            .body(Body::from(png.clone()))
+            .unwrap(),
+    )
+    .await;
+    assert!(status.is_server_error(), "{status}");
+    let (status, _, body) = ping().await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["status"], "unhealthy", "{json}");
+
+    // Fixed: the next health check returns the device, and /ping with it.
+    broken.store(false, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    while ping().await.0 != StatusCode::OK {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "/ping stayed 503"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, _) = send(
+        &app,
+        Request::post("/invocations")
+            .header(header::CONTENT_TYPE, "image/png")
+            .body(Body::from(png))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}

@@ -1,0 +1,131 @@
+//! The Open Inference Protocol (KServe v2) routes of `celer serve` over sockets: Triton's
+//! own Python client (tritonclient.http, installed into .venv by scripts/setup-python)
+//! runs tests/v2_clients.py against it, and the protocol's errors and the shared limits
+//! are checked here.
+
+mod common;
+mod serve_support;
+
+use std::process::Command;
+
+use base64::Engine;
+use common::{fetched, model_dir, repo};
+use serve_support::Server;
+
+/// tests/v2_clients.py with .venv's Python against `server`, on `photo`.
+fn triton_client(server: &Server, photo: &str) {
+    let python = repo(".venv/bin/python");
+    let has_client = Command::new(&python)
+        .args(["-c", "import tritonclient.http"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_client,
+        "{} cannot import tritonclient.http: run `make python` (scripts/setup-python)",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .arg(repo("tests/v2_clients.py"))
+        .arg(server.host_port())
+        .arg(fetched(photo))
+        .output()
+        .expect("python runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{said}");
+    assert!(
+        out.status.success(),
+        "tests/v2_clients.py on {photo} failed:\n{said}\nserver log:\n{}",
+        server.log()
+    );
+    assert!(said.contains("tritonclient: ok"), "{said}");
+}
+
+#[test]
+fn tritonclient_gets_the_cutout_of_invocations() {
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[("CELER_MODEL_NAME", "celer")],
+    );
+    // Upright from EXIF orientation 6, and a square photo.
+    triton_client(&server, "chelsea-exif6.jpg");
+    triton_client(&server, "astronaut.jpg");
+    // Inferences are counted on /metrics with /invocations' figures.
+    let (status, metrics) = server.get("/metrics");
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("path=\"/v2/models/infer\"") && l.contains("status=\"200\"")),
+        "{metrics}"
+    );
+    assert!(server.stop().success());
+}
+
+#[test]
+fn protocol_errors_and_the_shared_limits() {
+    let server = Server::start(
+        &common::fixture_dir("prob-guided"),
+        ["--model-name", "matte", "--max-body-bytes", "100000"],
+        &[],
+    );
+    let json = [("Content-Type", "application/json")];
+    // Unknown model or version: 404 with {"error"}.
+    for path in [
+        "/v2/models/celer/infer",
+        "/v2/models/matte/versions/2/infer",
+    ] {
+        let a = server.post(path, &json, b"{}");
+        assert_eq!(a.status, 404, "{path}");
+        assert!(a.json()["error"].is_string(), "{path}");
+    }
+    for path in ["/v2/models/matte", "/v2/models/matte/versions/1/ready"] {
+        assert_eq!(server.get(path).0, 200, "{path}");
+    }
+    assert_eq!(server.get("/v2/models/celer").0, 404);
+    // Malformed requests: 400, the server stays up.
+    for body in [
+        &b"not json"[..],
+        br#"{"inputs": []}"#,
+        br#"{"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["%%"]}]}"#,
+        br#"{"inputs": [{"name": "image_rgb", "shape": [8, 8, 3], "datatype": "UINT8", "data": [1]}]}"#,
+    ] {
+        let a = server.post("/v2/models/matte/infer", &json, body);
+        assert_eq!(a.status, 400, "{}", String::from_utf8_lossy(body));
+        assert!(a.json()["error"].is_string());
+    }
+    // The body limit of /invocations holds here too.
+    let big = vec![b' '; 100_001];
+    assert_eq!(
+        server.post("/v2/models/matte/infer", &json, &big).status,
+        413
+    );
+    // And an image inside it is served, in JSON, with the model's name.
+    let png = common::png_bytes(&common::bright_rectangle(64, 48));
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = serde_json::json!({
+        "id": "one",
+        "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64]}],
+        "outputs": [{"name": "alpha"}],
+    });
+    let a = server.post(
+        "/v2/models/matte/versions/1/infer",
+        &json,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(a.status, 200, "{}", String::from_utf8_lossy(&a.body));
+    let v = a.json();
+    assert_eq!(
+        (v["model_name"].as_str(), v["id"].as_str()),
+        (Some("matte"), Some("one"))
+    );
+    assert_eq!(v["outputs"][0]["shape"], serde_json::json!([48, 64]));
+    assert_eq!(v["outputs"][0]["data"].as_array().unwrap().len(), 64 * 48);
+    assert_eq!(server.get("/v2/health/ready").0, 200);
+    assert!(server.stop().success());
+}
