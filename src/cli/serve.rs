@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use crate::config::cpus::CpuBudget;
 use crate::config::ServeArgs;
 use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
-use crate::sched::{Readiness, Router};
+use crate::sched::{QueueBudget, Readiness, Router};
 
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
 static HEAP_TRIM: OnceLock<fn()> = OnceLock::new();
@@ -66,6 +66,9 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let mut router_config = args.router_config();
     // A transform job's own concurrency is admitted at once, never refused.
     router_config.queue_capacity = plan.queue_capacity(router_config.queue_capacity);
+    if plan.mode.waits_its_turn() && args.max_queue_ms.is_none() {
+        router_config.max_queue_wait = QueueBudget::Off;
+    }
     let admission_limit = router_config.max_in_flight.unwrap_or_else(|| {
         setups
             .iter()

@@ -42,6 +42,16 @@ pub enum HostingMode {
     Batch,
 }
 
+impl HostingMode {
+    /// Whether a request should wait its turn rather than be refused by the time budget
+    /// of admission (`--max-queue-ms`): a transform job sends its own concurrency and
+    /// expects each record answered, and an async invocation has up to an hour; only a
+    /// count of places (which a job's concurrency raises) bounds their queue.
+    pub fn waits_its_turn(self) -> bool {
+        matches!(self, Self::Batch | Self::Async)
+    }
+}
+
 impl fmt::Display for HostingMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
