@@ -16,12 +16,10 @@ use axum::http::{header, Request, StatusCode};
 use celer::codec::decode::{self, DecodeLimits};
 use celer::config::OutputKind;
 use celer::http::{routes, AppState};
-use celer::pipeline::Matte;
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
 use common::{app_state, fetched, fixture_dir, model_dir, StateOptions};
 use http_body_util::BodyExt;
-use image::{GrayImage, Luma};
 use serve_support::{Answer, Body as Sent, Server};
 use tower::ServiceExt;
 
@@ -459,17 +457,7 @@ impl Executor for Breakable {
         self.health_check()?;
         Ok(inputs
             .iter()
-            .map(|job| {
-                let (w, h) = job.image.dimensions();
-                PipelineOutput {
-                    matte: Matte {
-                        alpha: GrayImage::from_pixel(w, h, Luma([255])),
-                        trimap: GrayImage::from_pixel(w, h, Luma([255])),
-                    },
-                    cutout: None,
-                    timings: job.timings,
-                }
-            })
+            .map(|job| common::opaque_output(job))
             .collect())
     }
 

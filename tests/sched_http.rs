@@ -3,6 +3,7 @@
 //! figures; and the real pipeline (a fixture on the CPU, batched) served through the
 //! router.
 
+mod common;
 mod sched_support;
 
 use std::path::Path;
@@ -14,12 +15,11 @@ use axum::http::{header, Request, StatusCode};
 use celer::codec::decode::DecodeLimits;
 use celer::config::{BatchingSpec, OutputKind, PipelineSpec, RequestLimits};
 use celer::http::{routes, AppState};
-use celer::pipeline::Matte;
 use celer::replica::cpu::cpu_device_setup;
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
 use http_body_util::BodyExt;
-use image::{GrayImage, Luma, Rgb, RgbImage};
+use image::{Rgb, RgbImage};
 use sched_support::{Gate, PATIENCE};
 use tower::ServiceExt;
 
@@ -34,17 +34,7 @@ impl Executor for GatedPipeline {
         self.0.pass(vec![inputs.len() as u32])?;
         Ok(inputs
             .iter()
-            .map(|job| {
-                let (w, h) = job.image.dimensions();
-                PipelineOutput {
-                    matte: Matte {
-                        alpha: GrayImage::from_pixel(w, h, Luma([255])),
-                        trimap: GrayImage::from_pixel(w, h, Luma([255])),
-                    },
-                    cutout: None,
-                    timings: job.timings,
-                }
-            })
+            .map(|job| common::opaque_output(job))
             .collect())
     }
 

@@ -6,189 +6,51 @@
 
 mod common;
 mod gpu_support;
+mod serve_support;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use image::RgbaImage;
+use serve_support::Server;
 
-/// A `celer serve` process and what it has logged.
-struct Server {
-    child: Child,
-    address: SocketAddr,
-    log: Arc<Mutex<String>>,
+/// `celer serve --devices DEVICES` on U2NetP with two replicas, on the tests' CUDA driver
+/// (the stand-in where there is no GPU), waited for until `/ping` answers 200.
+fn serve(devices: &str, env: &[(&str, &str)]) -> Server {
+    let mut command = Server::command(
+        &common::model_dir("u2netp"),
+        [
+            "--devices",
+            devices,
+            "--replicas",
+            "2",
+            "--health-check-interval-ms",
+            "100",
+        ],
+        env,
+    );
+    if devices != "cpu" {
+        gpu_support::use_driver(&mut command);
+    }
+    // Loading on the stand-in (kernels compiled, run as host code) takes a while.
+    Server::spawn(command, Duration::from_secs(300))
 }
 
-impl Server {
-    fn start(devices: &str, env: &[(&str, &str)]) -> Server {
-        let model_dir = common::model_dir("u2netp");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_celer"));
-        command
-            .args(["serve", "--model-dir"])
-            .arg(&model_dir)
-            .args(["--devices", devices, "--replicas", "2"])
-            .args(["--bind", "127.0.0.1", "--port", "0"])
-            .args(["--health-check-interval-ms", "100"])
-            .env("CELER_LOG", "info,ort=warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if devices != "cpu" {
-            gpu_support::use_driver(&mut command);
-        }
-        let mut child = KillOnDrop(Some(command.spawn().expect("celer serve starts")));
-        let stderr = child.child().stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (found, address) = mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("listening") {
-                    if let Some(at) = line.split("address=").nth(1) {
-                        let _ = found.send(at.split_whitespace().next().unwrap_or("").to_string());
-                    }
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let address = address
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("celer serve did not listen: {}", log.lock().unwrap()))
-            .parse()
-            .expect("a socket address in the log");
-        let server = Server {
-            child: child.disarm(),
-            address,
-            log,
-        };
-        server.wait_ready();
-        server
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.address)
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while Instant::now() < deadline {
-            if let Ok(r) = blocking(reqwest::Client::new().get(self.url("/ping")).send()) {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("/ping never answered 200: {}", self.log());
-    }
-
-    /// POSTs `photo` to /invocations: the status and, on 200, the decoded cut-out.
-    fn cutout(&self, photo: &Path) -> (u16, Option<RgbaImage>) {
-        let body = std::fs::read(photo).expect("the photo");
-        let kind = if photo.extension().is_some_and(|e| e == "png") {
-            "image/png"
-        } else {
-            "image/jpeg"
-        };
-        let (status, bytes) = blocking(async {
-            let response = reqwest::Client::new()
-                .post(self.url("/invocations"))
-                .header("Content-Type", kind)
-                .body(body)
-                .send()
-                .await
-                .expect("an answer");
-            let status = response.status().as_u16();
-            (status, response.bytes().await.expect("the body"))
-        });
-        let image = (status == 200).then(|| {
-            image::load_from_memory(&bytes)
-                .expect("a PNG cut-out")
-                .into_rgba8()
-        });
-        (status, image)
-    }
-
-    fn metrics(&self) -> String {
-        blocking(async {
-            let response = reqwest::Client::new()
-                .get(self.url("/metrics"))
-                .send()
-                .await
-                .expect("/metrics answers");
-            response.text().await.expect("metrics text")
-        })
-    }
-
-    /// SIGTERM, then the exit status (within 30 s).
-    fn terminate(mut self) -> ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill runs");
-        assert!(sent.success());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exit 30 s after SIGTERM: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// Kills the child if the test fails before a `Server` owns it.
-struct KillOnDrop(Option<Child>);
-
-impl KillOnDrop {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("not disarmed")
-    }
-
-    fn disarm(mut self) -> Child {
-        self.0.take().expect("not disarmed")
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn blocking<F: std::future::Future>(future: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(future)
+/// POSTs `photo` to /invocations: the status and, on 200, the decoded cut-out.
+fn cutout(server: &Server, photo: &Path) -> (u16, Option<RgbaImage>) {
+    let body = std::fs::read(photo).expect("the photo");
+    let kind = if photo.extension().is_some_and(|e| e == "png") {
+        "image/png"
+    } else {
+        "image/jpeg"
+    };
+    let answer = server.post("/invocations", &[("Content-Type", kind)], &body);
+    let image = (answer.status == 200).then(|| {
+        image::load_from_memory(&answer.body)
+            .expect("a PNG cut-out")
+            .into_rgba8()
+    });
+    (answer.status, image)
 }
 
 /// The largest difference of any channel of two cut-outs of the same size.
@@ -206,8 +68,8 @@ const PHOTOS: [&str; 3] = ["astronaut.png", "photo-1920x1080.jpg", "chelsea-exif
 
 #[test]
 fn serve_on_a_gpu_gives_the_cpu_cut_outs_over_http_and_stops_on_sigterm() {
-    let gpu = Server::start("0", &[]);
-    let cpu = Server::start("cpu", &[]);
+    let gpu = serve("0", &[]);
+    let cpu = serve("cpu", &[]);
     assert!(
         gpu.log().contains("GPU replica ready"),
         "the GPU served: {}",
@@ -215,17 +77,17 @@ fn serve_on_a_gpu_gives_the_cpu_cut_outs_over_http_and_stops_on_sigterm() {
     );
     for name in PHOTOS {
         let photo = common::fetched(name);
-        let (status, on_gpu) = gpu.cutout(&photo);
+        let (status, on_gpu) = cutout(&gpu, &photo);
         assert_eq!(status, 200, "{name} on the GPU: {}", gpu.log());
-        let (status, on_cpu) = cpu.cutout(&photo);
+        let (status, on_cpu) = cutout(&cpu, &photo);
         assert_eq!(status, 200, "{name} on the CPU");
         let (on_gpu, on_cpu) = (on_gpu.unwrap(), on_cpu.unwrap());
         let worst = max_difference(&on_gpu, &on_cpu);
         assert!(worst <= 1, "{name}: the GPU's cut-out differs by {worst}");
     }
-    let status = gpu.terminate();
+    let status = gpu.stop();
     assert!(status.success(), "exit status after SIGTERM: {status}");
-    assert!(cpu.terminate().success());
+    assert!(cpu.stop().success());
 }
 
 /// The stand-in fails a launch of the running server (its fault file): the request that
@@ -238,7 +100,7 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
     }
     let armed = tempfile::tempdir().unwrap();
     let fault = armed.path().join("fault");
-    let server = Server::start(
+    let server = serve(
         "0",
         &[(
             "CELER_CUDA_STANDIN_FAULT_FILE",
@@ -246,10 +108,10 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
         )],
     );
     let photo = common::fetched("astronaut.png");
-    let (status, before) = server.cutout(&photo);
+    let (status, before) = cutout(&server, &photo);
     assert_eq!(status, 200);
     std::fs::write(&fault, "sticky").unwrap();
-    let (status, _) = server.cutout(&photo);
+    let (status, _) = cutout(&server, &photo);
     assert!(
         status >= 500,
         "the request whose kernel faulted cannot succeed: {status}"
@@ -257,7 +119,7 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
     assert!(!fault.exists(), "the fault was taken");
     let deadline = Instant::now() + Duration::from_secs(120);
     let after = loop {
-        if let (200, Some(image)) = server.cutout(&photo) {
+        if let (200, Some(image)) = cutout(&server, &photo) {
             break image;
         }
         assert!(
@@ -272,7 +134,7 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
         before.unwrap(),
         "the same cut-out after the recovery"
     );
-    let metrics = server.metrics();
+    let metrics = String::from_utf8(server.get("/metrics").1).expect("metrics text");
     assert!(
         metrics.contains("celer_device_recoveries_total{device=\"gpu0\"} 1"),
         "{metrics}"
@@ -280,5 +142,5 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
     let log = server.log();
     assert!(log.contains("device lost: reopening it"), "{log}");
     assert!(log.contains("device reopened and reloaded"), "{log}");
-    assert!(server.terminate().success());
+    assert!(server.stop().success());
 }

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use crate::config::cpus::CpuBudget;
 use crate::config::ServeArgs;
 use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
-use crate::sched::{QueueBudget, Readiness, Router};
+use crate::sched::{Readiness, Router};
 
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
 static HEAP_TRIM: OnceLock<fn()> = OnceLock::new();
@@ -63,12 +63,7 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         max_batch = spec.batching.max_batch,
         "starting the devices"
     );
-    let mut router_config = args.router_config();
-    // A transform job's own concurrency is admitted at once, never refused.
-    router_config.queue_capacity = plan.queue_capacity(router_config.queue_capacity);
-    if plan.mode.waits_its_turn() && args.max_queue_ms.is_none() {
-        router_config.max_queue_wait = QueueBudget::Off;
-    }
+    let router_config = args.router_config(&plan);
     let admission_limit = router_config.max_in_flight.unwrap_or_else(|| {
         setups
             .iter()

@@ -191,19 +191,25 @@ pub struct RequestLimits {
 }
 
 impl ServeArgs {
-    pub fn router_config(&self) -> RouterConfig {
+    /// The router's configuration under `plan`: a transform job's own concurrency is
+    /// admitted at once (queue places for all of it), and in the modes whose requests
+    /// wait their turn (batch, async) the wait budget is off unless `--max-queue-ms` set
+    /// one.
+    pub fn router_config(&self, plan: &HostingPlan) -> RouterConfig {
+        let max_queue_wait = match self.max_queue_ms {
+            Some(0) => QueueBudget::Off,
+            Some(ms) => QueueBudget::Fixed(Duration::from_millis(ms)),
+            None if plan.mode.waits_its_turn() => QueueBudget::Off,
+            None if self.max_queue_service_times > 0.0 => {
+                QueueBudget::ServiceTimes(self.max_queue_service_times)
+            }
+            None => QueueBudget::Off,
+        };
         RouterConfig {
             routing: self.routing,
-            queue_capacity: self.queue_capacity.max(1),
+            queue_capacity: plan.queue_capacity(self.queue_capacity.max(1)),
             max_in_flight: self.max_in_flight,
-            max_queue_wait: match self.max_queue_ms {
-                Some(0) => QueueBudget::Off,
-                Some(ms) => QueueBudget::Fixed(Duration::from_millis(ms)),
-                None if self.max_queue_service_times > 0.0 => {
-                    QueueBudget::ServiceTimes(self.max_queue_service_times)
-                }
-                None => QueueBudget::Off,
-            },
+            max_queue_wait,
             health_check_interval: Duration::from_millis(self.health_check_interval_ms.max(1)),
             ..RouterConfig::default()
         }

@@ -141,10 +141,15 @@ impl LimitedBody {
         }
     }
 
-    fn fail(&mut self, e: BodyError) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+    /// The body ends in `e` (a limit of ours, or the connection's own error), and the
+    /// connection closes after the answer.
+    fn fail(
+        &mut self,
+        e: impl Into<axum::BoxError>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
         self.state = State::Failed;
         self.outcome.abandoned.store(true, Ordering::Release);
-        Poll::Ready(Some(Err(Box::new(e))))
+        Poll::Ready(Some(Err(e.into())))
     }
 }
 
@@ -186,11 +191,7 @@ impl Body for LimitedBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                this.state = State::Failed;
-                this.outcome.abandoned.store(true, Ordering::Release);
-                Poll::Ready(Some(Err(Box::new(e))))
-            }
+            Poll::Ready(Some(Err(e))) => this.fail(e),
             Poll::Ready(None) => {
                 this.state = State::Ended;
                 this.guard = None;

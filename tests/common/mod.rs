@@ -151,3 +151,17 @@ pub fn jpeg_bytes(image: &RgbImage, quality: u8) -> Vec<u8> {
         .expect("encoding a JPEG");
     out
 }
+
+/// What a stand-in device answers for `job` without a model: opaque alpha and trimap of
+/// the image's size, no cut-out.
+pub fn opaque_output(job: &celer::replica::PipelineJob) -> celer::replica::PipelineOutput {
+    let (w, h) = job.image.dimensions();
+    celer::replica::PipelineOutput {
+        matte: celer::pipeline::Matte {
+            alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
+            trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),
+        },
+        cutout: None,
+        timings: job.timings,
+    }
+}

@@ -28,6 +28,16 @@ impl Server {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Self::spawn(Self::command(model_dir, args, env), Duration::from_secs(60))
+    }
+
+    /// The command `start` runs, for a test that adds to it before `spawn` (a driver's
+    /// library path, say).
+    pub fn command<I, S>(model_dir: &Path, args: I, env: &[(&str, &str)]) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let mut command = Command::new(env!("CARGO_BIN_EXE_celer"));
         command
             .args(["serve", "--model-dir"])
@@ -53,6 +63,12 @@ impl Server {
             command.env_remove(var);
         }
         command.envs(env.iter().copied());
+        command
+    }
+
+    /// Runs `command` (a `celer serve` on port 0 that logs to stderr) and waits until it
+    /// listens and `/ping` answers 200, each within `ready_within`.
+    pub fn spawn(mut command: Command, ready_within: Duration) -> Server {
         let mut child = command.spawn().expect("celer serve starts");
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(String::new()));
@@ -84,8 +100,8 @@ impl Server {
                         panic!("celer serve exited with {status}:\n{}", server.log());
                     }
                     assert!(
-                        started.elapsed() < Duration::from_secs(60),
-                        "celer serve did not listen within 60 s:\n{}",
+                        started.elapsed() < ready_within,
+                        "celer serve did not listen within {ready_within:?}:\n{}",
                         server.log()
                     );
                 }
@@ -102,8 +118,8 @@ impl Server {
                 break;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "/ping did not answer 200 within 60 s:\n{}",
+                started.elapsed() < ready_within,
+                "/ping did not answer 200 within {ready_within:?}:\n{}",
                 server.log()
             );
             std::thread::sleep(Duration::from_millis(50));
