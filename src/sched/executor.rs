@@ -6,6 +6,16 @@
 /// An executor's failure, kept as the error it was (logged, never sent to a client).
 pub type ExecError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What a replica's `recover` did: every replica of a lost device recovers, and only one
+/// of them reopens it (the device's recoveries count that one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// This replica reopened the device and reloaded its replicas.
+    Reopened,
+    /// Another replica had already reopened it since this one found it lost.
+    AlreadyReopened,
+}
+
 pub trait Executor: Send + 'static {
     /// One request's input. Cloned once when a request fails over to another device.
     type Input: Clone + Send + Sync + 'static;
@@ -28,8 +38,8 @@ pub trait Executor: Send + 'static {
     /// Brings a lost device back (reopen it, reload the models), on this replica's
     /// thread, while the router sends the device nothing. A passing health check then returns it
     /// to service; a failed recovery is tried again at the next failed health check.
-    fn recover(&mut self) -> Result<(), ExecError> {
-        Ok(())
+    fn recover(&mut self) -> Result<Recovery, ExecError> {
+        Ok(Recovery::Reopened)
     }
 }
 
@@ -49,7 +59,7 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
         (**self).device_lost(error)
     }
 
-    fn recover(&mut self) -> Result<(), ExecError> {
+    fn recover(&mut self) -> Result<Recovery, ExecError> {
         (**self).recover()
     }
 }

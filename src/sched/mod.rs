@@ -21,7 +21,7 @@ use std::time::Duration;
 
 pub use batcher::BatchingSpec;
 pub use device::{Device, DeviceSelection};
-pub use executor::{ExecError, Executor};
+pub use executor::{ExecError, Executor, Recovery};
 pub use metrics::SchedMetrics;
 pub use router::{
     estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, QueueBudget, Router,

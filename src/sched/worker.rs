@@ -17,7 +17,7 @@ use super::batcher::BatchingSpec;
 use super::metrics::us;
 use super::router::LoadFn;
 use super::state::{DeviceState, Outstanding};
-use super::{Done, Executor, JobError};
+use super::{Done, Executor, JobError, Recovery};
 
 /// What a device's queue carries.
 pub(crate) enum Work<E: Executor> {
@@ -285,7 +285,10 @@ impl<E: Executor> Replica<E> {
         let started = Instant::now();
         let exec = &mut self.exec;
         match std::panic::catch_unwind(AssertUnwindSafe(|| exec.recover())) {
-            Ok(Ok(())) => {
+            Ok(Ok(Recovery::AlreadyReopened)) => {
+                tracing::info!(device = %state.name, replica = self.index, "device already reopened by another replica")
+            }
+            Ok(Ok(Recovery::Reopened)) => {
                 state.metrics.recoveries.inc();
                 tracing::info!(
                     device = %state.name,

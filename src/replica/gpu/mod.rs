@@ -23,7 +23,7 @@ use crate::config::PipelineSpec;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::engines::plan::{GpuEngines, GpuPlan};
 use crate::replica::models::ModelError;
-use crate::sched::{BatchingSpec, Device, DeviceSetup, ExecError, Executor, LoadFn};
+use crate::sched::{BatchingSpec, Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
 
 /// Why a GPU replica's stages failed.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +151,7 @@ impl GpuReplicas {
     /// another replica already did (and it worked). Waits for the runs in flight on the other replicas
     /// (they fail fast in a lost context), drops every pipeline and the GPU, opens it
     /// again and reloads every replica.
-    fn recover(&self, lost_in: u64) -> Result<(), ExecError> {
+    fn recover(&self, lost_in: u64) -> Result<Recovery, ExecError> {
         // Slots first, then the GPU: the order every path takes.
         let mut slots: Vec<_> = self.pipelines.iter().map(lock).collect();
         {
@@ -160,7 +160,7 @@ impl GpuReplicas {
                 && matches!(opened.1, Opening::Open(_))
                 && slots.iter().all(|slot| slot.is_some());
             if recovered_since {
-                return Ok(());
+                return Ok(Recovery::AlreadyReopened);
             }
             for slot in slots.iter_mut() {
                 **slot = None;
@@ -173,7 +173,7 @@ impl GpuReplicas {
         for slot in slots.iter_mut() {
             **slot = Some(self.load_pipeline(&gpu)?);
         }
-        Ok(())
+        Ok(Recovery::Reopened)
     }
 }
 
@@ -298,7 +298,7 @@ impl Executor for GpuExecutor {
             || lock(&self.shared.pipelines[self.replica]).is_none()
     }
 
-    fn recover(&mut self) -> Result<(), ExecError> {
+    fn recover(&mut self) -> Result<Recovery, ExecError> {
         self.shared.recover(self.lost_in)
     }
 }
