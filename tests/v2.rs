@@ -1,7 +1,8 @@
 //! The Open Inference Protocol (KServe v2) routes of `celer serve` over sockets: Triton's
-//! own Python client (tritonclient.http, installed into .venv by scripts/setup-python)
-//! runs tests/v2_clients.py against it, and the protocol's errors and the shared limits
-//! are checked here.
+//! own Python client (tritonclient.http) runs tests/v2_clients.py and KServe's
+//! (kserve.InferenceRESTClient) runs tests/v2_kserve_client.py against it, both installed
+//! into .venv by scripts/setup-python; the protocol's errors and the shared limits are
+//! checked here.
 
 mod common;
 mod serve_support;
@@ -12,22 +13,32 @@ use base64::Engine;
 use common::{fetched, model_dir, repo};
 use serve_support::Server;
 
-/// tests/v2_clients.py with .venv's Python against `server`, on `photo`.
-fn triton_client(server: &Server, photo: &str) {
+/// `script` (under tests/) with .venv's Python against `server`, on `photo` and `more`
+/// arguments; the client library must import (`make python`), and the script must end
+/// by printing `done`.
+fn python_client(
+    server: &Server,
+    import: &str,
+    script: &str,
+    photo: &str,
+    more: &[&str],
+    done: &str,
+) {
     let python = repo(".venv/bin/python");
     let has_client = Command::new(&python)
-        .args(["-c", "import tritonclient.http"])
+        .args(["-c", &format!("import {import}")])
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         has_client,
-        "{} cannot import tritonclient.http: run `make python` (scripts/setup-python)",
+        "{} cannot import {import}: run `make python` (scripts/setup-python)",
         python.display()
     );
     let out = Command::new(&python)
-        .arg(repo("tests/v2_clients.py"))
+        .arg(repo(&format!("tests/{script}")))
         .arg(server.host_port())
         .arg(fetched(photo))
+        .args(more)
         .output()
         .expect("python runs");
     let said = format!(
@@ -38,10 +49,22 @@ fn triton_client(server: &Server, photo: &str) {
     eprintln!("{said}");
     assert!(
         out.status.success(),
-        "tests/v2_clients.py on {photo} failed:\n{said}\nserver log:\n{}",
+        "tests/{script} on {photo} failed:\n{said}\nserver log:\n{}",
         server.log()
     );
-    assert!(said.contains("tritonclient: ok"), "{said}");
+    assert!(said.contains(done), "{said}");
+}
+
+/// tests/v2_clients.py (tritonclient.http) against `server`, on `photo`.
+fn triton_client(server: &Server, photo: &str) {
+    python_client(
+        server,
+        "tritonclient.http",
+        "v2_clients.py",
+        photo,
+        &[],
+        "tritonclient: ok",
+    );
 }
 
 #[test]
@@ -68,6 +91,27 @@ fn tritonclient_gets_the_cutout_of_invocations() {
 }
 
 #[test]
+fn kserve_client_gets_the_cutout_of_invocations() {
+    // Named as KServe names it: the InferenceService's name, through {{.Name}}.
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[("CELER_MODEL_NAME", "u2netp")],
+    );
+    for photo in ["chelsea-exif6.jpg", "astronaut.jpg"] {
+        python_client(
+            &server,
+            "kserve",
+            "v2_kserve_client.py",
+            photo,
+            &["u2netp"],
+            "kserve client: ok",
+        );
+    }
+    assert!(server.stop().success());
+}
+
+#[test]
 fn protocol_errors_and_the_shared_limits() {
     let server = Server::start(
         &common::fixture_dir("prob-guided"),
@@ -87,6 +131,13 @@ fn protocol_errors_and_the_shared_limits() {
     for path in ["/v2/models/matte", "/v2/models/matte/versions/1/ready"] {
         assert_eq!(server.get(path).0, 200, "{path}");
     }
+    // The model's readiness names it, as KServe's servers answer (ModelReadyResponse).
+    let (status, body) = server.get("/v2/models/matte/ready");
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(
+        (status, body),
+        (200, serde_json::json!({"name": "matte", "ready": true}))
+    );
     assert_eq!(server.get("/v2/models/celer").0, 404);
     // Malformed requests: 400, the server stays up.
     for body in [

@@ -97,22 +97,35 @@ pub async fn live() -> Response {
 /// `GET /v2/health/ready` and `.../models/{m}/ready`: as `/ping`, the replicas loaded
 /// and a device healthy.
 pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let ready = matches!(state.router.readiness(), Readiness::Ready)
-        && state.router.devices().iter().any(|d| d.healthy);
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
+    let (status, ready) = readiness(&state);
     (status, Json(json!({"ready": ready}))).into_response()
 }
 
+/// 200 and true when the replicas are loaded and a device is healthy, else 503 and false.
+fn readiness(state: &AppState) -> (StatusCode, bool) {
+    let ready = matches!(state.router.readiness(), Readiness::Ready)
+        && state.router.devices().iter().any(|d| d.healthy);
+    if ready {
+        (StatusCode::OK, true)
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, false)
+    }
+}
+
+/// The model's readiness: the status as the server's, and the body KServe's own servers
+/// answer (`{"name", "ready"}`, kserve's `ModelReadyResponse`), not the server's
+/// `{"ready"}` alone.
 pub async fn model_ready(
     State(state): State<Arc<AppState>>,
     Path(params): Path<Vec<(String, String)>>,
 ) -> Result<Response, ApiError> {
     model_named(&state, &params)?;
-    Ok(ready(State(state)).await)
+    let (status, ready) = readiness(&state);
+    Ok((
+        status,
+        Json(json!({"name": state.model.name, "ready": ready})),
+    )
+        .into_response())
 }
 
 /// `GET /v2`: the server's metadata.
