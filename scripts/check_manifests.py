@@ -107,7 +107,9 @@ def check(value, schema, path, errors):
         return
     cls = model_class(schema)
     if cls is None:
-        errors.append(f"{path}: the schema's type {schema} is in neither kserve.models nor kubernetes.client")
+        errors.append(
+            f"{path}: the schema's type {schema} is in neither kserve.models nor kubernetes.client"
+        )
         return
     if not isinstance(value, dict):
         errors.append(f"{path}: expected a {schema} object, got {type(value).__name__}")
@@ -133,7 +135,9 @@ def validate(doc, where):
     cls = KINDS.get((doc.get("apiVersion"), doc.get("kind")))
     if cls is None:
         known = ", ".join(f"{v} {k}" for v, k in KINDS)
-        return [f"{where}: {doc.get('apiVersion')} {doc.get('kind')} is not a kind checked here ({known})"]
+        return [
+            f"{where}: {doc.get('apiVersion')} {doc.get('kind')} is not a kind checked here ({known})"
+        ]
     errors = []
     check(doc, cls.__name__, where, errors)
     if not (doc.get("metadata") or {}).get("name"):
@@ -190,26 +194,41 @@ def flag(args, name):
 def celer_requirements(docs):
     """What celer needs of the manifests beyond their schemas."""
     errors = []
-    runtimes = {d["metadata"]["name"]: d for _, d in docs if d["kind"] in ("ServingRuntime", "ClusterServingRuntime")}
+    runtimes = {
+        d["metadata"]["name"]: d
+        for _, d in docs
+        if d["kind"] in ("ServingRuntime", "ClusterServingRuntime")
+    }
     for where, kind, _, c in containers(docs):
         args = c.get("args") or []
         if args[:1] != ["serve"]:
-            errors.append(f"{where}: container {c['name']}: args start with `serve` (the image's entrypoint is `celer`)")
+            errors.append(
+                f"{where}: container {c['name']}: args start with `serve` (the image's entrypoint is `celer`)"
+            )
         for name, want in (("bind", "0.0.0.0"), ("port", "8080")):
             if flag(args, name) != want:
-                errors.append(f"{where}: container {c['name']}: --{name}={want} expected once in args")
+                errors.append(
+                    f"{where}: container {c['name']}: --{name}={want} expected once in args"
+                )
         if flag(args, "model-dir") is None:
             errors.append(f"{where}: container {c['name']}: --model-dir=... expected once in args")
         if 8080 not in [p.get("containerPort") for p in c.get("ports") or []]:
             errors.append(f"{where}: container {c['name']}: containerPort 8080 expected")
-        for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live")):
+        for probe, path in (
+            ("readinessProbe", "/v2/health/ready"),
+            ("livenessProbe", "/v2/health/live"),
+        ):
             got = ((c.get(probe) or {}).get("httpGet") or {}).get("path")
             if got != path:
-                errors.append(f"{where}: container {c['name']}: {probe} on {path} expected, got {got}")
+                errors.append(
+                    f"{where}: container {c['name']}: {probe} on {path} expected, got {got}"
+                )
         res = c.get("resources") or {}
         for part in ("requests", "limits"):
             if (res.get(part) or {}).get("nvidia.com/gpu") is None:
-                errors.append(f"{where}: container {c['name']}: resources.{part} has no nvidia.com/gpu")
+                errors.append(
+                    f"{where}: container {c['name']}: resources.{part} has no nvidia.com/gpu"
+                )
     for where, d in docs:
         if d["kind"] in ("ServingRuntime", "ClusterServingRuntime"):
             if "v2" not in (d["spec"].get("protocolVersions") or []):
@@ -218,11 +237,15 @@ def celer_requirements(docs):
             model = (d["spec"].get("predictor") or {}).get("model") or {}
             runtime = runtimes.get(model.get("runtime"))
             if runtime is None:
-                errors.append(f"{where}: runtime {model.get('runtime')!r} is not a ServingRuntime under deploy/")
+                errors.append(
+                    f"{where}: runtime {model.get('runtime')!r} is not a ServingRuntime under deploy/"
+                )
                 continue
             formats = [f.get("name") for f in runtime["spec"].get("supportedModelFormats") or []]
             if (model.get("modelFormat") or {}).get("name") not in formats:
-                errors.append(f"{where}: modelFormat is not one of runtime {model.get('runtime')}'s {formats}")
+                errors.append(
+                    f"{where}: modelFormat is not one of runtime {model.get('runtime')}'s {formats}"
+                )
             if model.get("protocolVersion") != "v2":
                 errors.append(f"{where}: protocolVersion v2 expected")
         if d["kind"] == "Service":
@@ -274,19 +297,67 @@ def self_test(paths):
 
     c0 = ("spec", "containers", 0)
     cases = [
-        ("ServingRuntime", "spec key typo", lambda d: rename(d, ("spec", "supportedModelFormats"), "supportedModelFormat")),
-        ("ServingRuntime", "container key typo", lambda d: rename(d, c0 + ("readinessProbe",), "readinesProbe")),
-        ("ServingRuntime", "probe key typo", lambda d: rename(d, c0 + ("livenessProbe", "httpGet"), "httpget")),
-        ("ServingRuntime", "bool as string", lambda d: setv(d, ("spec", "supportedModelFormats", 0, "autoSelect"), "true")),
-        ("ServingRuntime", "quantity as a number", lambda d: setv(d, c0 + ("resources", "limits", "nvidia.com/gpu"), 1)),
+        (
+            "ServingRuntime",
+            "spec key typo",
+            lambda d: rename(d, ("spec", "supportedModelFormats"), "supportedModelFormat"),
+        ),
+        (
+            "ServingRuntime",
+            "container key typo",
+            lambda d: rename(d, c0 + ("readinessProbe",), "readinesProbe"),
+        ),
+        (
+            "ServingRuntime",
+            "probe key typo",
+            lambda d: rename(d, c0 + ("livenessProbe", "httpGet"), "httpget"),
+        ),
+        (
+            "ServingRuntime",
+            "bool as string",
+            lambda d: setv(d, ("spec", "supportedModelFormats", 0, "autoSelect"), "true"),
+        ),
+        (
+            "ServingRuntime",
+            "quantity as a number",
+            lambda d: setv(d, c0 + ("resources", "limits", "nvidia.com/gpu"), 1),
+        ),
         ("ServingRuntime", "containers removed", lambda d: delete(d, ("spec", "containers"))),
-        ("InferenceService", "predictor key typo", lambda d: rename(d, ("spec", "predictor", "model", "storageUri"), "storageURI")),
-        ("InferenceService", "int as string", lambda d: setv(d, ("spec", "predictor", "minReplicas"), "1")),
+        (
+            "InferenceService",
+            "predictor key typo",
+            lambda d: rename(d, ("spec", "predictor", "model", "storageUri"), "storageURI"),
+        ),
+        (
+            "InferenceService",
+            "int as string",
+            lambda d: setv(d, ("spec", "predictor", "minReplicas"), "1"),
+        ),
         ("InferenceService", "top-level typo", lambda d: rename(d, ("metadata",), "metdata")),
-        ("Deployment", "pod spec key typo", lambda d: rename(d, ("spec", "template", "spec", "containers"), "container")),
-        ("Deployment", "container name removed", lambda d: delete(d, ("spec", "template", "spec", "containers", 0, "name"))),
-        ("Deployment", "port as a list", lambda d: setv(d, ("spec", "template", "spec", "containers", 0, "ports", 0, "containerPort"), [8080])),
-        ("Service", "port key typo", lambda d: rename(d, ("spec", "ports", 0, "targetPort"), "target_port")),
+        (
+            "Deployment",
+            "pod spec key typo",
+            lambda d: rename(d, ("spec", "template", "spec", "containers"), "container"),
+        ),
+        (
+            "Deployment",
+            "container name removed",
+            lambda d: delete(d, ("spec", "template", "spec", "containers", 0, "name")),
+        ),
+        (
+            "Deployment",
+            "port as a list",
+            lambda d: setv(
+                d,
+                ("spec", "template", "spec", "containers", 0, "ports", 0, "containerPort"),
+                [8080],
+            ),
+        ),
+        (
+            "Service",
+            "port key typo",
+            lambda d: rename(d, ("spec", "ports", 0, "targetPort"), "target_port"),
+        ),
         ("Service", "port removed", lambda d: delete(d, ("spec", "ports", 0, "port"))),
     ]
     failed = []
@@ -327,21 +398,32 @@ def main():
             for _, d in docs
             if d["kind"] == "InferenceService"
         }
-        print(json.dumps([
-            {
-                "where": where,
-                "kind": kind,
-                # KServe replaces {{.Name}} with the InferenceService's name.
-                "args": [a.replace("{{.Name}}", isvc.get(owner, owner)) for a in c.get("args") or []],
-                "env": {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e},
-                "probes": [c[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")],
-            }
-            for where, kind, owner, c in containers(docs)
-        ]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "where": where,
+                        "kind": kind,
+                        # KServe replaces {{.Name}} with the InferenceService's name.
+                        "args": [
+                            a.replace("{{.Name}}", isvc.get(owner, owner))
+                            for a in c.get("args") or []
+                        ],
+                        "env": {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e},
+                        "probes": [
+                            c[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")
+                        ],
+                    }
+                    for where, kind, owner, c in containers(docs)
+                ]
+            )
+        )
         return
     elif mode is not None:
         sys.exit(f"unknown option {mode}")
-    print(f"check_manifests: {len(docs)} manifests valid ({', '.join(sorted({d['kind'] for _, d in docs}))})")
+    print(
+        f"check_manifests: {len(docs)} manifests valid ({', '.join(sorted({d['kind'] for _, d in docs}))})"
+    )
 
 
 if __name__ == "__main__":

@@ -136,7 +136,9 @@ async def main():
             image.set_data_from_numpy(rgb, binary_data=binary)
             request = InferRequest(model, [image], request_outputs=[asked("alpha", binary)])
             result = await client.infer(url, request, model_name=model)
-            close_to(f"UINT8 {'binary' if binary else 'JSON'}", result.outputs[0].as_numpy(), expected)
+            close_to(
+                f"UINT8 {'binary' if binary else 'JSON'}", result.outputs[0].as_numpy(), expected
+            )
 
         # A protocol error: the client raises with celer's status and message, and the
         # server stays up.
