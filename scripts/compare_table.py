@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
-"""Turns the JSON that scripts/compare wrote into the markdown table of `make compare`.
+"""Turns the JSON that scripts/compare wrote (one folder per round) into the markdown
+table of `make compare`: the median of each figure over the rounds, and the ratios the
+README quotes, each computed within a round (same machine state) and then its median.
 
 Time outside the model = p50 latency at concurrency 1 minus the server-reported median
-model time (both servers send Server-Timing), i.e. decode, pre/post-processing, encode and
-HTTP of one request on an otherwise idle server.
+model time (both servers send Server-Timing): decode, pre/post-processing, encode and HTTP
+of one request on an otherwise idle server. ONNX Runtime alone: the model back to back in
+each layout (`celer bench local --model-only`); its best rate is the limit under load,
+its solo layout's run time the model time a lone request can get.
 """
 import json
 import platform
+import statistics
 import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 out = Path(sys.argv[1])
+rounds = sorted(p for p in out.glob("round-*") if p.is_dir())
+if not rounds:
+    sys.exit(f"compare_table: no round-* folders in {out}")
+STEMS = ["photo-320x320", "photo-1920x1080"]
 
 
-def point(name: str, stem: str, label: str) -> dict:
-    return next(p for p in json.loads((out / f"{name}-{stem}.json").read_text()) if p["point"] == label)
+def point(rnd: Path, name: str, stem: str, label: str) -> dict:
+    points = json.loads((rnd / f"{name}-{stem}.json").read_text())
+    return next(p for p in points if p["point"] == label)
 
 
 def cpu() -> str:
@@ -29,36 +39,91 @@ def cpu() -> str:
     return platform.processor()
 
 
-def ratio(a: float, b: float, fmt: str = ".2f") -> str:
-    return f"{a / b:{fmt}}" if b > 0 else "n/a"
+def med(values) -> float:
+    return statistics.median(values)
 
 
-limit = json.loads((out / "ort-limit.json").read_text())
+def figures(rnd: Path, name: str, stem: str) -> dict:
+    c1, c4 = point(rnd, name, stem, "c=1"), point(rnd, name, stem, "c=4")
+    model = c1["server_stages_ms"].get("model", 0.0)
+    return {
+        "c1_rps": c1["throughput_rps"],
+        "c1_p50": c1["latency_ms"]["p50"],
+        "c1_p99": c1["latency_ms"]["p99"],
+        "c4_rps": c4["throughput_rps"],
+        "c4_p50": c4["latency_ms"]["p50"],
+        "c4_p99": c4["latency_ms"]["p99"],
+        "model": model,
+        "outside": c1["latency_ms"]["p50"] - model,
+        "errors": sum(c1["errors"].values()) + sum(c4["errors"].values()),
+    }
+
+
+ort = [json.loads((r / "ort-limit.json").read_text()) for r in rounds]
 cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 print(f"# celer vs the Python reference handler ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
-print(f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
-      f"Load: `celer bench http`, closed loop, concurrency 1 and 4.\n")
-for stem in ["photo-1920x1080", "photo-320x320"]:
+print(
+    f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
+    f"Load: `celer bench http`, closed loop, concurrency 1 and 4. "
+    f"Medians of {len(rounds)} rounds; each ratio is taken within a round, then its median.\n"
+)
+
+print("## ONNX Runtime alone on the model\n")
+print("| layout | sessions | threads each | runs/s | run p50 ms |")
+print("|---|---|---|---|---|")
+layouts = [l["layout"] for l in ort[0]["layouts"]]
+for name in layouts:
+    rows = [next(l for l in o["layouts"] if l["layout"] == name) for o in ort]
+    print(
+        f"| {name} | {rows[0]['sessions']} | {rows[0]['threads']} "
+        f"| {med(r['runs_per_s'] for r in rows):.2f} | {med(r['run_p50_ms'] for r in rows):.1f} |"
+    )
+bests = [o["best"]["layout"] for o in ort]
+print(f"\nBest layout under load, by round: {', '.join(bests)}.\n")
+
+summary = {}
+for stem in STEMS:
+    per_round = [{n: figures(r, n, stem) for n in ["python", "celer"]} for r in rounds]
     print(f"## {stem}.jpg\n")
-    print("| server | c=1 req/s | c=1 p50 ms | c=1 p99 ms | c=4 req/s | c=4 p50 ms | c=4 p99 ms "
-          "| model ms (c=1) | outside model ms (c=1) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    rows = {}
+    print(
+        "| server | c=1 p50 ms | c=1 p99 ms | c=1 req/s | c=4 req/s | c=4 p50 ms | c=4 p99 ms "
+        "| model ms (c=1) | outside model ms (c=1) | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in ["python", "celer"]:
-        c1, c4 = point(name, stem, "c=1"), point(name, stem, "c=4")
-        model = c1["server_stages_ms"].get("model", 0.0)
-        outside = c1["latency_ms"]["p50"] - model
-        rows[name] = (c1, c4, outside)
-        print(f"| {name} | {c1['throughput_rps']:.2f} | {c1['latency_ms']['p50']:.1f} | {c1['latency_ms']['p99']:.1f} "
-              f"| {c4['throughput_rps']:.2f} | {c4['latency_ms']['p50']:.1f} | {c4['latency_ms']['p99']:.1f} "
-              f"| {model:.1f} | {outside:.1f} |")
-    (p1, p4, po), (c1, c4, co) = rows["python"], rows["celer"]
+        f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
+        print(
+            f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
+            f"| {f['c4_p50']:.1f} | {f['c4_p99']:.1f} | {f['model']:.1f} | {f['outside']:.1f} "
+            f"| {sum(pr[name]['errors'] for pr in per_round)} |"
+        )
+
+    def ratio(fn):
+        values = [fn(pr, o) for pr, o in zip(per_round, ort)]
+        return med(values), values
+
+    ratios = {
+        "c=1 p50, celer / python (target <= 0.8)": ratio(
+            lambda pr, o: pr["celer"]["c1_p50"] / pr["python"]["c1_p50"]
+        ),
+        "c=4 throughput, celer / python": ratio(
+            lambda pr, o: pr["celer"]["c4_rps"] / pr["python"]["c4_rps"]
+        ),
+        "c=4 throughput, celer / ONNX Runtime alone, best layout (target >= 0.9)": ratio(
+            lambda pr, o: pr["celer"]["c4_rps"] / o["best"]["runs_per_s"]
+        ),
+        "c=1 model time, celer / ONNX Runtime alone, solo layout": ratio(
+            lambda pr, o: pr["celer"]["model"]
+            / next(l for l in o["layouts"] if l["layout"] == "solo")["run_p50_ms"]
+        ),
+        "time outside the model at c=1, celer / python": ratio(
+            lambda pr, o: pr["celer"]["outside"] / pr["python"]["outside"]
+        ),
+    }
     print()
-    print(f"- throughput at c=4: celer / python = **{ratio(c4['throughput_rps'], p4['throughput_rps'])}x**")
-    print(f"- p99 at c=4: celer / python = **{ratio(c4['latency_ms']['p99'], p4['latency_ms']['p99'])}x**")
-    print(f"- time outside the model: celer / python = **{ratio(co, po, '.3f')}** ({co:.1f} ms vs {po:.1f} ms)")
-    print(f"- celer c=4 throughput / ONNX Runtime alone ({limit['model_runs_per_s']:.2f} runs/s, "
-          f"{limit['replicas']} x {limit['threads_per_replica']} threads) = "
-          f"**{ratio(c4['throughput_rps'], limit['model_runs_per_s'])}**")
-    errors = {n: sum(r[0]["errors"].values()) + sum(r[1]["errors"].values()) for n, r in rows.items()}
-    print(f"- errors: {errors}\n")
+    for label, (m, values) in ratios.items():
+        print(f"- {label}: **{m:.2f}** (rounds: {', '.join(f'{v:.2f}' for v in values)})")
+    print()
+    summary[stem] = {label: m for label, (m, _) in ratios.items()}
+
+(out / "summary.json").write_text(json.dumps(summary, indent=2))

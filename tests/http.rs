@@ -761,7 +761,7 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 fn unloaded_state(spec: &celer::config::PipelineSpec) -> AppState {
     use celer::replica::cpu::cpu_device_setup;
     use celer::sched::{Router, RouterConfig};
-    let devices = vec![cpu_device_setup(spec, 1, 1)];
+    let devices = vec![cpu_device_setup(spec, 1, 1, 0)];
     let router = Router::start(
         devices,
         RouterConfig {

@@ -10,11 +10,12 @@
 //! bit, the test holds the pipeline to a far tighter bound.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::config::PipelineSpec;
 use celer::pipeline::StageTimings;
-use celer::replica::cpu::CpuPipeline;
+use celer::replica::cpu::{cpu_cores, CpuPipeline};
 use image::{GrayImage, Rgb, RgbImage};
 
 fn repo(path: &str) -> PathBuf {
@@ -204,4 +205,66 @@ fn a_model_without_the_named_input_is_refused_at_load() {
         err.contains("no input named `pixels`") && err.contains("`image`"),
         "{err}"
     );
+}
+
+/// A lone run borrows the device's solo sessions (a thread per core); a run with a
+/// request waiting, or beside another running replica, keeps to its own. Both give the
+/// same alpha, for the segmentation model alone and for the two-model graph.
+#[test]
+fn solo_sessions_serve_a_lone_run_with_the_same_alpha() {
+    for (dir, image) in [
+        (
+            "onnx/u2netp",
+            decode(
+                &std::fs::read(require(&repo("tests/data/fetched/chelsea.png"))).unwrap(),
+                &DecodeLimits::default(),
+            )
+            .unwrap(),
+        ),
+        (
+            "onnx/fixtures/classes-matting",
+            RgbImage::from_fn(96, 40, |x, _| Rgb([(x * 2 + 20) as u8; 3])),
+        ),
+    ] {
+        let spec = PipelineSpec::load_dir(&repo(dir)).expect("pipeline description");
+        let cores = Arc::new(cpu_cores(&spec, 1, 2).expect("solo sessions load"));
+        assert!(cores.has_solo(), "{dir}");
+        let mut replica = CpuPipeline::on(&spec, 1, cores.clone()).expect("replica loads");
+        let run = |replica: &mut CpuPipeline| {
+            replica
+                .run(&image, &mut StageTimings::default())
+                .expect("pipeline runs")
+        };
+
+        let solo = run(&mut replica);
+        assert_eq!(cores.solo_runs(), 1, "{dir}: a lone run goes solo");
+
+        replica.note_waiting(1);
+        let queued = run(&mut replica);
+        assert_eq!(cores.solo_runs(), 1, "{dir}: a request waited");
+
+        let other = cores.enter();
+        let beside = run(&mut replica);
+        assert_eq!(cores.solo_runs(), 1, "{dir}: another replica runs");
+        drop(other);
+
+        // The waiting count was for one run only.
+        run(&mut replica);
+        assert_eq!(cores.solo_runs(), 2, "{dir}");
+
+        for (what, matte) in [("waiting", &queued), ("beside", &beside)] {
+            assert_eq!(matte.alpha, solo.alpha, "{dir}: {what}: alpha");
+            assert_eq!(matte.trimap, solo.trimap, "{dir}: {what}: trimap");
+        }
+    }
+}
+
+/// No solo set when the replicas' own sessions already have every thread asked for.
+#[test]
+fn no_solo_sessions_when_they_would_not_add_threads() {
+    let spec = PipelineSpec::load_dir(&repo("onnx/u2netp")).expect("pipeline description");
+    for (own, solo) in [(2, 2), (2, 1), (1, 0)] {
+        let cores = cpu_cores(&spec, own, solo).expect("loads");
+        assert!(!cores.has_solo(), "own {own}, solo {solo}");
+    }
 }

@@ -244,7 +244,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         max_batch: 4,
         max_wait_us: 1_000,
     };
-    let devices = vec![cpu_device_setup(&spec, 2, 1)];
+    let devices = vec![cpu_device_setup(&spec, 2, 1, 0)];
     let pipeline_router = Router::start(devices, RouterConfig::default());
     let loaded = tokio::task::block_in_place(|| pipeline_router.wait_ready());
     loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use ort::environment::GlobalThreadPoolOptions;
 use ort::ep;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -78,6 +79,23 @@ fn find_in_venv(venv: &Path) -> Option<PathBuf> {
     candidates.into_iter().next()
 }
 
+/// The size of the process's shared intra-op pool, when `share_pool` asked for one before
+/// the environment was made.
+static SHARED_POOL: OnceLock<usize> = OnceLock::new();
+
+/// Gives the environment a shared intra-op pool of `threads` threads, which sessions
+/// loaded with `OpThreads::Shared` run on. Must come before the first session; `celer
+/// bench local` uses it to measure that layout against the sessions' own pools.
+pub fn share_pool(threads: usize) -> Result<(), BackendError> {
+    let threads = threads.max(1);
+    if *SHARED_POOL.get_or_init(|| threads) != threads {
+        return Err(BackendError::LibraryMissing(
+            "the shared ONNX Runtime pool is already sized differently".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The process-wide ONNX Runtime environment. `ort` allows one per process, and loading
 /// the library twice is an error, so the first call decides and later calls share it.
 pub fn environment() -> Result<&'static ort::environment::Environment, BackendError> {
@@ -85,14 +103,46 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
     ENV.get_or_init(|| {
         let path = library_path().map_err(|e| e.to_string())?;
         tracing::info!(library = %path.display(), "loading ONNX Runtime");
-        ort::init_from(&path)
+        let mut builder = ort::init_from(&path)
             .map_err(|e| format!("cannot load {}: {e}", path.display()))?
-            .with_name("celer")
+            .with_name("celer");
+        // Sized now or never: a later `share_pool` finds this value taken.
+        let shared = *SHARED_POOL.get_or_init(|| 0);
+        if shared > 0 {
+            let pool = GlobalThreadPoolOptions::default()
+                .with_intra_threads(shared)
+                .and_then(|p| p.with_spin_control(false))
+                .map_err(|e| format!("cannot size the shared pool: {e}"))?;
+            builder = builder.with_global_thread_pool(pool);
+        }
+        builder
             .build()
             .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))
     })
     .as_ref()
     .map_err(|e| BackendError::LibraryMissing(e.clone()))
+}
+
+/// Where a session's operators find their threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpThreads {
+    /// Its own pool: `threads` in all (the calling thread is one of them). `spin`: the
+    /// pool's threads spin a little before sleeping between operators, which a session
+    /// that has the cores to itself can afford (about 10 % of U2NetP's time at 320x320
+    /// on 2 cores, measured), and one that shares them cannot.
+    Own { threads: usize, spin: bool },
+    /// The environment's shared pool (`share_pool`).
+    Shared,
+}
+
+impl From<usize> for OpThreads {
+    /// Its own pool of `threads`, sleeping between operators.
+    fn from(threads: usize) -> Self {
+        OpThreads::Own {
+            threads,
+            spin: false,
+        }
+    }
 }
 
 /// A tensor's name, element type and shape (-1 for a dynamic dimension).
@@ -111,8 +161,8 @@ pub struct OrtModel {
 }
 
 impl OrtModel {
-    /// Loads `path` with `intra_threads` threads for ONNX Runtime's operators.
-    pub fn load(path: &Path, intra_threads: usize) -> Result<Self, BackendError> {
+    /// Loads `path`, its operators running on `threads`.
+    pub fn load(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, BackendError> {
         let label = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -122,18 +172,33 @@ impl OrtModel {
             reason,
         };
         let env = environment()?;
-        let session = Session::builder(env)
+        let builder = Session::builder(env)
             .map_err(|e| load_err(e.to_string()))?
             .with_optimization_level(GraphOptimizationLevel::Level3)
             .map_err(|e| load_err(e.to_string()))?
-            .with_intra_threads(intra_threads.max(1))
-            .map_err(|e| load_err(e.to_string()))?
             .with_inter_threads(1)
             .map_err(|e| load_err(e.to_string()))?
-            // Spinning threads burn the cores that the other replicas and the pre/post
-            // stages need; a replica's threads sleep between requests.
-            .with_intra_op_spinning(false)
-            .map_err(|e| load_err(e.to_string()))?
+            // Denormal activations flushed to zero: about 5 % of U2NetP's time on this
+            // CPU, and the same mask on the test photos (values below 1e-38 never reach
+            // an 8-bit alpha).
+            .with_flush_to_zero()
+            .map_err(|e| load_err(e.to_string()))?;
+        let builder = match threads.into() {
+            OpThreads::Own { threads, spin } => builder
+                .with_independent_thread_pool()
+                .map_err(|e| load_err(e.to_string()))?
+                .with_intra_threads(threads.max(1))
+                .map_err(|e| load_err(e.to_string()))?
+                .with_intra_op_spinning(spin)
+                .map_err(|e| load_err(e.to_string()))?,
+            OpThreads::Shared if SHARED_POOL.get().is_some_and(|&n| n > 0) => builder,
+            OpThreads::Shared => {
+                return Err(load_err(
+                    "no shared pool: share_pool must come before the first session".into(),
+                ))
+            }
+        };
+        let session = builder
             // No memory arena: an arena keeps its peak for the session's life (about
             // 475 MB a U2NetP session at 320x320, measured), per replica. Without it the
             // activations come from malloc, which `celer serve` tunes and trims when

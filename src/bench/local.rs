@@ -2,16 +2,17 @@
 //! of the pipeline on one image, and the rate at which the backend alone runs the
 //! segmentation model on the same replicas and threads (the limit a server can approach).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::ort::OpThreads;
 use crate::backend::BackendError;
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::{render, RenderError};
 use crate::config::{OutputKind, PipelineSpec};
 use crate::pipeline::StageTimings;
-use crate::replica::cpu::{timed_cutout, CpuPipeline, PipelineError};
+use crate::replica::cpu::{cpu_cores, timed_cutout, CpuPipeline, PipelineError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalBenchError {
@@ -28,16 +29,18 @@ pub enum LocalBenchError {
 }
 
 /// Runs decode + pipeline + render on `image_bytes` `warmup + iterations` times on one
-/// replica with `threads` ONNX Runtime threads; returns the measured iterations' timings.
+/// replica as `celer serve` runs a lone request (its own `threads`, the device's
+/// `solo_threads` lent to it); returns the measured iterations' timings.
 pub fn stage_timings(
     spec: &PipelineSpec,
     image_bytes: &[u8],
     output: OutputKind,
-    threads: usize,
+    (threads, solo_threads): (usize, usize),
     warmup: usize,
     iterations: usize,
 ) -> Result<Vec<StageTimings>, LocalBenchError> {
-    let mut pipeline = CpuPipeline::load(spec, threads)?;
+    let cores = Arc::new(cpu_cores(spec, threads, solo_threads)?);
+    let mut pipeline = CpuPipeline::on(spec, threads, cores)?;
     let mut measured = Vec::with_capacity(iterations);
     for i in 0..warmup + iterations {
         let t = Instant::now();
@@ -58,38 +61,88 @@ pub fn stage_timings(
     Ok(measured)
 }
 
-/// The model alone: `replicas` threads, each with its own session of `threads` threads,
-/// running the segmentation model back to back for `duration`. Returns runs per second.
-pub fn model_only_rate(
+/// How the model alone is run: `sessions` sessions, each driven back to back by its own
+/// thread, their operators on `threads`.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub name: &'static str,
+    pub sessions: usize,
+    pub threads: OpThreads,
+}
+
+impl Layout {
+    /// The layouts a CPU of `cores` cores can run the model in, for `celer bench local
+    /// --model-only`: one session on every core (what a lone request gets in `celer
+    /// serve`), `replicas` sessions of `threads` each (serve's replicas under load), and
+    /// `replicas` sessions on ONNX Runtime's shared pool of `cores` threads (the shared
+    /// pool must be set up first: `crate::backend::ort::share_pool`).
+    pub fn candidates(cores: usize, replicas: usize, threads: usize) -> Vec<Layout> {
+        let mut layouts = vec![Layout {
+            name: "solo",
+            sessions: 1,
+            threads: OpThreads::Own {
+                threads: cores,
+                spin: true,
+            },
+        }];
+        if replicas > 1 {
+            layouts.push(Layout {
+                name: "replicas",
+                sessions: replicas,
+                threads: threads.into(),
+            });
+            layouts.push(Layout {
+                name: "shared-pool",
+                sessions: replicas,
+                threads: OpThreads::Shared,
+            });
+        }
+        layouts
+    }
+}
+
+/// What a layout did: runs per second over all its sessions, and the median time of
+/// one run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LayoutRate {
+    pub layout: &'static str,
+    pub sessions: usize,
+    pub threads: String,
+    pub runs_per_s: f64,
+    pub run_p50_ms: f64,
+}
+
+/// The segmentation model alone in `layout` for `duration`, on a constant input.
+pub fn model_only(
     spec: &PipelineSpec,
-    replicas: usize,
-    threads: usize,
+    layout: Layout,
     duration: Duration,
-) -> Result<f64, LocalBenchError> {
+) -> Result<LayoutRate, LocalBenchError> {
     let seg = &spec.segmentation;
     let shape = [1, 3, seg.image.height as usize, seg.image.width as usize];
     let input = vec![0.5f32; shape.iter().product()];
-    let mut models = (0..replicas.max(1))
-        .map(|_| crate::replica::models::segmentation(spec).load_ort(threads))
+    let mut models = (0..layout.sessions.max(1))
+        .map(|_| crate::replica::models::segmentation(spec).load_ort(layout.threads))
         .collect::<Result<Vec<_>, _>>()?;
     // One warm-up run each: the first run allocates.
     for m in &mut models {
         m.run(&[(seg.image.input.as_str(), shape, &input)], &seg.output)?;
     }
-    let runs = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = AtomicBool::new(false);
     let started = Instant::now();
-    let failed = std::thread::scope(|scope| {
+    let per_session = std::thread::scope(|scope| {
         let handles: Vec<_> = models
             .iter_mut()
             .map(|m| {
-                let (runs, stop, input) = (runs.clone(), stop.clone(), &input);
-                scope.spawn(move || -> Result<(), BackendError> {
+                let (stop, input) = (&stop, &input);
+                scope.spawn(move || -> Result<Vec<Duration>, BackendError> {
+                    let mut runs = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
                         m.run(&[(seg.image.input.as_str(), shape, input)], &seg.output)?;
-                        runs.fetch_add(1, Ordering::Relaxed);
+                        runs.push(t.elapsed());
                     }
-                    Ok(())
+                    Ok(runs)
                 })
             })
             .collect();
@@ -97,11 +150,30 @@ pub fn model_only_rate(
         stop.store(true, Ordering::Relaxed);
         handles
             .into_iter()
-            .filter_map(|h| h.join().ok().and_then(Result::err))
-            .next()
-    });
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
-    Ok(runs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(BackendError::LibraryMissing(
+                        "a session's thread panicked".into(),
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut runs: Vec<Duration> = per_session.into_iter().flatten().collect();
+    runs.sort();
+    Ok(LayoutRate {
+        layout: layout.name,
+        sessions: layout.sessions,
+        threads: match layout.threads {
+            OpThreads::Own { threads, spin } => {
+                format!("{threads} own{}", if spin { ", spinning" } else { "" })
+            }
+            OpThreads::Shared => "shared pool".into(),
+        },
+        runs_per_s: runs.len() as f64 / elapsed,
+        run_p50_ms: runs
+            .get(runs.len() / 2)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3),
+    })
 }

@@ -10,8 +10,10 @@ use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Payload, Window};
+use crate::bench::local::Layout;
 use crate::bench::report::{self, stage_percentiles, PointReport};
-use crate::config::{OutputKind, RuntimeArgs};
+use crate::config::cpus::CpuBudget;
+use crate::config::{OutputKind, PipelineSpec, RuntimeArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -204,27 +206,58 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The model alone in each layout the cores allow; the best rate is the limit a server
+/// can approach under load, the solo layout's run time a lone request's model time.
+fn model_only(
+    spec: &PipelineSpec,
+    args: &LocalArgs,
+    replicas: usize,
+    threads: usize,
+) -> anyhow::Result<()> {
+    let cores = CpuBudget::get().cores;
+    crate::backend::ort::share_pool(cores)?;
+    let duration = Duration::from_secs_f64(args.duration_s);
+    let mut rates = Vec::new();
+    println!(
+        "model only: {} on {cores} cores",
+        spec.segmentation.image.model.display()
+    );
+    println!(
+        "{:<12} {:>8} {:>20} {:>10} {:>11}",
+        "layout", "sessions", "threads each", "runs/s", "run p50 ms"
+    );
+    for layout in Layout::candidates(cores, replicas, threads) {
+        let rate = crate::bench::local::model_only(spec, layout, duration)?;
+        println!(
+            "{:<12} {:>8} {:>20} {:>10.2} {:>11.1}",
+            rate.layout, rate.sessions, rate.threads, rate.runs_per_s, rate.run_p50_ms
+        );
+        rates.push(rate);
+    }
+    let best = rates
+        .iter()
+        .max_by(|a, b| a.runs_per_s.total_cmp(&b.runs_per_s))
+        .context("no layout measured")?;
+    println!(
+        "best layout: {} ({:.2} runs/s)",
+        best.layout, best.runs_per_s
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "cores": cores,
+            "layouts": rates,
+            "best": best,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
+    }
+    Ok(())
+}
+
 fn local(args: LocalArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     let (replicas, threads) = args.runtime.replicas_and_threads();
     if args.model_only {
-        let rate = crate::bench::local::model_only_rate(
-            &spec,
-            replicas,
-            threads,
-            Duration::from_secs_f64(args.duration_s),
-        )?;
-        println!(
-            "model only: {rate:.2} runs/s ({replicas} replicas x {threads} threads, {})",
-            spec.segmentation.image.model.display()
-        );
-        if let Some(path) = &args.json {
-            let json = serde_json::json!({
-                "model_runs_per_s": rate, "replicas": replicas, "threads_per_replica": threads,
-            });
-            std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
-        }
-        return Ok(());
+        return model_only(&spec, &args, replicas, threads);
     }
     let image = args
         .image
@@ -232,19 +265,17 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
         .context("--image is needed for the stage timings (or pass --model-only)")?;
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let output = args.output;
-    // One replica with every thread: the latency of a lone request.
-    let threads = args
-        .runtime
-        .threads_per_replica
-        .unwrap_or(replicas * threads);
+    // One replica, the only one running: the latency of a lone request.
+    let solo_threads = args.runtime.solo_threads().max(threads);
     let timings = crate::bench::local::stage_timings(
         &spec,
         &bytes,
         output,
-        threads,
+        (threads, solo_threads),
         args.warmup,
         args.iterations,
     )?;
+    let threads = solo_threads;
     let rows = stage_percentiles(&timings);
     println!(
         "{} iterations of {} ({threads} threads)",

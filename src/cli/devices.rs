@@ -39,12 +39,19 @@ pub fn device_setups(
             tracing::info!(cuda = %probe.summary(), "serving on the CPU");
         }
         let (replicas, threads) = runtime.replicas_and_threads();
+        let solo_threads = runtime.solo_threads();
         tracing::info!(
             replicas,
             threads_per_replica = threads,
+            solo_threads = solo_threads.max(threads),
             "the CPU runs the pipeline with ONNX Runtime"
         );
-        return Ok(vec![cpu_device_setup(spec, replicas, threads)]);
+        return Ok(vec![cpu_device_setup(
+            spec,
+            replicas,
+            threads,
+            solo_threads,
+        )]);
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
     let plans = plan_gpus(

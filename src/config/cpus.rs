@@ -373,6 +373,7 @@ mod tests {
             model_dir: "/opt/ml/model".into(),
             replicas: None,
             threads_per_replica: None,
+            solo_threads: None,
         };
         let on_quota = |cpu_max: &str| {
             let root = tree(&[

@@ -32,6 +32,13 @@ pub struct RuntimeArgs {
     /// being the container's CPU quota.
     #[arg(long, env = "CELER_THREADS_PER_REPLICA")]
     pub threads_per_replica: Option<usize>,
+
+    /// ONNX Runtime threads for a request that runs while no other replica of the CPU
+    /// does: one more set of sessions with this many threads is lent to it, so that a
+    /// lone request uses every core. Default: the cores (the container's CPU quota); no
+    /// more than --threads-per-replica turns it off.
+    #[arg(long, env = "CELER_SOLO_THREADS")]
+    pub solo_threads: Option<usize>,
 }
 
 /// Which devices `celer serve` and `celer run` start, and what a GPU may do at start-up.
@@ -69,6 +76,11 @@ impl RuntimeArgs {
                 (r, (cores / r).max(1))
             }
         }
+    }
+
+    /// Threads of the sessions lent to a replica running alone on the CPU.
+    pub fn solo_threads(&self) -> usize {
+        self.solo_threads.unwrap_or(CpuBudget::get().cores)
     }
 
     /// Replicas per GPU, and ONNX Runtime threads for each where TensorRT is absent (the

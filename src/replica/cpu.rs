@@ -9,9 +9,10 @@ use std::time::Instant;
 use fast_image_resize::Resizer;
 use image::{GrayImage, RgbImage, RgbaImage};
 
+use super::cores::CoreShare;
 use super::models::{self, nchw, ModelError};
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use crate::backend::ort::OrtModel;
+use crate::backend::ort::{OpThreads, OrtModel};
 use crate::backend::{BackendError, Tensor};
 use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::pipeline::plane::Plane;
@@ -47,18 +48,74 @@ enum Matting {
     Model(Box<MattingModel>),
 }
 
+/// The matting model's input and output names (its session is in `Sessions`).
 struct MattingModel {
-    model: OrtModel,
     image: ImageInputSpec,
     trimap_input: String,
     output: String,
 }
 
-/// One replica on the CPU: its own sessions (so `run` needs no lock) and scratch reused
-/// from request to request, so the hot path allocates little.
-pub struct CpuPipeline {
-    spec: PipelineSpec,
+/// The sessions one run of the pipeline uses: the segmentation model's and, when the
+/// description has one, the matting model's.
+pub struct Sessions {
     segmentation: OrtModel,
+    matting: Option<OrtModel>,
+}
+
+impl Sessions {
+    /// Every model of `spec` on `threads`, checked against the names the description
+    /// gives.
+    pub fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
+        let segmentation = models::segmentation(spec).load_ort(threads)?;
+        check_batching(&segmentation, spec)?;
+        let matting = models::matting(spec)
+            .map(|m| m.load_ort(threads))
+            .transpose()?;
+        Ok(Self {
+            segmentation,
+            matting,
+        })
+    }
+}
+
+/// A CPU device's cores as its replicas share them (see `super::cores`).
+pub type CpuCores = CoreShare<Sessions>;
+
+/// The cores of a CPU device: `solo_threads` threads for a replica running alone, when
+/// that is more than each replica's own `replica_threads`.
+pub fn cpu_cores(
+    spec: &PipelineSpec,
+    replica_threads: usize,
+    solo_threads: usize,
+) -> Result<CpuCores, PipelineError> {
+    let solo = (solo_threads > replica_threads)
+        .then(|| {
+            Sessions::load(
+                spec,
+                OpThreads::Own {
+                    threads: solo_threads,
+                    spin: true,
+                },
+            )
+        })
+        .transpose()?;
+    Ok(CoreShare::new(solo))
+}
+
+/// One replica on the CPU: its own sessions (so `run` needs no lock), the device's solo
+/// sessions it may borrow, and scratch reused from request to request, so the hot path
+/// allocates little.
+pub struct CpuPipeline {
+    sessions: Sessions,
+    cores: Arc<CpuCores>,
+    /// Requests waiting for the device as the next run starts (`note_waiting`).
+    waiting: usize,
+    stages: Stages,
+}
+
+/// The stages around the models, and their scratch.
+struct Stages {
+    spec: PipelineSpec,
     matting: Matting,
     resizer: Resizer,
     resized: Vec<u8>,
@@ -80,49 +137,52 @@ fn prepare_into(resized: &mut Vec<u8>, image: &RgbImage, spec: &ImageInputSpec, 
 }
 
 impl CpuPipeline {
-    /// Loads every model of `spec` with `intra_threads` ONNX Runtime threads each, and
-    /// checks that their inputs and outputs are the ones the description names.
+    /// A replica alone on the cores: every model of `spec` with `intra_threads` ONNX
+    /// Runtime threads each, checked against the names the description gives.
     pub fn load(spec: &PipelineSpec, intra_threads: usize) -> Result<Self, PipelineError> {
-        let segmentation = models::segmentation(spec).load_ort(intra_threads)?;
-        check_batching(&segmentation, spec)?;
-        let matting = match (&spec.matting, models::matting(spec)) {
-            (
-                MattingSpec::Model {
-                    image,
-                    trimap_input,
-                    output,
-                },
-                Some(model),
-            ) => Matting::Model(Box::new(MattingModel {
-                model: model.load_ort(intra_threads)?,
+        Self::on(spec, intra_threads, Arc::new(CoreShare::new(None)))
+    }
+
+    /// A replica of a device whose cores are `cores`, with `intra_threads` threads of
+    /// its own.
+    pub fn on(
+        spec: &PipelineSpec,
+        intra_threads: usize,
+        cores: Arc<CpuCores>,
+    ) -> Result<Self, PipelineError> {
+        let sessions = Sessions::load(spec, intra_threads.into())?;
+        let matting = match &spec.matting {
+            MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            } => Matting::Model(Box::new(MattingModel {
                 image: image.clone(),
                 trimap_input: trimap_input.clone(),
                 output: output.clone(),
             })),
-            (
-                &MattingSpec::GuidedFilter {
-                    radius_px,
-                    epsilon,
-                    subsample,
-                },
-                _,
-            ) => Matting::GuidedFilter {
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => Matting::GuidedFilter {
                 radius_px,
                 epsilon,
                 subsample,
             },
-            (MattingSpec::Model { .. }, None) => {
-                return Err(stage_err("matting")("no matting model described".into()))
-            }
         };
         Ok(Self {
-            spec: spec.clone(),
-            segmentation,
-            matting,
-            resizer: Resizer::new(),
-            resized: Vec::new(),
-            input: Vec::new(),
-            batch: Vec::new(),
+            sessions,
+            cores,
+            waiting: 0,
+            stages: Stages {
+                spec: spec.clone(),
+                matting,
+                resizer: Resizer::new(),
+                resized: Vec::new(),
+                input: Vec::new(),
+                batch: Vec::new(),
+            },
         })
     }
 
@@ -142,9 +202,40 @@ impl CpuPipeline {
     /// normalised into its slot of one [N, 3, h, w] tensor (`load` checked that the
     /// model's batch dimension is dynamic when N can exceed 1) and the output is split
     /// per image; trimap and matting then run image by image. Each image's
-    /// `timings.model` is the whole batch's model time.
+    /// `timings.model` is the whole batch's model time. The models run on the device's
+    /// solo sessions when no other replica is running and no request waits (see
+    /// `note_waiting`), else on this replica's own.
     pub fn run_batch(
         &mut self,
+        images: &[&RgbImage],
+        timings: &mut [StageTimings],
+    ) -> Result<Vec<Matte>, PipelineError> {
+        let running = self.cores.enter();
+        let mut solo = self
+            .cores
+            .lend_solo(&running, std::mem::take(&mut self.waiting));
+        let sessions = match solo.as_deref_mut() {
+            Some(solo) => solo,
+            None => &mut self.sessions,
+        };
+        self.stages.run_batch(sessions, images, timings)
+    }
+
+    /// How many requests wait for the device behind the next run.
+    pub fn note_waiting(&mut self, waiting: usize) {
+        self.waiting = waiting;
+    }
+
+    /// The device's cores as this replica shares them.
+    pub fn cores(&self) -> &CpuCores {
+        &self.cores
+    }
+}
+
+impl Stages {
+    fn run_batch(
+        &mut self,
+        sessions: &mut Sessions,
         images: &[&RgbImage],
         timings: &mut [StageTimings],
     ) -> Result<Vec<Matte>, PipelineError> {
@@ -170,7 +261,7 @@ impl CpuPipeline {
         }
         let start = Instant::now();
         let [_, c, h, w] = nchw(&seg.image, 3);
-        let out = self.segmentation.run(
+        let out = sessions.segmentation.run(
             &[(seg.image.input.as_str(), [n, c, h, w], &self.batch)],
             &seg.output,
         )?;
@@ -179,7 +270,7 @@ impl CpuPipeline {
         let mut mattes = Vec::with_capacity(n);
         for ((image, t), out) in images.iter().zip(timings.iter_mut()).zip(per_image) {
             t.model = model_time;
-            mattes.push(self.finish(image, &out, t)?);
+            mattes.push(self.finish(sessions, image, &out, t)?);
         }
         Ok(mattes)
     }
@@ -187,6 +278,7 @@ impl CpuPipeline {
     /// Trimap and matting of one image from its segmentation output (batch of one).
     fn finish(
         &mut self,
+        sessions: &mut Sessions,
         image: &RgbImage,
         out: &Tensor,
         timings: &mut StageTimings,
@@ -216,11 +308,14 @@ impl CpuPipeline {
             .alpha(image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
-                    model,
                     image: input,
                     trimap_input,
                     output,
-                } = &mut **m;
+                } = &**m;
+                let model = sessions
+                    .matting
+                    .as_mut()
+                    .ok_or_else(|| stage_err("matting")("no matting model loaded".into()))?;
                 self.input.resize(input_len(input), 0.0);
                 prepare_into(&mut self.resized, image, input, &mut self.input);
                 let alpha = run_matting_model(
@@ -391,6 +486,10 @@ impl Executor for CpuExecutor {
             .collect())
     }
 
+    fn note_waiting(&mut self, waiting: usize) {
+        self.pipeline.note_waiting(waiting);
+    }
+
     fn health_check(&mut self) -> Result<(), ExecError> {
         let job = health_check_job();
         self.pipeline
@@ -401,16 +500,30 @@ impl Executor for CpuExecutor {
 }
 
 /// The CPU as a device of `celer serve` or `celer run` for `spec`: `replicas` replicas,
-/// each with its own sessions and `threads` ONNX Runtime threads. (GPUs: `gpu`.)
+/// each with its own sessions of `threads` ONNX Runtime threads, and solo sessions of
+/// `solo_threads` that a replica running alone borrows (`super::cores`). (GPUs: `gpu`.)
 pub fn cpu_device_setup(
     spec: &PipelineSpec,
     replicas: usize,
     threads: usize,
+    solo_threads: usize,
 ) -> DeviceSetup<BoxedPipelineExecutor> {
     let batching = spec.batching;
     let spec = spec.clone();
+    // Loaded with the first replica (loading can fail, and fails as a replica's load
+    // does), then shared by every replica of the device, replacements included.
+    let cores: Arc<std::sync::Mutex<Option<Arc<CpuCores>>>> = Arc::default();
     let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |_replica| {
-        let pipeline = CpuPipeline::load(&spec, threads)?;
+        let shared = {
+            let mut cores = cores.lock().unwrap_or_else(|p| p.into_inner());
+            match &*cores {
+                Some(shared) => shared.clone(),
+                None => cores
+                    .insert(Arc::new(cpu_cores(&spec, threads, solo_threads)?))
+                    .clone(),
+            }
+        };
+        let pipeline = CpuPipeline::on(&spec, threads, shared)?;
         Ok(Box::new(CpuExecutor::new(pipeline)) as BoxedPipelineExecutor)
     });
     DeviceSetup {

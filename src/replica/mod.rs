@@ -6,6 +6,7 @@
 //! `crate::pipeline`'s. See docs/architecture.md.
 
 pub mod contract;
+pub mod cores;
 pub mod cpu;
 pub mod gpu;
 pub mod models;

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::contract::{ContractError, Declared, Element, ModelContract};
-use crate::backend::ort::{OrtModel, TensorDescription};
+use crate::backend::ort::{OpThreads, OrtModel, TensorDescription};
 use crate::backend::BackendError;
 use crate::config::{ImageInputSpec, MattingSpec, PipelineSpec};
 
@@ -76,10 +76,9 @@ impl ModelSpec<'_> {
         }
     }
 
-    /// An ONNX Runtime session of the model with `intra_threads` threads, checked against
-    /// its contract.
-    pub fn load_ort(&self, intra_threads: usize) -> Result<OrtModel, ModelError> {
-        let model = OrtModel::load(self.path, intra_threads)?;
+    /// An ONNX Runtime session of the model on `threads`, checked against its contract.
+    pub fn load_ort(&self, threads: impl Into<OpThreads>) -> Result<OrtModel, ModelError> {
+        let model = OrtModel::load(self.path, threads)?;
         let declared: Vec<Declared> = model
             .inputs()
             .iter()

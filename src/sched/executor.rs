@@ -28,6 +28,12 @@ pub trait Executor: Send + 'static {
     /// A small inference whose success shows that an unhealthy device works again.
     fn health_check(&mut self) -> Result<(), ExecError>;
 
+    /// Told just before each `run_batch`: how many requests wait in this device's queue
+    /// behind the batch. An executor that can give a lone run more of the device (the
+    /// CPU's solo sessions, `crate::replica::cores`) tells a lone request from a busy
+    /// device by it; the others ignore it.
+    fn note_waiting(&mut self, _waiting: usize) {}
+
     /// Whether `error`, from a run or a health check of this executor, means that its device is
     /// lost (a GPU whose context failed for every replica on it): retrying is pointless
     /// until the device is recovered.
@@ -53,6 +59,10 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn health_check(&mut self) -> Result<(), ExecError> {
         (**self).health_check()
+    }
+
+    fn note_waiting(&mut self, waiting: usize) {
+        (**self).note_waiting(waiting)
     }
 
     fn device_lost(&self, error: &ExecError) -> bool {

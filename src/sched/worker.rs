@@ -130,7 +130,8 @@ impl<E: Executor> Replica<E> {
                     let (batch, deferred) =
                         gather(first, jobs, &self.batching, |j| self.still_wanted(j));
                     next = deferred;
-                    self.execute(batch);
+                    let waiting = jobs.len() + usize::from(next.is_some());
+                    self.execute(batch, waiting);
                 }
             }
             if self.panicked {
@@ -193,7 +194,8 @@ impl<E: Executor> Replica<E> {
         Some(job)
     }
 
-    fn execute(&mut self, batch: Vec<Job<E>>) {
+    /// Runs `batch`, `waiting` requests queued behind it.
+    fn execute(&mut self, batch: Vec<Job<E>>, waiting: usize) {
         let n = batch.len();
         let state = self.state.clone();
         let m = &state.metrics;
@@ -211,7 +213,10 @@ impl<E: Executor> Replica<E> {
 
         let inputs: Vec<&E::Input> = batch.iter().map(|j| &j.input).collect();
         let exec = &mut self.exec;
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| exec.run_batch(&inputs)));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            exec.note_waiting(waiting);
+            exec.run_batch(&inputs)
+        }));
         drop(inputs);
         let compute = started.elapsed();
 

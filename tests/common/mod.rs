@@ -62,6 +62,9 @@ pub fn fetched(name: &str) -> PathBuf {
 pub struct StateOptions {
     pub replicas: usize,
     pub threads: usize,
+    /// Threads of the sessions lent to a lone replica (`celer serve --solo-threads`);
+    /// no more than `threads`: none.
+    pub solo_threads: usize,
     pub queue_capacity: usize,
     pub limits: RequestLimits,
     /// `None`: the pipeline's own default.
@@ -75,6 +78,7 @@ impl Default for StateOptions {
         Self {
             replicas: 1,
             threads: 1,
+            solo_threads: 0,
             queue_capacity: 16,
             limits: RequestLimits {
                 max_body_bytes: 6 * 1024 * 1024,
@@ -92,7 +96,12 @@ impl Default for StateOptions {
 pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
     let spec = celer::cli::load_pipeline(model_dir)
         .unwrap_or_else(|e| panic!("{}: {e:#}", model_dir.display()));
-    let devices = vec![cpu_device_setup(&spec, options.replicas, options.threads)];
+    let devices = vec![cpu_device_setup(
+        &spec,
+        options.replicas,
+        options.threads,
+        options.solo_threads,
+    )];
     let router = Router::start(
         devices,
         RouterConfig {
