@@ -12,34 +12,16 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
-use common::{model_dir, repo};
+use common::{model_dir, printed as said, repo, venv_python};
 use serve_support::Server;
 
 /// scripts/check_manifests.py with .venv's Python and `args`.
 fn check_manifests(args: &[&str]) -> Output {
-    let python = repo(".venv/bin/python");
-    let has_schemas = Command::new(&python)
-        .args(["-c", "import kserve.models, kubernetes.client, yaml"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_schemas,
-        "{} cannot import kserve and kubernetes: run `make python` (scripts/setup-python)",
-        python.display()
-    );
-    Command::new(&python)
+    Command::new(venv_python(&["kserve.models", "kubernetes.client", "yaml"]))
         .arg(repo("scripts/check_manifests.py"))
         .args(args)
         .output()
         .expect("python runs")
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]
@@ -85,31 +67,25 @@ fn the_check_refuses_typos_wrong_types_and_missing_fields() {
     let dir_arg = dir.path().to_str().unwrap();
     let out = check_manifests(&[dir_arg]);
     assert!(out.status.success(), "the copy as it is: {}", said(&out));
-    copy(
-        "deploy/kserve/serving-runtime.yaml",
-        "readinessProbe:",
-        "readinesProbe:",
-    );
-    let out = check_manifests(&[dir_arg]);
-    assert!(!out.status.success(), "a typo passed:\n{}", said(&out));
-    assert!(
-        said(&out).contains("V1Container has no field 'readinesProbe'"),
-        "{}",
-        said(&out)
-    );
-    // Valid by the schema, but not a celer that KServe can reach: bound to localhost.
-    copy(
-        "deploy/kserve/serving-runtime.yaml",
-        "--bind=0.0.0.0",
-        "--bind=127.0.0.1",
-    );
-    let out = check_manifests(&[dir_arg]);
-    assert!(!out.status.success(), "{}", said(&out));
-    assert!(
-        said(&out).contains("--bind=0.0.0.0 expected"),
-        "{}",
-        said(&out)
-    );
+    for (old, new, refusal) in [
+        // A typo in a key.
+        (
+            "readinessProbe:",
+            "readinesProbe:",
+            "V1Container has no field 'readinesProbe'",
+        ),
+        // Valid by the schema, but not a celer that KServe can reach: bound to localhost.
+        (
+            "--bind=0.0.0.0",
+            "--bind=127.0.0.1",
+            "--bind=0.0.0.0 expected",
+        ),
+    ] {
+        copy("deploy/kserve/serving-runtime.yaml", old, new);
+        let out = check_manifests(&[dir_arg]);
+        assert!(!out.status.success(), "{new} passed:\n{}", said(&out));
+        assert!(said(&out).contains(refusal), "{}", said(&out));
+    }
 }
 
 #[test]

@@ -49,13 +49,7 @@ fn fixture_state(max_body_bytes: usize, queue_capacity: usize) -> Arc<AppState> 
 }
 
 fn python() -> PathBuf {
-    let python = repo(".venv/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: run `make python`",
-        python.display()
-    );
-    python
+    common::venv_python(&[])
 }
 
 /// Runs `scripts/hostile_clients.py ARGS` and parses the JSON it prints.

@@ -10,7 +10,7 @@ mod serve_support;
 use std::process::Command;
 
 use base64::Engine;
-use common::{fetched, model_dir, repo};
+use common::{fetched, model_dir, printed, repo, venv_python};
 use serve_support::Server;
 
 /// `script` (under tests/) with .venv's Python against `server`, on `photo` and `more`
@@ -24,28 +24,14 @@ fn python_client(
     more: &[&str],
     done: &str,
 ) {
-    let python = repo(".venv/bin/python");
-    let has_client = Command::new(&python)
-        .args(["-c", &format!("import {import}")])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_client,
-        "{} cannot import {import}: run `make python` (scripts/setup-python)",
-        python.display()
-    );
-    let out = Command::new(&python)
+    let out = Command::new(venv_python(&[import]))
         .arg(repo(&format!("tests/{script}")))
         .arg(server.host_port())
         .arg(fetched(photo))
         .args(more)
         .output()
         .expect("python runs");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = printed(&out);
     eprintln!("{said}");
     assert!(
         out.status.success(),

@@ -8,39 +8,19 @@ tests/v2.rs: `python tests/v2_clients.py HOST:PORT PHOTO`; exits non-zero on a f
 import base64
 import io
 import sys
-import urllib.request
 
 import numpy as np
 import tritonclient.http as httpclient
 from PIL import Image, ImageOps
 from tritonclient.utils import InferenceServerException
 
-
-def invocations_alpha(url, photo, content_type="image/jpeg"):
-    request = urllib.request.Request(
-        f"http://{url}/invocations",
-        data=photo,
-        headers={
-            "Content-Type": content_type,
-            "X-Amzn-SageMaker-Custom-Attributes": "output=alpha",
-        },
-    )
-    with urllib.request.urlopen(request) as response:
-        return np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
-
-
-def close_to(what, alpha, expected):
-    assert alpha.dtype == np.uint8, f"{what}: {alpha.dtype}"
-    assert alpha.shape == expected.shape, f"{what}: shape {alpha.shape} vs {expected.shape}"
-    worst = int(np.abs(alpha.astype(int) - expected.astype(int)).max())
-    assert worst <= 1, f"{what}: alpha differs from /invocations' by {worst}"
-    print(f"{what}: alpha {alpha.shape} within {worst} LSB of /invocations")
+from v2_common import close_to, invocations_alpha
 
 
 def main():
     url, photo_path = sys.argv[1], sys.argv[2]
     photo = open(photo_path, "rb").read()
-    expected = invocations_alpha(url, photo)
+    expected = invocations_alpha(f"http://{url}", photo)
     client = httpclient.InferenceServerClient(url=url)
 
     assert client.is_server_live()
@@ -87,7 +67,7 @@ def main():
     rgb = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(photo))).convert("RGB"))
     png = io.BytesIO()
     Image.fromarray(rgb).save(png, format="PNG")
-    expected = invocations_alpha(url, png.getvalue(), "image/png")
+    expected = invocations_alpha(f"http://{url}", png.getvalue(), "image/png")
     image = httpclient.InferInput("image_rgb", list(rgb.shape), "UINT8")
     image.set_data_from_numpy(rgb, binary_data=True)
     result = client.infer(

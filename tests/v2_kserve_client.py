@@ -13,7 +13,6 @@ import asyncio
 import base64
 import io
 import sys
-import urllib.request
 
 import httpx
 import numpy as np
@@ -22,26 +21,7 @@ from kserve.protocol.infer_type import RequestedOutput
 from kserve.protocol.rest import v2_datamodels as v2
 from PIL import Image, ImageOps
 
-
-def invocations_alpha(url, photo, content_type="image/jpeg"):
-    request = urllib.request.Request(
-        f"{url}/invocations",
-        data=photo,
-        headers={
-            "Content-Type": content_type,
-            "X-Amzn-SageMaker-Custom-Attributes": "output=alpha",
-        },
-    )
-    with urllib.request.urlopen(request) as response:
-        return np.asarray(Image.open(io.BytesIO(response.read())).convert("L"))
-
-
-def close_to(what, alpha, expected):
-    assert alpha.dtype == np.uint8, f"{what}: {alpha.dtype}"
-    assert alpha.shape == expected.shape, f"{what}: shape {alpha.shape} vs {expected.shape}"
-    worst = int(np.abs(alpha.astype(int) - expected.astype(int)).max())
-    assert worst <= 1, f"{what}: alpha differs from /invocations' by {worst}"
-    print(f"{what}: alpha {alpha.shape} within {worst} LSB of /invocations")
+from v2_common import close_to, invocations_alpha
 
 
 def asked(name, binary):

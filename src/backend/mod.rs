@@ -11,6 +11,8 @@ pub mod ort;
 pub enum BackendError {
     #[error("ONNX Runtime library not found: {0}")]
     LibraryMissing(String),
+    #[error("ONNX Runtime environment: {0}")]
+    Environment(String),
     #[error("cannot load model {model}: {reason}")]
     Load { model: String, reason: String },
     #[error("model {model} does not fit the pipeline description: {reason}")]

@@ -89,8 +89,8 @@ static SHARED_POOL: OnceLock<usize> = OnceLock::new();
 pub fn share_pool(threads: usize) -> Result<(), BackendError> {
     let threads = threads.max(1);
     if *SHARED_POOL.get_or_init(|| threads) != threads {
-        return Err(BackendError::LibraryMissing(
-            "the shared ONNX Runtime pool is already sized differently".into(),
+        return Err(BackendError::Environment(
+            "the shared pool is already sized differently".into(),
         ));
     }
     Ok(())

@@ -24,6 +24,8 @@ pub enum LocalBenchError {
     Render(#[from] RenderError),
     #[error(transparent)]
     Model(#[from] crate::replica::models::ModelError),
+    #[error("a session's thread panicked")]
+    SessionPanicked,
     #[error("cannot decode the benchmark image: {0}")]
     Decode(#[from] crate::codec::decode::DecodeError),
 }
@@ -150,12 +152,9 @@ pub fn model_only(
         stop.store(true, Ordering::Relaxed);
         handles
             .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(BackendError::LibraryMissing(
-                        "a session's thread panicked".into(),
-                    ))
-                })
+            .map(|h| match h.join() {
+                Ok(runs) => runs.map_err(LocalBenchError::from),
+                Err(_) => Err(LocalBenchError::SessionPanicked),
             })
             .collect::<Result<Vec<_>, _>>()
     })?;

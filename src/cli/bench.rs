@@ -266,7 +266,7 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let output = args.output;
     // One replica, the only one running: the latency of a lone request.
-    let solo_threads = args.runtime.solo_threads().max(threads);
+    let solo_threads = args.runtime.solo_threads(threads);
     let timings = crate::bench::local::stage_timings(
         &spec,
         &bytes,
@@ -275,10 +275,9 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
         args.warmup,
         args.iterations,
     )?;
-    let threads = solo_threads;
     let rows = stage_percentiles(&timings);
     println!(
-        "{} iterations of {} ({threads} threads)",
+        "{} iterations of {} ({solo_threads} threads)",
         timings.len(),
         image.display()
     );

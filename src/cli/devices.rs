@@ -39,11 +39,11 @@ pub fn device_setups(
             tracing::info!(cuda = %probe.summary(), "serving on the CPU");
         }
         let (replicas, threads) = runtime.replicas_and_threads();
-        let solo_threads = runtime.solo_threads();
+        let solo_threads = runtime.solo_threads(threads);
         tracing::info!(
             replicas,
             threads_per_replica = threads,
-            solo_threads = solo_threads.max(threads),
+            solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
         return Ok(vec![cpu_device_setup(

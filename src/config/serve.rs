@@ -78,9 +78,11 @@ impl RuntimeArgs {
         }
     }
 
-    /// Threads of the sessions lent to a replica running alone on the CPU.
-    pub fn solo_threads(&self) -> usize {
-        self.solo_threads.unwrap_or(CpuBudget::get().cores)
+    /// Threads a replica running alone on the CPU gets, when each replica has `own`:
+    /// `--solo-threads` (default the cores), never fewer than `own` (then no solo set is
+    /// loaded).
+    pub fn solo_threads(&self, own: usize) -> usize {
+        self.solo_threads.unwrap_or(CpuBudget::get().cores).max(own)
     }
 
     /// Replicas per GPU, and ONNX Runtime threads for each where TensorRT is absent (the

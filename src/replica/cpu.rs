@@ -225,11 +225,6 @@ impl CpuPipeline {
     pub fn note_waiting(&mut self, waiting: usize) {
         self.waiting = waiting;
     }
-
-    /// The device's cores as this replica shares them.
-    pub fn cores(&self) -> &CpuCores {
-        &self.cores
-    }
 }
 
 impl Stages {

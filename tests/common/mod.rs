@@ -18,6 +18,39 @@ pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// The checkout's `.venv` Python (`make python`), which must import every one of
+/// `modules`: a test that needs it fails, saying so, where it is missing.
+pub fn venv_python(modules: &[&str]) -> PathBuf {
+    let python = repo(".venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: run `make python` (scripts/setup-python)",
+        python.display()
+    );
+    if !modules.is_empty() {
+        let imports = std::process::Command::new(&python)
+            .args(["-c", &format!("import {}", modules.join(", "))])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            imports,
+            "{} cannot import {}: run `make python` (scripts/setup-python)",
+            python.display(),
+            modules.join(", ")
+        );
+    }
+    python
+}
+
+/// What a finished process printed, stdout then stderr.
+pub fn printed(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A fixture pipeline directory under `onnx/fixtures` (committed: always present).
 pub fn fixture_dir(name: &str) -> PathBuf {
     let dir = repo("onnx/fixtures").join(name);
