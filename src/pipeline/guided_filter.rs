@@ -8,8 +8,9 @@
 use fast_image_resize::Resizer;
 use image::{GrayImage, RgbImage};
 
+use super::lanes::Lanes;
 use super::plane::Plane;
-use super::preprocess::{bilinear_weights, resize_rgb};
+use super::preprocess::{bilinear_weights, resize_rgb_in};
 use super::resample::resize_plane;
 use super::trimap::{BACKGROUND, FOREGROUND};
 
@@ -45,6 +46,27 @@ pub fn fit(
     epsilon: f32,
     subsample: u32,
 ) -> Result<LinearModel, String> {
+    fit_in(
+        Lanes::ONE,
+        resizer,
+        image,
+        coarse,
+        radius,
+        epsilon,
+        subsample,
+    )
+}
+
+/// `fit` with the image's resize split across `lanes` (the same bits).
+pub fn fit_in(
+    lanes: Lanes,
+    resizer: &mut Resizer,
+    image: &RgbImage,
+    coarse: &Plane,
+    radius: u32,
+    epsilon: f32,
+    subsample: u32,
+) -> Result<LinearModel, String> {
     let s = subsample.max(1);
     let (w, h) = (image.width().div_ceil(s), image.height().div_ceil(s));
     let r = ((radius + s / 2) / s).max(1);
@@ -52,7 +74,7 @@ pub fn fit(
     p.data.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
     let guide = if s > 1 {
         let mut small = Vec::new();
-        resize_rgb(image, w, h, &mut small);
+        resize_rgb_in(lanes, image, w, h, &mut small);
         luma(&small, w, h)
     } else {
         luma(image.as_raw(), w, h)
@@ -67,7 +89,14 @@ impl LinearModel {
     pub fn apply(&self, guide: &Plane) -> Plane {
         let mut q = vec![0f32; guide.len()];
         let (w, h) = (guide.width, guide.height);
-        self.for_each_pixel(w, h, |_| true, |k| guide.data[k], |k, v| q[k] = v);
+        self.for_each_pixel(
+            w,
+            h,
+            0..h as usize,
+            |_| true,
+            |k| guide.data[k],
+            |k, v| q[k] = v,
+        );
         Plane::new(w, h, q)
     }
 
@@ -75,29 +104,42 @@ impl LinearModel {
     /// where it is unknown. Only unknown pixels are evaluated: the band is typically a
     /// tenth of the image, and upsampling `A` and `B` everywhere cost more than the fit.
     pub fn alpha(&self, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
+        self.alpha_in(Lanes::ONE, image, trimap)
+    }
+
+    /// `alpha` with its rows split across `lanes` (the same bits).
+    pub fn alpha_in(&self, lanes: Lanes, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
         let t = trimap.as_raw();
         let rgb = image.as_raw();
+        let (w, h) = image.dimensions();
+        let row_len = w as usize;
         let mut alpha: Vec<u8> = t
             .iter()
             .map(|&v| if v == FOREGROUND { 255 } else { 0 })
             .collect();
-        self.for_each_pixel(
-            image.width(),
-            image.height(),
-            |k| t[k] != FOREGROUND && t[k] != BACKGROUND,
-            |k| luma_of(&rgb[3 * k..3 * k + 3]),
-            |k, v| alpha[k] = (v.clamp(0.0, 1.0) * 255.0).round() as u8,
-        );
-        GrayImage::from_raw(image.width(), image.height(), alpha).expect("length is width * height")
+        lanes.rows(&mut alpha, row_len, |first_row, rows| {
+            let offset = first_row * row_len;
+            self.for_each_pixel(
+                w,
+                h,
+                first_row..first_row + rows.len() / row_len.max(1),
+                |k| t[k] != FOREGROUND && t[k] != BACKGROUND,
+                |k| luma_of(&rgb[3 * k..3 * k + 3]),
+                |k, v| rows[k - offset] = (v.clamp(0.0, 1.0) * 255.0).round() as u8,
+            );
+        });
+        GrayImage::from_raw(w, h, alpha).expect("length is width * height")
     }
 
-    /// Calls `out(index, q)` for each pixel `index` of the `width` x `height` plane for
-    /// which `needed(index)`, with the guide's value there from `guide(index)`. Rows
-    /// with no such pixel skip the vertical interpolation; other pixels skip the rest.
+    /// Calls `out(index, q)` for each pixel `index` in rows `rows` of the `width` x
+    /// `height` plane for which `needed(index)`, with the guide's value there from
+    /// `guide(index)`. Rows with no such pixel skip the vertical interpolation; other
+    /// pixels skip the rest.
     fn for_each_pixel(
         &self,
         width: u32,
         height: u32,
+        rows: std::ops::Range<usize>,
         needed: impl Fn(usize) -> bool,
         guide: impl Fn(usize) -> f32,
         mut out: impl FnMut(usize, f32),
@@ -107,7 +149,7 @@ impl LinearModel {
         let xs = bilinear_weights(self.mean_a.width, width);
         let ys = bilinear_weights(self.mean_a.height, height);
         let (mut row_a, mut row_b) = (vec![0f32; lw], vec![0f32; lw]);
-        for (y, (y0, wy)) in ys.iter().enumerate().take(h) {
+        for (y, (y0, wy)) in ys.iter().enumerate().take(h.min(rows.end)).skip(rows.start) {
             if !(y * w..(y + 1) * w).any(&needed) {
                 continue;
             }
@@ -372,6 +414,38 @@ mod tests {
                 _ => (q.data[(5 * w + x) as usize].clamp(0.0, 1.0) * 255.0).round() as u8,
             };
             assert_eq!(alpha.get_pixel(x, 5)[0], want, "x = {x}");
+        }
+    }
+
+    #[test]
+    fn lanes_give_the_same_fit_and_alpha() {
+        // Tall enough that 4 lanes each get rows, with an unknown band in every lane.
+        let (w, h) = (123u32, 211u32);
+        let image = RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x * 2 + y) as u8, (x ^ y) as u8, (y * 3) as u8])
+        });
+        let coarse = Plane::new(
+            31,
+            53,
+            (0..31 * 53)
+                .map(|k| ((k % 31) as f32 / 30.0).powi(2))
+                .collect(),
+        );
+        let trimap = GrayImage::from_fn(w, h, |x, y| {
+            image::Luma([match (x + y) % 60 {
+                0..=19 => BACKGROUND,
+                40.. => FOREGROUND,
+                _ => 128,
+            }])
+        });
+        let want_model = fit(&mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
+        let want = want_model.alpha(&image, &trimap);
+        for lanes in 2..=4 {
+            let lanes = Lanes::new(lanes);
+            let model = fit_in(lanes, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
+            assert_eq!(model.mean_a, want_model.mean_a);
+            assert_eq!(model.mean_b, want_model.mean_b);
+            assert_eq!(model.alpha_in(lanes, &image, &trimap), want, "{lanes:?}");
         }
     }
 

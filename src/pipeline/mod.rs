@@ -12,6 +12,7 @@
 
 pub mod composite;
 pub mod guided_filter;
+pub mod lanes;
 pub mod plane;
 pub mod preprocess;
 pub mod resample;

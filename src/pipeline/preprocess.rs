@@ -9,6 +9,7 @@ use fast_image_resize::ResizeAlg;
 use fast_image_resize::{FilterType, ResizeOptions};
 use image::RgbImage;
 
+use super::lanes::Lanes;
 use crate::config::{Normalize, Scale};
 
 /// Bilinear resampling as PIL does it, for the f32 planes (masks) that `resample` resizes:
@@ -97,6 +98,11 @@ const HALF: i32 = 1 << (PRECISION_BITS - 1);
 /// Resizes interleaved RGB8 `src` to `width` x `height` into `out` (resized to fit):
 /// horizontal pass over the rows the vertical pass needs, then the vertical pass.
 pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
+    resize_rgb_in(Lanes::ONE, src, width, height, out);
+}
+
+/// `resize_rgb` with each pass's rows split across `lanes` (the same bits).
+pub fn resize_rgb_in(lanes: Lanes, src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
     let (sw, sh) = src.dimensions();
     let out_len = width as usize * height as usize * 3;
     if (sw, sh) == (width, height) {
@@ -111,23 +117,16 @@ pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
     let (tmp, tmp_first_row): (&[u8], u32) = if sw != width {
         let horiz = Taps::bilinear(sw, width);
         let rows = (row_end - row0) as usize;
-        let mut t = vec![0u8; width as usize * 3 * rows];
+        let stride = width as usize * 3;
+        let mut t = vec![0u8; stride * rows];
         let src_raw = src.as_raw();
-        for (r, dst) in t.chunks_exact_mut(width as usize * 3).enumerate() {
-            let y = row0 as usize + r;
-            let line = &src_raw[y * sw as usize * 3..(y + 1) * sw as usize * 3];
-            for (x, px) in dst.chunks_exact_mut(3).enumerate() {
-                let first = horiz.first[x] as usize * 3;
-                let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
-                for (k, &w) in horiz.weights[x].iter().enumerate() {
-                    let s = &line[first + k * 3..first + k * 3 + 3];
-                    a0 += i32::from(s[0]) * w;
-                    a1 += i32::from(s[1]) * w;
-                    a2 += i32::from(s[2]) * w;
-                }
-                px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
+        lanes.rows(&mut t, stride, |first_row, dst_rows| {
+            for (r, dst) in dst_rows.chunks_exact_mut(stride).enumerate() {
+                let y = row0 as usize + first_row + r;
+                let line = &src_raw[y * sw as usize * 3..(y + 1) * sw as usize * 3];
+                horizontal_row(line, &horiz, dst);
             }
-        }
+        });
         horizontal = t;
         (&horizontal, row0)
     } else {
@@ -140,19 +139,38 @@ pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
         return;
     }
     let stride = width as usize * 3;
-    let mut acc = vec![0i32; stride];
-    for (y, dst) in out.chunks_exact_mut(stride).enumerate() {
-        acc.iter_mut().for_each(|a| *a = HALF);
-        let first = (vert.first[y] - tmp_first_row) as usize;
-        for (k, &w) in vert.weights[y].iter().enumerate() {
-            let row = &tmp[(first + k) * stride..(first + k + 1) * stride];
-            for (a, &v) in acc.iter_mut().zip(row) {
-                *a += i32::from(v) * w;
+    lanes.rows(out, stride, |first_row, dst_rows| {
+        let mut acc = vec![0i32; stride];
+        for (r, dst) in dst_rows.chunks_exact_mut(stride).enumerate() {
+            let y = first_row + r;
+            acc.iter_mut().for_each(|a| *a = HALF);
+            let first = (vert.first[y] - tmp_first_row) as usize;
+            for (k, &w) in vert.weights[y].iter().enumerate() {
+                let row = &tmp[(first + k) * stride..(first + k + 1) * stride];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += i32::from(v) * w;
+                }
+            }
+            for (d, &a) in dst.iter_mut().zip(&acc) {
+                *d = clip8(a);
             }
         }
-        for (d, &a) in dst.iter_mut().zip(&acc) {
-            *d = clip8(a);
+    });
+}
+
+/// One row of the horizontal pass: `line` (RGB8, the source width) into `dst` (RGB8,
+/// the target width).
+fn horizontal_row(line: &[u8], horiz: &Taps, dst: &mut [u8]) {
+    for (x, px) in dst.chunks_exact_mut(3).enumerate() {
+        let first = horiz.first[x] as usize * 3;
+        let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
+        for (k, &w) in horiz.weights[x].iter().enumerate() {
+            let s = &line[first + k * 3..first + k * 3 + 3];
+            a0 += i32::from(s[0]) * w;
+            a1 += i32::from(s[1]) * w;
+            a2 += i32::from(s[2]) * w;
         }
+        px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
     }
 }
 
@@ -248,5 +266,21 @@ mod tests {
         resize_rgb(&src, 8, 5, &mut out);
         assert_eq!(out.len(), 8 * 5 * 3);
         assert!(out.chunks(3).all(|p| p == [9, 99, 199]));
+    }
+
+    #[test]
+    fn lanes_give_the_same_bits() {
+        let src = RgbImage::from_fn(401, 257, |x, y| {
+            Rgb([(x * 7 + y) as u8, (x ^ y) as u8, (x * y / 3) as u8])
+        });
+        for (w, h) in [(97, 61), (320, 320), (401, 64), (40, 257)] {
+            let mut want = Vec::new();
+            resize_rgb(&src, w, h, &mut want);
+            for lanes in 2..=4 {
+                let mut got = Vec::new();
+                resize_rgb_in(Lanes::new(lanes), &src, w, h, &mut got);
+                assert!(got == want, "{w}x{h}, {lanes} lanes");
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@ use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput
 use crate::backend::ort::{OpThreads, OrtModel};
 use crate::backend::{BackendError, Tensor};
 use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
+use crate::pipeline::lanes::Lanes;
 use crate::pipeline::plane::Plane;
 use crate::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use crate::pipeline::{Matte, StageTimings};
@@ -56,10 +57,12 @@ struct MattingModel {
 }
 
 /// The sessions one run of the pipeline uses: the segmentation model's and, when the
-/// description has one, the matting model's.
+/// description has one, the matting model's; and the cores they were given, which the
+/// stages around the models may split their rows across for the same run.
 pub struct Sessions {
     segmentation: OrtModel,
     matting: Option<OrtModel>,
+    lanes: Lanes,
 }
 
 impl Sessions {
@@ -71,9 +74,14 @@ impl Sessions {
         let matting = models::matting(spec)
             .map(|m| m.load_ort(threads))
             .transpose()?;
+        let lanes = match threads {
+            OpThreads::Own { threads, .. } => Lanes::new(threads),
+            OpThreads::Shared => Lanes::ONE,
+        };
         Ok(Self {
             segmentation,
             matting,
+            lanes,
         })
     }
 }
@@ -129,10 +137,16 @@ fn input_len(spec: &ImageInputSpec) -> usize {
     nchw(spec, 3).iter().product()
 }
 
-/// Resize (into `resized`) + normalise `image` for `spec` into `out`, which holds
-/// `input_len(spec)` values: one image's slot of a model input.
-fn prepare_into(resized: &mut Vec<u8>, image: &RgbImage, spec: &ImageInputSpec, out: &mut [f32]) {
-    preprocess::resize_rgb(image, spec.width, spec.height, resized);
+/// Resize (into `resized`, its rows across `lanes`) + normalise `image` for `spec` into
+/// `out`, which holds `input_len(spec)` values: one image's slot of a model input.
+fn prepare_into(
+    lanes: Lanes,
+    resized: &mut Vec<u8>,
+    image: &RgbImage,
+    spec: &ImageInputSpec,
+    out: &mut [f32],
+) {
+    preprocess::resize_rgb_in(lanes, image, spec.width, spec.height, resized);
     preprocess::normalize_into(resized, &spec.normalize, out);
 }
 
@@ -204,7 +218,10 @@ impl CpuPipeline {
     /// per image; trimap and matting then run image by image. Each image's
     /// `timings.model` is the whole batch's model time. The models run on the device's
     /// solo sessions when no other replica is running and no request waits (see
-    /// `note_waiting`), else on this replica's own.
+    /// `note_waiting`), else on this replica's own; preprocess and the guided filter
+    /// split their rows across as many threads as those sessions have (`Lanes`), so a
+    /// lone large image uses the idle cores and a busy device's stages stay on their
+    /// replica's thread.
     pub fn run_batch(
         &mut self,
         images: &[&RgbImage],
@@ -251,7 +268,7 @@ impl Stages {
         let slots = self.batch.chunks_exact_mut(per_image);
         for ((image, t), slot) in images.iter().zip(timings.iter_mut()).zip(slots) {
             let start = Instant::now();
-            prepare_into(&mut self.resized, image, &seg.image, slot);
+            prepare_into(sessions.lanes, &mut self.resized, image, &seg.image, slot);
             t.preprocess = start.elapsed();
         }
         let start = Instant::now();
@@ -291,7 +308,8 @@ impl Stages {
                 radius_px,
                 epsilon,
                 subsample,
-            } => guided_filter::fit(
+            } => guided_filter::fit_in(
+                sessions.lanes,
                 &mut self.resizer,
                 image,
                 &coarse,
@@ -300,7 +318,7 @@ impl Stages {
                 subsample,
             )
             .map_err(stage_err("matting"))?
-            .alpha(image, &trimap_full),
+            .alpha_in(sessions.lanes, image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
                     image: input,
@@ -312,7 +330,13 @@ impl Stages {
                     .as_mut()
                     .ok_or_else(|| stage_err("matting")("no matting model loaded".into()))?;
                 self.input.resize(input_len(input), 0.0);
-                prepare_into(&mut self.resized, image, input, &mut self.input);
+                prepare_into(
+                    sessions.lanes,
+                    &mut self.resized,
+                    image,
+                    input,
+                    &mut self.input,
+                );
                 let alpha = run_matting_model(
                     model,
                     &self.input,
