@@ -1,7 +1,8 @@
 //! SageMaker's hosting modes against `celer serve` over sockets: a batch transform agent
 //! (asks `/execution-parameters`, then sends a folder of images with that concurrency,
 //! one image per request, and checks every answer), the limits each mode sets, the
-//! response limit on a 12 MP photo, and `/ping` while no device can serve.
+//! response limit on a 12 MP photo, `/ping` while no device can serve, and the process's
+//! malloc settings.
 
 mod common;
 mod serve_support;
@@ -535,4 +536,66 @@ async fn ping_fails_while_no_device_can_serve_and_recovers_with_it() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
+}
+
+// ---- the process ----
+
+/// Process `pid`'s environment as exec gave it, one entry a line. glibc 2.36 cuts
+/// `GLIBC_TUNABLES` at its colons in place, so its later tunables read as lines of their
+/// own.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn environ_of(pid: u32) -> String {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("readable environ");
+    String::from_utf8_lossy(&environ).replace('\0', "\n")
+}
+
+/// `celer serve` runs with glibc's transparent huge pages for malloc (it re-executes
+/// itself with the tunable, src/main.rs), keeps a caller's other tunables, and leaves an
+/// explicit `glibc.malloc.hugetlb=0` alone; each then serves a photo.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn serve_runs_with_glibc_huge_pages_unless_told_not_to() {
+    let fixture = fixture_dir("prob-guided");
+    let jpeg = common::jpeg_bytes(&common::bright_rectangle(96, 64), 90);
+    let cases: [(Option<&str>, &[&str], &str); 3] = [
+        (None, &["GLIBC_TUNABLES=glibc.malloc.hugetlb=1"], "-"),
+        (
+            Some("glibc.malloc.tcache_count=7"),
+            &[
+                "GLIBC_TUNABLES=glibc.malloc.tcache_count=7",
+                "glibc.malloc.hugetlb=1",
+            ],
+            "-",
+        ),
+        (
+            Some("glibc.malloc.hugetlb=0"),
+            &["GLIBC_TUNABLES=glibc.malloc.hugetlb=0"],
+            "glibc.malloc.hugetlb=1",
+        ),
+    ];
+    for (given, want, not_want) in cases {
+        let mut command = Server::command(&fixture, ["--replicas", "1"], &[]);
+        command.env_remove("CELER_GLIBC_TUNED");
+        match given {
+            Some(value) => command.env("GLIBC_TUNABLES", value),
+            None => command.env_remove("GLIBC_TUNABLES"),
+        };
+        let server = Server::spawn(command, Duration::from_secs(60));
+        let environ = environ_of(server.pid());
+        let lines: Vec<&str> = environ.lines().collect();
+        for line in want {
+            assert!(
+                lines.contains(line),
+                "given {given:?}: no {line} in {lines:?}"
+            );
+        }
+        assert!(!lines.contains(&not_want), "given {given:?}: {lines:?}");
+        let answer = server.post("/invocations", &[("Content-Type", "image/jpeg")], &jpeg);
+        assert_eq!(answer.status, 200, "given {given:?}: {}", server.log());
+        assert!(
+            !server.log().contains("running without glibc's huge pages"),
+            "{}",
+            server.log()
+        );
+    }
 }

@@ -127,6 +127,11 @@ impl Server {
         server
     }
 
+    /// The server's process id (the same after `celer serve` re-executes itself).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.address)
     }
