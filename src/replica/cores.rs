@@ -5,10 +5,10 @@
 //! every core. The choice is made per run, so parallelism follows the load.
 //!
 //! Why this layout (U2NetP, 2 cores, `celer bench local --model-only`, medians of 3
-//! rounds; README "CPU threads"): a session of 2 threads runs the model 1.7x as fast as
+//! rounds; README "CPU threads"): a session of 2 threads runs the model 1.7-1.8x as fast as
 //! one of 1, but two sessions of 1 thread each, running together, do 1.11x the work of
 //! that one session of 2 under load, and two sessions on ONNX Runtime's shared pool of 2
-//! threads 1.03x.
+//! threads 0.93-1.03x (the last two `make compare` runs).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
