@@ -4,7 +4,11 @@
 //! behind the cargo feature `tensorrt`). Whether a model fits the pipeline is the replica
 //! layer's contract check (`crate::replica::contract`), the same for both.
 
+pub mod block_cache;
 pub mod ort;
+// FFI: the allocator ONNX Runtime calls back. Every unsafe block carries a SAFETY comment.
+#[allow(unsafe_code)]
+pub mod ort_allocator;
 
 /// A failure inside a backend: always the server's fault, never the client's.
 #[derive(Debug, thiserror::Error)]

@@ -96,6 +96,17 @@ pub fn share_pool(threads: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// One line on the block cache of the sessions that run alone, for benchmarks' reports.
+pub fn block_cache_summary() -> String {
+    super::ort_allocator::stats().to_string()
+}
+
+/// Gives the block cache's blocks back to the system: the device is busy (its replicas
+/// run on their own sessions, without the cache) or idle.
+pub fn release_block_cache() {
+    super::ort_allocator::release_cached();
+}
+
 /// The process-wide ONNX Runtime environment. `ort` allows one per process, and loading
 /// the library twice is an error, so the first call decides and later calls share it.
 pub fn environment() -> Result<&'static ort::environment::Environment, BackendError> {
@@ -115,9 +126,12 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
                 .map_err(|e| format!("cannot size the shared pool: {e}"))?;
             builder = builder.with_global_thread_pool(pool);
         }
-        builder
+        let env = builder
             .build()
-            .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))
+            .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+        // Only the sessions that run alone opt in (`OpThreads::Own::alone`).
+        super::ort_allocator::register(&env)?;
+        Ok(env)
     })
     .as_ref()
     .map_err(|e| BackendError::LibraryMissing(e.clone()))
@@ -126,11 +140,15 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
 /// Where a session's operators find their threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpThreads {
-    /// Its own pool: `threads` in all (the calling thread is one of them). `spin`: the
-    /// pool's threads spin a little before sleeping between operators, which a session
-    /// that has the cores to itself can afford (about 10 % of U2NetP's time at 320x320
-    /// on 2 cores, measured), and one that shares them cannot.
-    Own { threads: usize, spin: bool },
+    /// Its own pool: `threads` in all (the calling thread is one of them). `alone`: the
+    /// session runs only while it has the device to itself (a CPU device's solo set), so
+    /// it can afford what sessions that share the cores cannot:
+    /// - its pool's threads spin a little before sleeping between operators (about 10 %
+    ///   of U2NetP's time at 320x320 on 2 cores, measured);
+    /// - its activations come from the block cache (`block_cache`), which keeps a run's
+    ///   freed blocks for the next (about 15 % of that time, measured), until
+    ///   `release_block_cache` gives them back when the device gets busy or idle.
+    Own { threads: usize, alone: bool },
     /// The environment's shared pool (`share_pool`).
     Shared,
 }
@@ -140,7 +158,7 @@ impl From<usize> for OpThreads {
     fn from(threads: usize) -> Self {
         OpThreads::Own {
             threads,
-            spin: false,
+            alone: false,
         }
     }
 }
@@ -184,13 +202,22 @@ impl OrtModel {
             .with_flush_to_zero()
             .map_err(|e| load_err(e.to_string()))?;
         let builder = match threads.into() {
-            OpThreads::Own { threads, spin } => builder
-                .with_independent_thread_pool()
-                .map_err(|e| load_err(e.to_string()))?
-                .with_intra_threads(threads.max(1))
-                .map_err(|e| load_err(e.to_string()))?
-                .with_intra_op_spinning(spin)
-                .map_err(|e| load_err(e.to_string()))?,
+            OpThreads::Own { threads, alone } => {
+                let builder = builder
+                    .with_independent_thread_pool()
+                    .map_err(|e| load_err(e.to_string()))?
+                    .with_intra_threads(threads.max(1))
+                    .map_err(|e| load_err(e.to_string()))?
+                    .with_intra_op_spinning(alone)
+                    .map_err(|e| load_err(e.to_string()))?;
+                if alone {
+                    builder
+                        .with_env_allocators()
+                        .map_err(|e| load_err(e.to_string()))?
+                } else {
+                    builder
+                }
+            }
             OpThreads::Shared if SHARED_POOL.get().is_some_and(|&n| n > 0) => builder,
             OpThreads::Shared => {
                 return Err(load_err(
@@ -202,7 +229,8 @@ impl OrtModel {
             // No memory arena: an arena keeps its peak for the session's life (about
             // 475 MB a U2NetP session at 320x320, measured), per replica. Without it the
             // activations come from malloc, which `celer serve` tunes and trims when
-            // idle (src/main.rs), at about the arena's speed.
+            // idle (src/main.rs), or, for a session that runs alone, from the block
+            // cache, which gives its blocks back when the device gets busy or idle.
             .with_execution_providers([ep::CPU::default().with_arena_allocator(false).build()])
             .map_err(|e| load_err(e.to_string()))?
             .with_memory_pattern(false)

@@ -84,7 +84,7 @@ impl Layout {
             sessions: 1,
             threads: OpThreads::Own {
                 threads: cores,
-                spin: true,
+                alone: true,
             },
         }];
         if replicas > 1 {
@@ -165,8 +165,11 @@ pub fn model_only(
         layout: layout.name,
         sessions: layout.sessions,
         threads: match layout.threads {
-            OpThreads::Own { threads, spin } => {
-                format!("{threads} own{}", if spin { ", spinning" } else { "" })
+            OpThreads::Own { threads, alone } => {
+                format!(
+                    "{threads} own{}",
+                    if alone { ", spinning, block cache" } else { "" }
+                )
             }
             OpThreads::Shared => "shared pool".into(),
         },

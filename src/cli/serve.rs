@@ -20,13 +20,17 @@ pub fn set_heap_trim(trim: fn()) {
     let _ = HEAP_TRIM.set(trim);
 }
 
-/// Calls the heap trim when the server has gone idle (nothing in flight) after being
-/// busy: what a burst allocated goes back to the system, and no trim runs under load
-/// (the next run would fault the pages in again).
+/// Gives memory back when the server has gone idle (nothing in flight) after being busy:
+/// the solo sessions' block cache, then the heap trim, so what a burst allocated goes
+/// back to the system, and nothing is given back under load (the next run would fault
+/// the pages in again).
 async fn trim_when_idle(state: Arc<AppState>) {
-    let Some(&trim) = HEAP_TRIM.get() else {
-        return;
-    };
+    fn trim() {
+        crate::backend::ort::release_block_cache();
+        if let Some(&heap_trim) = HEAP_TRIM.get() {
+            heap_trim();
+        }
+    }
     let mut busy = false;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {

@@ -1,0 +1,87 @@
+//! The block cache on a real model: U2NetP sessions that run alone take their
+//! activations from it, a run after the first maps no new block, the outputs are the
+//! same bits as a session on plain malloc, and giving the cache back empties it.
+//!
+//! One test in this binary: the cache and its counts are process-wide.
+
+mod common;
+
+use celer::backend::ort::{release_block_cache, OpThreads, OrtModel};
+use celer::backend::ort_allocator;
+use celer::config::PipelineSpec;
+
+#[test]
+fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
+    let spec = PipelineSpec::load_dir(&common::model_dir("u2netp")).expect("u2netp");
+    let model = &spec.segmentation.image.model;
+    let output = spec.segmentation.output.as_str();
+    let input_name = spec.segmentation.image.input.as_str();
+    let (h, w) = (
+        spec.segmentation.image.height as usize,
+        spec.segmentation.image.width as usize,
+    );
+    // A deterministic, image-like input: smooth gradients plus a bright square.
+    let input: Vec<f32> = (0..3 * h * w)
+        .map(|i| {
+            let (c, y, x) = (i / (h * w), (i / w) % h, i % w);
+            let square = (100..220).contains(&y) && (90..230).contains(&x);
+            (x + y + 40 * c) as f32 / 700.0 + if square { 1.5 } else { -0.5 }
+        })
+        .collect();
+    let inputs = [(input_name, [1, 3, h, w], input.as_slice())];
+
+    // The same threads as the cached session, so the kernels split the work alike.
+    let mut plain = OrtModel::load(
+        model,
+        OpThreads::Own {
+            threads: 2,
+            alone: false,
+        },
+    )
+    .expect("a session on malloc");
+    let expected = plain.run(&inputs, output).expect("plain run");
+    assert_eq!(
+        ort_allocator::stats().mapped,
+        0,
+        "a session not alone must not use the cache"
+    );
+
+    let mut alone = OrtModel::load(
+        model,
+        OpThreads::Own {
+            threads: 2,
+            alone: true,
+        },
+    )
+    .expect("a session that runs alone");
+    let mut mapped_after = Vec::new();
+    for run in 0..4 {
+        let got = alone.run(&inputs, output).expect("cached run");
+        assert!(
+            got == expected,
+            "run {run}: the cached session's output differs from the plain session's"
+        );
+        mapped_after.push(ort_allocator::stats());
+    }
+    let (first, last) = (mapped_after[0], mapped_after[3]);
+    assert!(first.mapped > 0 && first.high_water > 0, "{first:?}");
+    assert_eq!(
+        mapped_after[2].mapped, last.mapped,
+        "the fourth run mapped new blocks: {mapped_after:?}"
+    );
+    assert!(last.reused > first.reused, "{last:?}");
+    // A finished run's activations are all back; the session keeps a few small buffers.
+    assert!(
+        last.in_use < 1 << 20,
+        "a finished run's blocks are not back: {last:?}"
+    );
+    assert!(last.cached > 0 && last.cached <= last.high_water + last.high_water / 4);
+
+    release_block_cache();
+    let released = ort_allocator::stats();
+    assert_eq!(released.cached, 0, "{released:?}");
+    // Runs on after the cache was given back, mapping afresh, with the same output.
+    let got = alone.run(&inputs, output).expect("run after release");
+    assert!(got == expected);
+    assert!(ort_allocator::stats().mapped > released.mapped);
+}
