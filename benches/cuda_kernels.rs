@@ -19,6 +19,7 @@ use celer::cuda::launch::{
     guided_fit_launches, taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput,
 };
 use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
+use celer::pipeline::lanes::Lanes;
 use celer::pipeline::plane::Plane;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -461,9 +462,9 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
         trimap::erode(&mut t, erode);
         let full = resample::resize_nearest(&t, w, h);
         // The CPU stage as served: the fast guided filter (subsample 4).
-        let a = guided_filter::fit(&mut resizer, &image, &small, radius, eps, 4)
+        let a = guided_filter::fit(Lanes::ONE, &mut resizer, &image, &small, radius, eps, 4)
             .unwrap()
-            .alpha(&image, &full);
+            .alpha(Lanes::ONE, &image, &full);
         std::hint::black_box(composite::cutout(&image, &a));
     });
 

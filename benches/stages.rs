@@ -7,6 +7,7 @@ use std::path::Path;
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::codec::encode;
 use celer::config::{Normalize, Scale};
+use celer::pipeline::lanes::Lanes;
 use celer::pipeline::plane::Plane;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -72,14 +73,14 @@ fn stages(c: &mut Criterion) {
         let mut resizer = Resizer::new();
         g.bench_function(BenchmarkId::new("guided_filter_s4", &size), |b| {
             b.iter(|| {
-                guided_filter::fit(&mut resizer, &image, &coarse, 8, 1e-3, 4)
+                guided_filter::fit(Lanes::ONE, &mut resizer, &image, &coarse, 8, 1e-3, 4)
                     .unwrap()
-                    .alpha(&image, &full_trimap)
+                    .alpha(Lanes::ONE, &image, &full_trimap)
             })
         });
-        let alpha = guided_filter::fit(&mut resizer, &image, &coarse, 8, 1e-3, 4)
+        let alpha = guided_filter::fit(Lanes::ONE, &mut resizer, &image, &coarse, 8, 1e-3, 4)
             .unwrap()
-            .alpha(&image, &full_trimap);
+            .alpha(Lanes::ONE, &image, &full_trimap);
         g.bench_function(BenchmarkId::new("composite", &size), |b| {
             b.iter(|| composite::cutout(&image, &alpha))
         });

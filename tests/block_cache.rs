@@ -6,7 +6,7 @@
 
 mod common;
 
-use celer::backend::ort::{release_block_cache, OpThreads, OrtModel};
+use celer::backend::ort::{OpThreads, OrtModel};
 use celer::backend::ort_allocator;
 use celer::config::PipelineSpec;
 
@@ -77,7 +77,7 @@ fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
     );
     assert!(last.cached > 0 && last.cached <= last.high_water + last.high_water / 4);
 
-    release_block_cache();
+    ort_allocator::release_cached();
     let released = ort_allocator::stats();
     assert_eq!(released.cached, 0, "{released:?}");
     // Runs on after the cache was given back, mapping afresh, with the same output.

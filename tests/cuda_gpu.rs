@@ -20,6 +20,7 @@ use celer::config::MattingSpec;
 use celer::config::{Normalize, PipelineSpec, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
+use celer::pipeline::lanes::Lanes;
 use celer::pipeline::plane::Plane;
 use celer::pipeline::StageTimings;
 use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
@@ -344,9 +345,17 @@ fn guided_alpha_applies_the_cpu_model_exactly() {
         let trimap = banded_trimap(w, h);
         let rgb = up(&s, image.as_raw());
         for subsample in [1, 2, 4] {
-            let model =
-                guided_filter::fit(&mut Resizer::new(), &image, &mask, 8, 1e-3, subsample).unwrap();
-            let want = model.alpha(&image, &trimap);
+            let model = guided_filter::fit(
+                Lanes::ONE,
+                &mut Resizer::new(),
+                &image,
+                &mask,
+                8,
+                1e-3,
+                subsample,
+            )
+            .unwrap();
+            let want = model.alpha(Lanes::ONE, &image, &trimap);
             let (lw, lh) = (model.mean_a.width, model.mean_a.height);
             let (ox, wx) = taps_capacity(lw, w);
             let (oy, wy) = taps_capacity(lh, h);
@@ -424,10 +433,17 @@ fn fast_guided_filter_matches_the_cpu_stage() {
                         .collect(),
                 );
                 let trimap = banded_trimap(w, h);
-                let model =
-                    guided_filter::fit(&mut Resizer::new(), &image, &mask, radius, eps, subsample)
-                        .unwrap();
-                let want = model.alpha(&image, &trimap);
+                let model = guided_filter::fit(
+                    Lanes::ONE,
+                    &mut Resizer::new(),
+                    &image,
+                    &mask,
+                    radius,
+                    eps,
+                    subsample,
+                )
+                .unwrap();
+                let want = model.alpha(Lanes::ONE, &image, &trimap);
 
                 let rgb = up(&s, image.as_raw());
                 filter

@@ -96,17 +96,6 @@ pub fn share_pool(threads: usize) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// One line on the block cache of the sessions that run alone, for benchmarks' reports.
-pub fn block_cache_summary() -> String {
-    super::ort_allocator::stats().to_string()
-}
-
-/// Gives the block cache's blocks back to the system: the device is busy (its replicas
-/// run on their own sessions, without the cache) or idle.
-pub fn release_block_cache() {
-    super::ort_allocator::release_cached();
-}
-
 /// The process-wide ONNX Runtime environment. `ort` allows one per process, and loading
 /// the library twice is an error, so the first call decides and later calls share it.
 pub fn environment() -> Result<&'static ort::environment::Environment, BackendError> {
@@ -147,7 +136,8 @@ pub enum OpThreads {
     ///   of U2NetP's time at 320x320 on 2 cores, measured);
     /// - its activations come from the block cache (`block_cache`), which keeps a run's
     ///   freed blocks for the next (about 15 % of that time, measured), until
-    ///   `release_block_cache` gives them back when the device gets busy or idle.
+    ///   `ort_allocator::release_cached` gives them back when the device gets busy or
+    ///   idle.
     Own { threads: usize, alone: bool },
     /// The environment's shared pool (`share_pool`).
     Shared,

@@ -47,22 +47,24 @@ fn unmap(blocks: Vec<Block>) {
 }
 
 unsafe extern "system" fn alloc(_this: *mut OrtAllocator, bytes: usize) -> *mut c_void {
+    // The books under the lock; the system calls outside it, so that a replica giving the
+    // cache back never waits on them.
+    let (size, release) = match cache().take(bytes) {
+        Take::Reuse(block) => return block.addr as *mut c_void,
+        Take::Map { size, release } => (size, release),
+    };
+    unmap(release);
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: posix_memalign writes a block of `size` bytes (non-zero: block_size rounds
+    // 0 up) to `ptr`, or returns an error and leaves it null.
+    let failed = unsafe { posix_memalign(&mut ptr, BLOCK_ALIGN, size) } != 0 || ptr.is_null();
     let mut books = cache();
-    match books.take(bytes) {
-        Take::Reuse(block) => block.addr as *mut c_void,
-        Take::Map { size, release } => {
-            unmap(release);
-            let mut ptr: *mut c_void = std::ptr::null_mut();
-            // SAFETY: posix_memalign writes a block of `size` bytes (non-zero: block_size
-            // rounds 0 up) to `ptr`, or returns an error and leaves it null.
-            if unsafe { posix_memalign(&mut ptr, BLOCK_ALIGN, size) } != 0 || ptr.is_null() {
-                books.map_failed(size);
-                return std::ptr::null_mut();
-            }
-            books.mapped(ptr as usize, size);
-            ptr
-        }
+    if failed {
+        books.map_failed(size);
+        return std::ptr::null_mut();
     }
+    books.mapped(ptr as usize, size);
+    ptr
 }
 
 unsafe extern "system" fn reserve(this: *const OrtAllocator, bytes: usize) -> *mut c_void {

@@ -232,9 +232,9 @@ fn model_only(
             "{:<12} {:>8} {:>20} {:>10.2} {:>11.1}",
             rate.layout, rate.sessions, rate.threads, rate.runs_per_s, rate.run_p50_ms
         );
-        println!("  {}", crate::backend::ort::block_cache_summary());
+        println!("  {}", crate::backend::ort_allocator::stats());
         // The next layout starts as a busy device would: nothing cached.
-        crate::backend::ort::release_block_cache();
+        crate::backend::ort_allocator::release_cached();
         rates.push(rate);
     }
     let best = rates
@@ -291,7 +291,7 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
     for (name, p50, p90, p99) in &rows {
         println!("{name:<11} {p50:>9.2} {p90:>9.2} {p99:>9.2}");
     }
-    println!("{}", crate::backend::ort::block_cache_summary());
+    println!("{}", crate::backend::ort_allocator::stats());
     if let Some(path) = &args.json {
         let json: serde_json::Map<String, serde_json::Value> = rows
             .iter()

@@ -26,7 +26,7 @@ pub fn set_heap_trim(trim: fn()) {
 /// the pages in again).
 async fn trim_when_idle(state: Arc<AppState>) {
     fn trim() {
-        crate::backend::ort::release_block_cache();
+        crate::backend::ort_allocator::release_cached();
         if let Some(&heap_trim) = HEAP_TRIM.get() {
             heap_trim();
         }

@@ -276,6 +276,7 @@ pub mod mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::lanes::Lanes;
     use crate::pipeline::plane::Plane;
     use crate::pipeline::resample;
     use fast_image_resize::Resizer;
@@ -378,10 +379,17 @@ mod tests {
         ] {
             let (image, mask, trimap) = guided_case(w, h, mw, mh);
             for subsample in [1, 2, 3, 4] {
-                let model =
-                    guided_filter::fit(&mut Resizer::new(), &image, &mask, 8, 1e-3, subsample)
-                        .unwrap();
-                let want = model.alpha(&image, &trimap);
+                let model = guided_filter::fit(
+                    Lanes::ONE,
+                    &mut Resizer::new(),
+                    &image,
+                    &mask,
+                    8,
+                    1e-3,
+                    subsample,
+                )
+                .unwrap();
+                let want = model.alpha(Lanes::ONE, &image, &trimap);
                 let got = mirror::guided_alpha(&model, image.as_raw(), trimap.as_raw(), w, h);
                 assert_eq!(&got, want.as_raw(), "{w}x{h} subsample {subsample}");
                 // Before quantisation: the mirror's q is `apply`'s to the bit.

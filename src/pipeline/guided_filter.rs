@@ -37,28 +37,9 @@ pub struct LinearModel {
 /// `ceil(size / subsample)` and the coefficients fitted there with radius
 /// `radius / subsample` (rounded half up, at least 1). `subsample` 1 is the classic
 /// filter at full size. No full-size plane is made: the full-size luma is only needed
-/// where the trimap is unknown, and `LinearModel::alpha` computes it there.
+/// where the trimap is unknown, and `LinearModel::alpha` computes it there. The image's
+/// resize splits its rows across `lanes` (the same bits for any number).
 pub fn fit(
-    resizer: &mut Resizer,
-    image: &RgbImage,
-    coarse: &Plane,
-    radius: u32,
-    epsilon: f32,
-    subsample: u32,
-) -> Result<LinearModel, String> {
-    fit_in(
-        Lanes::ONE,
-        resizer,
-        image,
-        coarse,
-        radius,
-        epsilon,
-        subsample,
-    )
-}
-
-/// `fit` with the image's resize split across `lanes` (the same bits).
-pub fn fit_in(
     lanes: Lanes,
     resizer: &mut Resizer,
     image: &RgbImage,
@@ -103,12 +84,8 @@ impl LinearModel {
     /// Alpha in u8 at the guide's size: 255 and 0 where the trimap is certain, the model
     /// where it is unknown. Only unknown pixels are evaluated: the band is typically a
     /// tenth of the image, and upsampling `A` and `B` everywhere cost more than the fit.
-    pub fn alpha(&self, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
-        self.alpha_in(Lanes::ONE, image, trimap)
-    }
-
-    /// `alpha` with its rows split across `lanes` (the same bits).
-    pub fn alpha_in(&self, lanes: Lanes, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
+    /// Its rows are split across `lanes` (the same bits for any number).
+    pub fn alpha(&self, lanes: Lanes, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
         let t = trimap.as_raw();
         let rgb = image.as_raw();
         let (w, h) = image.dimensions();
@@ -353,7 +330,7 @@ mod tests {
             (0..w * h).map(|k| ((k * 5) % 11) as f32 / 11.0).collect(),
         );
         let classic = guided_filter(&guide, &p, 3, 1e-3);
-        let fast = fit(&mut Resizer::new(), &image, &p, 3, 1e-3, 1)
+        let fast = fit(Lanes::ONE, &mut Resizer::new(), &image, &p, 3, 1e-3, 1)
             .unwrap()
             .apply(&guide);
         for (a, b) in classic.data.iter().zip(&fast.data) {
@@ -381,7 +358,7 @@ mod tests {
                 .map(|k| ((k % 20) as f32 - 6.0).clamp(0.0, 8.0) / 8.0)
                 .collect(),
         );
-        let q = fit(&mut Resizer::new(), &image, &coarse, 8, 1e-4, 4)
+        let q = fit(Lanes::ONE, &mut Resizer::new(), &image, &coarse, 8, 1e-4, 4)
             .unwrap()
             .apply(&luma(image.as_raw(), w, h));
         let row = &q.data[(16 * w) as usize..(17 * w) as usize];
@@ -397,7 +374,7 @@ mod tests {
         let (w, h) = (40u32, 10u32);
         let image = gray_image(w, h, |k| f32::from(k % w >= 20));
         let coarse = Plane::new(10, 3, (0..30).map(|k| f32::from(k % 10 >= 5)).collect());
-        let model = fit(&mut Resizer::new(), &image, &coarse, 4, 1e-4, 2).unwrap();
+        let model = fit(Lanes::ONE, &mut Resizer::new(), &image, &coarse, 4, 1e-4, 2).unwrap();
         let q = model.apply(&luma(image.as_raw(), w, h));
         let trimap = GrayImage::from_fn(w, h, |x, _| {
             image::Luma([match x {
@@ -406,7 +383,7 @@ mod tests {
                 _ => 128,
             }])
         });
-        let alpha = model.alpha(&image, &trimap);
+        let alpha = model.alpha(Lanes::ONE, &image, &trimap);
         for x in 0..w {
             let want = match x {
                 0..=14 => 0,
@@ -438,14 +415,14 @@ mod tests {
                 _ => 128,
             }])
         });
-        let want_model = fit(&mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
-        let want = want_model.alpha(&image, &trimap);
+        let want_model = fit(Lanes::ONE, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
+        let want = want_model.alpha(Lanes::ONE, &image, &trimap);
         for lanes in 2..=4 {
             let lanes = Lanes::new(lanes);
-            let model = fit_in(lanes, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
+            let model = fit(lanes, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
             assert_eq!(model.mean_a, want_model.mean_a);
             assert_eq!(model.mean_b, want_model.mean_b);
-            assert_eq!(model.alpha_in(lanes, &image, &trimap), want, "{lanes:?}");
+            assert_eq!(model.alpha(lanes, &image, &trimap), want, "{lanes:?}");
         }
     }
 

@@ -235,13 +235,13 @@ impl CpuPipeline {
         let Some(solo_sessions) = solo.as_deref_mut() else {
             // The device is busy: what the solo set's last run kept goes back, so a
             // loaded device holds no more than its replicas' runs need.
-            crate::backend::ort::release_block_cache();
+            crate::backend::ort_allocator::release_cached();
             return self.stages.run_batch(&mut self.sessions, images, timings);
         };
         let mattes = self.stages.run_batch(solo_sessions, images, timings);
         if self.cores.others_running(&running) {
             // Load came while this run went solo: keep nothing for a next solo run.
-            crate::backend::ort::release_block_cache();
+            crate::backend::ort_allocator::release_cached();
         }
         mattes
     }
@@ -316,7 +316,7 @@ impl Stages {
                 radius_px,
                 epsilon,
                 subsample,
-            } => guided_filter::fit_in(
+            } => guided_filter::fit(
                 sessions.lanes,
                 &mut self.resizer,
                 image,
@@ -326,7 +326,7 @@ impl Stages {
                 subsample,
             )
             .map_err(stage_err("matting"))?
-            .alpha_in(sessions.lanes, image, &trimap_full),
+            .alpha(sessions.lanes, image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
                     image: input,
