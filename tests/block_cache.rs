@@ -1,6 +1,7 @@
-//! The block cache on a real model: U2NetP sessions that run alone take their
-//! activations from it, a run after the first maps no new block, the outputs are the
-//! same bits as a session on plain malloc, and giving the cache back empties it.
+//! The block cache on a real model: U2NetP sessions take their activations from it, a
+//! run after the first maps no new block, replicas running side by side share it, the
+//! outputs are the same bits as a session on plain malloc, and giving the cache back
+//! empties it.
 //!
 //! One test in this binary: the cache and its counts are process-wide.
 
@@ -11,7 +12,7 @@ use celer::backend::ort_allocator;
 use celer::config::PipelineSpec;
 
 #[test]
-fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
+fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
     let spec = PipelineSpec::load_dir(&common::model_dir("u2netp")).expect("u2netp");
     let model = &spec.segmentation.image.model;
     let output = spec.segmentation.output.as_str();
@@ -31,7 +32,7 @@ fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
     let inputs = [(input_name, [1, 3, h, w], input.as_slice())];
 
     // The same threads as the cached session, so the kernels split the work alike.
-    let mut plain = OrtModel::load(
+    let mut plain = OrtModel::load_uncached(
         model,
         OpThreads::Own {
             threads: 2,
@@ -43,7 +44,7 @@ fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
     assert_eq!(
         ort_allocator::stats().mapped,
         0,
-        "a session not alone must not use the cache"
+        "an uncached session must not use the cache"
     );
 
     let mut alone = OrtModel::load(
@@ -75,7 +76,41 @@ fn a_session_that_runs_alone_reuses_its_blocks_and_gives_the_same_bits() {
         last.in_use < 1 << 20,
         "a finished run's blocks are not back: {last:?}"
     );
-    assert!(last.cached > 0 && last.cached <= last.high_water + last.high_water / 4);
+    // Only lone runs so far: the two marks are one run's peak.
+    assert!(last.lone_high_water > 0 && last.lone_high_water == last.high_water);
+    assert!(last.cached > 0 && last.cached <= last.high_water + last.lone_high_water / 4);
+    assert_eq!(last.runs, 0);
+
+    // Two replicas of one thread each, side by side, as a busy device runs them: the
+    // same bits as a plain session of one thread, from the same cache.
+    let mut plain_one = OrtModel::load_uncached(model, 1).expect("a replica on malloc");
+    let expected_one = plain_one.run(&inputs, output).expect("plain replica run");
+    let mut replicas: Vec<OrtModel> = (0..2)
+        .map(|_| OrtModel::load(model, 1).expect("a replica"))
+        .collect();
+    std::thread::scope(|scope| {
+        for (i, replica) in replicas.iter_mut().enumerate() {
+            let (inputs, expected_one) = (&inputs, &expected_one);
+            scope.spawn(move || {
+                for run in 0..3 {
+                    let got = replica.run(inputs, output).expect("replica run");
+                    assert!(
+                        got == *expected_one,
+                        "replica {i}, run {run}: output differs"
+                    );
+                }
+            });
+        }
+    });
+    let side_by_side = ort_allocator::stats();
+    assert!(side_by_side.reused > last.reused, "{side_by_side:?}");
+    assert!(side_by_side.high_water >= side_by_side.lone_high_water);
+    assert!(
+        side_by_side.in_use + side_by_side.cached
+            <= side_by_side.high_water + side_by_side.lone_high_water / 4,
+        "{side_by_side:?}"
+    );
+    assert_eq!(side_by_side.runs, 0);
 
     ort_allocator::release_cached();
     let released = ort_allocator::stats();

@@ -118,7 +118,7 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
         let env = builder
             .build()
             .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
-        // Only the sessions that run alone opt in (`OpThreads::Own::alone`).
+        // Every session takes its activations from it (`OrtModel::load`).
         super::ort_allocator::register(&env)?;
         Ok(env)
     })
@@ -131,13 +131,9 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
 pub enum OpThreads {
     /// Its own pool: `threads` in all (the calling thread is one of them). `alone`: the
     /// session runs only while it has the device to itself (a CPU device's solo set), so
-    /// it can afford what sessions that share the cores cannot:
-    /// - its pool's threads spin a little before sleeping between operators (about 10 %
-    ///   of U2NetP's time at 320x320 on 2 cores, measured);
-    /// - its activations come from the block cache (`block_cache`), which keeps a run's
-    ///   freed blocks for the next (about 15 % of that time, measured), until
-    ///   `ort_allocator::release_cached` gives them back when the device gets busy or
-    ///   idle.
+    /// its pool's threads can spin a little before sleeping between operators (about
+    /// 10 % of U2NetP's time at 320x320 on 2 cores, measured), which would steal the
+    /// cores of sessions that share them.
     Own { threads: usize, alone: bool },
     /// The environment's shared pool (`share_pool`).
     Shared,
@@ -166,11 +162,28 @@ pub struct TensorDescription {
 pub struct OrtModel {
     session: Session,
     label: String,
+    /// Whether its activations come from the block cache (`load`), not from ONNX
+    /// Runtime's own CPU allocator (`load_uncached`).
+    cached: bool,
 }
 
 impl OrtModel {
-    /// Loads `path`, its operators running on `threads`.
+    /// Loads `path`, its operators running on `threads`, its activations from the
+    /// process's block cache (`block_cache`): a run's freed blocks are kept for the next
+    /// run of any session (about 15 % of U2NetP's time at 320x320 on 2 cores, and more
+    /// for replicas running side by side, measured), until
+    /// `ort_allocator::release_cached` gives them back when the server goes idle.
     pub fn load(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, BackendError> {
+        Self::load_with(path, threads.into(), true)
+    }
+
+    /// As `load`, its activations from ONNX Runtime's own CPU allocator (malloc, no
+    /// arena): the reference the block cache is checked against (tests/block_cache.rs).
+    pub fn load_uncached(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, BackendError> {
+        Self::load_with(path, threads.into(), false)
+    }
+
+    fn load_with(path: &Path, threads: OpThreads, cached: bool) -> Result<Self, BackendError> {
         let label = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -191,23 +204,14 @@ impl OrtModel {
             // an 8-bit alpha).
             .with_flush_to_zero()
             .map_err(|e| load_err(e.to_string()))?;
-        let builder = match threads.into() {
-            OpThreads::Own { threads, alone } => {
-                let builder = builder
-                    .with_independent_thread_pool()
-                    .map_err(|e| load_err(e.to_string()))?
-                    .with_intra_threads(threads.max(1))
-                    .map_err(|e| load_err(e.to_string()))?
-                    .with_intra_op_spinning(alone)
-                    .map_err(|e| load_err(e.to_string()))?;
-                if alone {
-                    builder
-                        .with_env_allocators()
-                        .map_err(|e| load_err(e.to_string()))?
-                } else {
-                    builder
-                }
-            }
+        let builder = match threads {
+            OpThreads::Own { threads, alone } => builder
+                .with_independent_thread_pool()
+                .map_err(|e| load_err(e.to_string()))?
+                .with_intra_threads(threads.max(1))
+                .map_err(|e| load_err(e.to_string()))?
+                .with_intra_op_spinning(alone)
+                .map_err(|e| load_err(e.to_string()))?,
             OpThreads::Shared if SHARED_POOL.get().is_some_and(|&n| n > 0) => builder,
             OpThreads::Shared => {
                 return Err(load_err(
@@ -215,19 +219,30 @@ impl OrtModel {
                 ))
             }
         };
+        let builder = if cached {
+            builder
+                .with_env_allocators()
+                .map_err(|e| load_err(e.to_string()))?
+        } else {
+            builder
+        };
         let session = builder
             // No memory arena: an arena keeps its peak for the session's life (about
-            // 475 MB a U2NetP session at 320x320, measured), per replica. Without it the
-            // activations come from malloc, which `celer serve` tunes and trims when
-            // idle (src/main.rs), or, for a session that runs alone, from the block
-            // cache, which gives its blocks back when the device gets busy or idle.
+            // 475 MB a U2NetP session at 320x320, measured), per session. The block
+            // cache keeps what the process's runs need, and gives it back when the
+            // server goes idle; an uncached session's activations come from malloc,
+            // which `celer serve` tunes and trims when idle (src/main.rs).
             .with_execution_providers([ep::CPU::default().with_arena_allocator(false).build()])
             .map_err(|e| load_err(e.to_string()))?
             .with_memory_pattern(false)
             .map_err(|e| load_err(e.to_string()))?
             .commit_from_file(path)
             .map_err(|e| load_err(e.to_string()))?;
-        Ok(Self { session, label })
+        Ok(Self {
+            session,
+            label,
+            cached,
+        })
     }
 
     pub fn label(&self) -> &str {
@@ -252,6 +267,7 @@ impl OrtModel {
             model: self.label.clone(),
             reason,
         };
+        let _in_flight = self.cached.then(super::ort_allocator::RunInFlight::start);
         let mut values = Vec::with_capacity(inputs.len());
         for (name, shape, data) in inputs {
             let tensor = TensorRef::from_array_view((*shape, *data))

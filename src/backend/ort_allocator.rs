@@ -139,7 +139,8 @@ pub fn register(env: &ort::environment::Environment) -> Result<(), String> {
     registered.clone()
 }
 
-/// Gives every cached block back to the system (the server has gone idle).
+/// Gives every cached block back to the system (the server has gone idle, or a
+/// benchmark starts afresh).
 pub fn release_cached() {
     let blocks = cache().drain();
     if !blocks.is_empty() {
@@ -147,6 +148,23 @@ pub fn release_cached() {
         tracing::debug!(blocks = blocks.len(), bytes, "block cache given back");
     }
     unmap(blocks);
+}
+
+/// A model run on a session of this allocator, in flight until dropped (the cache's
+/// ceiling learns from the runs that were alone: `block_cache`).
+pub struct RunInFlight(());
+
+impl RunInFlight {
+    pub fn start() -> Self {
+        cache().run_started();
+        RunInFlight(())
+    }
+}
+
+impl Drop for RunInFlight {
+    fn drop(&mut self) {
+        cache().run_ended();
+    }
 }
 
 /// The cache's counts so far.

@@ -112,6 +112,9 @@ pub struct LayoutRate {
     pub threads: String,
     pub runs_per_s: f64,
     pub run_p50_ms: f64,
+    /// Megabytes mapped afresh per run (the kernel zeroes them): what the block cache
+    /// saves, or does not.
+    pub mapped_mb_per_run: f64,
 }
 
 /// The segmentation model alone in `layout` for `duration`, on a constant input.
@@ -131,6 +134,7 @@ pub fn model_only(
         m.run(&[(seg.image.input.as_str(), shape, &input)], &seg.output)?;
     }
     let stop = AtomicBool::new(false);
+    let mapped_before = crate::backend::ort_allocator::stats().mapped_bytes;
     let started = Instant::now();
     let per_session = std::thread::scope(|scope| {
         let handles: Vec<_> = models
@@ -159,6 +163,7 @@ pub fn model_only(
             .collect::<Result<Vec<_>, _>>()
     })?;
     let elapsed = started.elapsed().as_secs_f64();
+    let mapped = crate::backend::ort_allocator::stats().mapped_bytes - mapped_before;
     let mut runs: Vec<Duration> = per_session.into_iter().flatten().collect();
     runs.sort();
     Ok(LayoutRate {
@@ -166,10 +171,7 @@ pub fn model_only(
         sessions: layout.sessions,
         threads: match layout.threads {
             OpThreads::Own { threads, alone } => {
-                format!(
-                    "{threads} own{}",
-                    if alone { ", spinning, block cache" } else { "" }
-                )
+                format!("{threads} own{}", if alone { ", spinning" } else { "" })
             }
             OpThreads::Shared => "shared pool".into(),
         },
@@ -177,5 +179,6 @@ pub fn model_only(
         run_p50_ms: runs
             .get(runs.len() / 2)
             .map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        mapped_mb_per_run: mapped as f64 / 1e6 / runs.len().max(1) as f64,
     })
 }

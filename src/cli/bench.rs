@@ -223,14 +223,19 @@ fn model_only(
         spec.segmentation.image.model.display()
     );
     println!(
-        "{:<12} {:>8} {:>20} {:>10} {:>11}",
-        "layout", "sessions", "threads each", "runs/s", "run p50 ms"
+        "{:<12} {:>8} {:>20} {:>10} {:>11} {:>15}",
+        "layout", "sessions", "threads each", "runs/s", "run p50 ms", "MB mapped/run"
     );
     for layout in Layout::candidates(cores, replicas, threads) {
         let rate = crate::bench::local::model_only(spec, layout, duration)?;
         println!(
-            "{:<12} {:>8} {:>20} {:>10.2} {:>11.1}",
-            rate.layout, rate.sessions, rate.threads, rate.runs_per_s, rate.run_p50_ms
+            "{:<12} {:>8} {:>20} {:>10.2} {:>11.1} {:>15.1}",
+            rate.layout,
+            rate.sessions,
+            rate.threads,
+            rate.runs_per_s,
+            rate.run_p50_ms,
+            rate.mapped_mb_per_run
         );
         println!("  {}", crate::backend::ort_allocator::stats());
         // The next layout starts as a busy device would: nothing cached.

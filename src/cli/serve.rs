@@ -21,7 +21,7 @@ pub fn set_heap_trim(trim: fn()) {
 }
 
 /// Gives memory back when the server has gone idle (nothing in flight) after being busy:
-/// the solo sessions' block cache, then the heap trim, so what a burst allocated goes
+/// the block cache, then the heap trim, so what a burst allocated goes
 /// back to the system, and nothing is given back under load (the next run would fault
 /// the pages in again).
 async fn trim_when_idle(state: Arc<AppState>) {

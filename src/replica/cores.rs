@@ -46,11 +46,6 @@ impl<S> CoreShare<S> {
         Running(&self.running)
     }
 
-    /// Whether another replica than the caller (who has `enter`ed) is running now.
-    pub fn others_running(&self, _running: &Running<'_>) -> bool {
-        self.running.load(Ordering::Acquire) > 1
-    }
-
     /// The solo set, when the caller (who has `enter`ed) is the only replica running,
     /// no request is `waiting` for the device, and nobody holds the set. Otherwise the
     /// caller runs on its own share of the cores. (Under load a replica may find itself

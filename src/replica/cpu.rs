@@ -218,8 +218,7 @@ impl CpuPipeline {
     /// per image; trimap and matting then run image by image. Each image's
     /// `timings.model` is the whole batch's model time. The models run on the device's
     /// solo sessions when no other replica is running and no request waits (see
-    /// `note_waiting`), else on this replica's own (and the solo set's block cache is
-    /// given back); preprocess and the guided filter
+    /// `note_waiting`), else on this replica's own; preprocess and the guided filter
     /// split their rows across as many threads as those sessions have (`Lanes`), so a
     /// lone large image uses the idle cores and a busy device's stages stay on their
     /// replica's thread.
@@ -232,18 +231,10 @@ impl CpuPipeline {
         let mut solo = self
             .cores
             .lend_solo(&running, std::mem::take(&mut self.waiting));
-        let Some(solo_sessions) = solo.as_deref_mut() else {
-            // The device is busy: what the solo set's last run kept goes back, so a
-            // loaded device holds no more than its replicas' runs need.
-            crate::backend::ort_allocator::release_cached();
-            return self.stages.run_batch(&mut self.sessions, images, timings);
-        };
-        let mattes = self.stages.run_batch(solo_sessions, images, timings);
-        if self.cores.others_running(&running) {
-            // Load came while this run went solo: keep nothing for a next solo run.
-            crate::backend::ort_allocator::release_cached();
+        match solo.as_deref_mut() {
+            Some(solo_sessions) => self.stages.run_batch(solo_sessions, images, timings),
+            None => self.stages.run_batch(&mut self.sessions, images, timings),
         }
-        mattes
     }
 
     /// How many requests wait for the device behind the next run.
