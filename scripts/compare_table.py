@@ -8,8 +8,15 @@ model time (both servers send Server-Timing): decode, pre/post-processing, encod
 of one request on an otherwise idle server. ONNX Runtime alone: the model back to back in
 each layout (`celer bench local --model-only`); its best rate is the limit under load,
 its solo layout's run time the model time a lone request can get.
+
+CPU per request at c=4: the server process's CPU time (all threads) over the requests it
+completed, and the load generator's, on the same cores (`bench http --server-pid`); ONNX
+Runtime's CPU per run in its best layout. With the cores saturated, throughput is the
+cores' time over the CPU per request, so the ratio of the two CPU figures is the bound on
+the throughput ratio that the work around the model sets.
 """
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -40,7 +47,9 @@ def cpu() -> str:
 
 
 def med(values) -> float:
-    return statistics.median(values)
+    """The median of the figures recorded (NaN marks one that was not; NaN if none was)."""
+    present = [v for v in values if not math.isnan(v)]
+    return statistics.median(present) if present else float("nan")
 
 
 def figures(rnd: Path, name: str, stem: str) -> dict:
@@ -55,6 +64,9 @@ def figures(rnd: Path, name: str, stem: str) -> dict:
         "c4_p99": c4["latency_ms"]["p99"],
         "model": model,
         "outside": c1["latency_ms"]["p50"] - model,
+        # None (NaN in the medians) where the figures were not recorded.
+        "c4_server_cpu": c4.get("server_cpu_ms_per_request") or float("nan"),
+        "c4_client_cpu": c4.get("client_cpu_ms_per_request") or float("nan"),
         "errors": sum(c1["errors"].values()) + sum(c4["errors"].values()),
     }
 
@@ -69,14 +81,19 @@ print(
 )
 
 print("## ONNX Runtime alone on the model\n")
-print("| layout | sessions | threads each | runs/s | run p50 ms |")
-print("|---|---|---|---|---|")
+def cpu_per_run(layout: dict) -> float:
+    return layout.get("cpu_ms_per_run") or float("nan")
+
+
+print("| layout | sessions | threads each | runs/s | run p50 ms | CPU ms per run |")
+print("|---|---|---|---|---|---|")
 layouts = [l["layout"] for l in ort[0]["layouts"]]
 for name in layouts:
     rows = [next(l for l in o["layouts"] if l["layout"] == name) for o in ort]
     print(
         f"| {name} | {rows[0]['sessions']} | {rows[0]['threads']} "
-        f"| {med(r['runs_per_s'] for r in rows):.2f} | {med(r['run_p50_ms'] for r in rows):.1f} |"
+        f"| {med(r['runs_per_s'] for r in rows):.2f} | {med(r['run_p50_ms'] for r in rows):.1f} "
+        f"| {med(cpu_per_run(r) for r in rows):.1f} |"
     )
 bests = [o["best"]["layout"] for o in ort]
 print(f"\nBest layout under load, by round: {', '.join(bests)}.\n")
@@ -87,14 +104,16 @@ for stem in STEMS:
     print(f"## {stem}.jpg\n")
     print(
         "| server | c=1 p50 ms | c=1 p99 ms | c=1 req/s | c=4 req/s | c=4 p50 ms | c=4 p99 ms "
-        "| model ms (c=1) | outside model ms (c=1) | errors |"
+        "| model ms (c=1) | outside model ms (c=1) | server CPU ms/req (c=4) "
+        "| client CPU ms/req (c=4) | errors |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ["python", "celer"]:
         f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
         print(
             f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
             f"| {f['c4_p50']:.1f} | {f['c4_p99']:.1f} | {f['model']:.1f} | {f['outside']:.1f} "
+            f"| {f['c4_server_cpu']:.1f} | {f['c4_client_cpu']:.1f} "
             f"| {sum(pr[name]['errors'] for pr in per_round)} |"
         )
 
@@ -115,6 +134,10 @@ for stem in STEMS:
         "c=1 model time, celer / ONNX Runtime alone, solo layout": ratio(
             lambda pr, o: pr["celer"]["model"]
             / next(l for l in o["layouts"] if l["layout"] == "solo")["run_p50_ms"]
+        ),
+        "c=4 CPU per request, celer server / ONNX Runtime alone per run, best layout": ratio(
+            lambda pr, o: pr["celer"]["c4_server_cpu"]
+            / cpu_per_run(next(l for l in o["layouts"] if l["layout"] == o["best"]["layout"]))
         ),
         "time outside the model at c=1, celer / python": ratio(
             lambda pr, o: pr["celer"]["outside"] / pr["python"]["outside"]

@@ -1168,7 +1168,7 @@ impl Drop for Child {
 }
 
 #[tokio::test]
-async fn the_binary_serves_and_stops_cleanly_on_sigterm() {
+async fn the_binary_serves_is_benched_and_stops_cleanly_on_sigterm() {
     let model = model_dir("u2netp");
     let jpeg = std::fs::read(fetched("astronaut.jpg")).unwrap();
     let (width, height) = image::load_from_memory(&jpeg)
@@ -1227,6 +1227,38 @@ async fn the_binary_serves_and_stops_cleanly_on_sigterm() {
         assert_eq!(cutout.color(), image::ColorType::Rgba8);
         // The client (and its kept-alive connection) goes before the signal.
     }
+
+    // `celer bench http` loads the server over sockets and counts the server's CPU time
+    // (its process, from /proc) and its own per request.
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let bench = Command::new(env!("CARGO_BIN_EXE_celer"))
+        .args(["bench", "http", "--url", &base, "--input"])
+        .arg(fetched("astronaut.jpg"))
+        .args([
+            "--concurrency",
+            "2",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+        ])
+        .args(["--server-pid", &child.0.id().to_string(), "--json"])
+        .arg(report.path())
+        .output()
+        .expect("running celer bench http");
+    assert!(bench.status.success(), "{}", common::printed(&bench));
+    let points: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.path()).unwrap()).unwrap();
+    let point = &points[0];
+    assert_eq!(point["point"], "c=2", "{points}");
+    assert!(point["ok"].as_u64().unwrap() > 0, "{points}");
+    assert_eq!(point["errors"], serde_json::json!({}), "{points}");
+    // The server ran the model for each request (hundreds of ms of CPU); the client's
+    // share may be under the 10 ms the kernel counts in, so it is only present.
+    let server = point["server_cpu_ms_per_request"].as_f64();
+    assert!(server.is_some_and(|ms| ms > 10.0), "{points}");
+    let client = point["client_cpu_ms_per_request"].as_f64();
+    assert!(client.is_some_and(|ms| ms >= 0.0), "{points}");
 
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 
+use super::cpu;
 use super::report::{median, Percentiles, PointReport};
 
 /// One request's body, as sent.
@@ -152,19 +154,51 @@ impl Recorder {
     }
 }
 
-/// Runs one point and returns its report.
+/// CPU time of the server (when its process is known) and of this load generator, and
+/// the requests completed (measured or not), read at one moment.
+#[derive(Debug, Clone, Copy)]
+struct CpuReading {
+    server: Option<Duration>,
+    client: Option<Duration>,
+    completed: u64,
+}
+
+impl CpuReading {
+    fn now(server_pid: Option<u32>, completed: &AtomicU64) -> Self {
+        Self {
+            server: server_pid.and_then(cpu::of_process),
+            client: cpu::of_self(),
+            completed: completed.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// Runs one point and returns its report. With `server_pid` (the server's process on this
+/// machine), the report also says the server's CPU time per request: from the start of
+/// the measured window to the last answer, over every request completed in between (a
+/// steady-state rate: the requests in flight when the window opens are counted whole,
+/// though part of their work came before it).
 pub async fn run_point(
     client: &reqwest::Client,
     target: Arc<LoadTarget>,
     mode: LoadMode,
     window: Window,
+    server_pid: Option<u32>,
     progress: &ProgressBar,
 ) -> PointReport {
     let start = Instant::now();
     let measure_from = start + window.warmup;
     let measure_until = measure_from + window.duration;
     let recorder = Arc::new(Mutex::new(Recorder::new(measure_from)));
-    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    let opening = {
+        let completed = completed.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            CpuReading::now(server_pid, &completed)
+        })
+    };
     // Whether a request starting now is measured, and whether the run is over.
     let admit = {
         let sent = sent.clone();
@@ -175,7 +209,7 @@ pub async fn run_point(
             if now < measure_from {
                 return Some(false);
             }
-            let n = sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let n = sent.fetch_add(1, Ordering::SeqCst);
             if window.max_requests.is_some_and(|max| n >= max) {
                 return None;
             }
@@ -212,16 +246,18 @@ pub async fn run_point(
     match mode {
         LoadMode::Closed { concurrency } => {
             for client_index in 0..concurrency.max(1) {
-                let (client, target, recorder, admit) = (
+                let (client, target, recorder, admit, completed) = (
                     client.clone(),
                     target.clone(),
                     recorder.clone(),
                     admit.clone(),
+                    completed.clone(),
                 );
                 tasks.spawn(async move {
                     let mut i = client_index;
                     while let Some(measured) = admit(Instant::now()) {
                         one_request(&client, &target, i, measured, &recorder).await;
+                        completed.fetch_add(1, Ordering::SeqCst);
                         i += concurrency;
                     }
                 });
@@ -236,9 +272,15 @@ pub async fn run_point(
                 let Some(measured) = admit(Instant::now()) else {
                     break;
                 };
-                let (client, target, recorder) = (client.clone(), target.clone(), recorder.clone());
+                let (client, target, recorder, completed) = (
+                    client.clone(),
+                    target.clone(),
+                    recorder.clone(),
+                    completed.clone(),
+                );
                 tasks.spawn(async move {
                     one_request(&client, &target, i, measured, &recorder).await;
+                    completed.fetch_add(1, Ordering::SeqCst);
                 });
                 i += 1;
                 let gap = if poisson {
@@ -254,6 +296,23 @@ pub async fn run_point(
     }
     while tasks.join_next().await.is_some() {}
     ticker.abort();
+    let closing = CpuReading::now(server_pid, &completed);
+    // The window never opened when the run ended first (it cannot: measuring starts
+    // after the warm-up, and the run lasts past it), then there is no figure.
+    let opening = if opening.is_finished() {
+        opening.await.ok()
+    } else {
+        opening.abort();
+        None
+    };
+    let per_request = |of: fn(&CpuReading) -> Option<Duration>| {
+        let opening = opening?;
+        cpu::ms_per(
+            of(&opening),
+            of(&closing),
+            closing.completed - opening.completed,
+        )
+    };
 
     let r = recorder.lock().unwrap_or_else(|p| p.into_inner());
     let duration_s = (r.last_done.max(measure_from) - measure_from).as_secs_f64();
@@ -275,6 +334,8 @@ pub async fn run_point(
         latency_ms: Percentiles::from_us(&r.latency_us),
         errors: r.errors.clone(),
         server_stages_ms,
+        server_cpu_ms_per_request: per_request(|c| c.server),
+        client_cpu_ms_per_request: per_request(|c| c.client),
     }
 }
 

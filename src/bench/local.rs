@@ -115,6 +115,9 @@ pub struct LayoutRate {
     /// Megabytes mapped afresh per run (the kernel zeroes them): what the block cache
     /// saves, or does not.
     pub mapped_mb_per_run: f64,
+    /// This process's CPU time per run (all threads: the sessions' own, spinning
+    /// included), from Linux's /proc; `None` elsewhere.
+    pub cpu_ms_per_run: Option<f64>,
 }
 
 /// The segmentation model alone in `layout` for `duration`, on a constant input.
@@ -135,6 +138,7 @@ pub fn model_only(
     }
     let stop = AtomicBool::new(false);
     let mapped_before = crate::backend::ort_allocator::stats().mapped_bytes;
+    let cpu_before = super::cpu::of_self();
     let started = Instant::now();
     let per_session = std::thread::scope(|scope| {
         let handles: Vec<_> = models
@@ -163,6 +167,7 @@ pub fn model_only(
             .collect::<Result<Vec<_>, _>>()
     })?;
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = super::cpu::of_self();
     let mapped = crate::backend::ort_allocator::stats().mapped_bytes - mapped_before;
     let mut runs: Vec<Duration> = per_session.into_iter().flatten().collect();
     runs.sort();
@@ -180,5 +185,6 @@ pub fn model_only(
             .get(runs.len() / 2)
             .map_or(0.0, |d| d.as_secs_f64() * 1e3),
         mapped_mb_per_run: mapped as f64 / 1e6 / runs.len().max(1) as f64,
+        cpu_ms_per_run: super::cpu::ms_per(cpu_before, cpu_after, runs.len() as u64),
     })
 }

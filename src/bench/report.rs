@@ -22,6 +22,12 @@ pub struct PointReport {
     pub errors: BTreeMap<String, u64>,
     /// Median server-side time of each stage, from the `Server-Timing` header.
     pub server_stages_ms: BTreeMap<String, f64>,
+    /// The server process's CPU time per completed request over the measured window
+    /// (`bench http --server-pid`; Linux), all its threads: with the cores saturated,
+    /// throughput is the cores over this.
+    pub server_cpu_ms_per_request: Option<f64>,
+    /// The load generator's own CPU time per completed request, on the same machine.
+    pub client_cpu_ms_per_request: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -233,6 +239,8 @@ mod tests {
             latency_ms: Percentiles::default(),
             errors: BTreeMap::from([("503".to_string(), 1)]),
             server_stages_ms: BTreeMap::from([("model".to_string(), 120.0)]),
+            server_cpu_ms_per_request: None,
+            client_cpu_ms_per_request: None,
         };
         let t = table(std::slice::from_ref(&point));
         assert!(

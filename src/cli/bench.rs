@@ -73,6 +73,10 @@ pub struct HttpArgs {
     /// X-Amzn-SageMaker-Custom-Attributes to send (e.g. output=alpha).
     #[arg(long)]
     custom_attributes: Option<String>,
+    /// The server's process id, when it runs on this machine: each point then reports
+    /// the server's CPU time per request (and this tool's own), from Linux's /proc.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// Label for the plot title and the reports.
     #[arg(long, default_value = "celer")]
     label: String,
@@ -182,10 +186,27 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
             let progress = ProgressBar::new_spinner()
                 .with_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}")?);
             progress.enable_steady_tick(Duration::from_millis(120));
-            let point = run_point(&client, target.clone(), mode, window, &progress).await;
+            let point = run_point(
+                &client,
+                target.clone(),
+                mode,
+                window,
+                args.server_pid,
+                &progress,
+            )
+            .await;
             progress.finish_and_clear();
+            let cpu = match (
+                point.server_cpu_ms_per_request,
+                point.client_cpu_ms_per_request,
+            ) {
+                (Some(server), Some(client)) => {
+                    format!(", CPU per request: server {server:.1} ms, this client {client:.1} ms")
+                }
+                _ => String::new(),
+            };
             eprintln!(
-                "{}: {:.2} req/s, p50 {:.1} ms, p99 {:.1} ms",
+                "{}: {:.2} req/s, p50 {:.1} ms, p99 {:.1} ms{cpu}",
                 point.point, point.throughput_rps, point.latency_ms.p50, point.latency_ms.p99
             );
             points.push(point);
@@ -223,19 +244,21 @@ fn model_only(
         spec.segmentation.image.model.display()
     );
     println!(
-        "{:<12} {:>8} {:>20} {:>10} {:>11} {:>15}",
-        "layout", "sessions", "threads each", "runs/s", "run p50 ms", "MB mapped/run"
+        "{:<12} {:>8} {:>20} {:>10} {:>11} {:>15} {:>15}",
+        "layout", "sessions", "threads each", "runs/s", "run p50 ms", "MB mapped/run", "CPU ms/run"
     );
     for layout in Layout::candidates(cores, replicas, threads) {
         let rate = crate::bench::local::model_only(spec, layout, duration)?;
         println!(
-            "{:<12} {:>8} {:>20} {:>10.2} {:>11.1} {:>15.1}",
+            "{:<12} {:>8} {:>20} {:>10.2} {:>11.1} {:>15.1} {:>15}",
             rate.layout,
             rate.sessions,
             rate.threads,
             rate.runs_per_s,
             rate.run_p50_ms,
-            rate.mapped_mb_per_run
+            rate.mapped_mb_per_run,
+            rate.cpu_ms_per_run
+                .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}"))
         );
         println!("  {}", crate::backend::ort_allocator::stats());
         // The next layout starts as a busy device would: nothing cached.
