@@ -1238,7 +1238,7 @@ async fn the_binary_serves_is_benched_and_stops_cleanly_on_sigterm() {
             "--concurrency",
             "2",
             "--duration-s",
-            "2",
+            "3",
             "--warmup-s",
             "0.5",
         ])
