@@ -12,10 +12,15 @@ use serde::Serialize;
 pub struct PointReport {
     /// What the point is, e.g. `c=4` or `rate=10/s poisson`.
     pub point: String,
+    /// Requests sent in the measured window (their latencies are the percentiles), and
+    /// how many of them succeeded.
     pub requests: u64,
     pub ok: u64,
+    /// The measured window's length (a run stopped early by a request count: to its
+    /// last answer).
     pub duration_s: f64,
-    /// Successful responses per second.
+    /// Successful responses per second: those that arrived in the window, over its
+    /// length (`bench::http::throughput`).
     pub throughput_rps: f64,
     pub latency_ms: Percentiles,
     /// Non-2xx answers and transport failures, by status (`"503"`, `"transport"`).
