@@ -8,12 +8,18 @@ use super::plane::Plane;
 
 /// Alpha in u8: a matting result in [0, 1] (clamped), rounded.
 pub fn quantize_alpha(refined: &Plane) -> GrayImage {
-    let data = refined
-        .data
-        .iter()
-        .map(|&v| (v.clamp(0.0, 1.0) * 255.0).round() as u8)
-        .collect();
+    let data = refined.data.iter().map(|&v| unit_to_u8(v)).collect();
     GrayImage::from_raw(refined.width, refined.height, data).expect("length is width * height")
+}
+
+/// `(v.clamp(0.0, 1.0) * 255.0).round() as u8`, without the call to `roundf` that the
+/// baseline x86-64 target makes of `round` (no SSE4.1): a scaled value in [0, 255] is its
+/// integer part plus one when the fraction, exact in f32, is at least a half. NaN gives 0,
+/// as the cast of `round` does.
+pub fn unit_to_u8(v: f32) -> u8 {
+    let scaled = v.clamp(0.0, 1.0) * 255.0;
+    let whole = scaled as u8;
+    whole + u8::from(scaled - f32::from(whole) >= 0.5)
 }
 
 /// RGBA cut-out: the source pixels with `alpha`, and RGB 0 where alpha is 0. An invisible
@@ -38,6 +44,37 @@ pub fn cutout(rgb: &RgbImage, alpha: &GrayImage) -> RgbaImage {
 mod tests {
     use super::*;
     use image::Rgb;
+
+    /// The reference `unit_to_u8` replaces.
+    fn rounded(v: f32) -> u8 {
+        (v.clamp(0.0, 1.0) * 255.0).round() as u8
+    }
+
+    #[test]
+    fn unit_to_u8_is_round_to_the_bit() {
+        // Every f32 within 64 ulps of each value that scales to a half (the ties and the
+        // values either side), then a sweep of [-0.5, 1.5] and the special values.
+        for k in 0..=255u32 {
+            let tie = (k as f32 + 0.5) / 255.0;
+            for d in -64i32..=64 {
+                let v = f32::from_bits(tie.to_bits().wrapping_add_signed(d));
+                assert_eq!(unit_to_u8(v), rounded(v), "{v:e}");
+            }
+        }
+        for i in 0..=4_000_000u32 {
+            let v = -0.5 + 2.0 * i as f32 / 4_000_000.0;
+            assert_eq!(unit_to_u8(v), rounded(v), "{v:e}");
+        }
+        for v in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ] {
+            assert_eq!(unit_to_u8(v), rounded(v), "{v:e}");
+        }
+    }
 
     #[test]
     fn quantize_clamps_and_rounds() {

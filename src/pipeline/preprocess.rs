@@ -103,6 +103,19 @@ pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
 
 /// `resize_rgb` with each pass's rows split across `lanes` (the same bits).
 pub fn resize_rgb_in(lanes: Lanes, src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
+    resize_rgb_with(lanes, src, width, height, true, out);
+}
+
+/// `resize_rgb_in`, the vertical pass in 16-bit arithmetic where that is exact
+/// (`Exact16`) or, for the tests that hold the two to the same bits, not.
+fn resize_rgb_with(
+    lanes: Lanes,
+    src: &RgbImage,
+    width: u32,
+    height: u32,
+    exact16: bool,
+    out: &mut Vec<u8>,
+) {
     let (sw, sh) = src.dimensions();
     let out_len = width as usize * height as usize * 3;
     if (sw, sh) == (width, height) {
@@ -139,12 +152,31 @@ pub fn resize_rgb_in(lanes: Lanes, src: &RgbImage, width: u32, height: u32, out:
         return;
     }
     let stride = width as usize * 3;
+    let vert16: Vec<Option<Exact16>> = vert
+        .weights
+        .iter()
+        .map(|w| exact16.then(|| Exact16::of(w)).flatten())
+        .collect();
     lanes.rows(out, stride, |first_row, dst_rows| {
         let mut acc = vec![0i32; stride];
+        let mut acc16 = vec![0u16; stride];
         for (r, dst) in dst_rows.chunks_exact_mut(stride).enumerate() {
             let y = first_row + r;
-            acc.iter_mut().for_each(|a| *a = HALF);
             let first = (vert.first[y] - tmp_first_row) as usize;
+            if let Some(kernel) = &vert16[y] {
+                acc16.iter_mut().for_each(|a| *a = kernel.bias);
+                for (k, &c) in kernel.weights.iter().enumerate() {
+                    let row = &tmp[(first + k) * stride..(first + k + 1) * stride];
+                    for (a, &v) in acc16.iter_mut().zip(row) {
+                        *a = a.wrapping_add(c.wrapping_mul(u16::from(v)));
+                    }
+                }
+                for (d, &a) in dst.iter_mut().zip(&acc16) {
+                    *d = kernel.narrow(a);
+                }
+                continue;
+            }
+            acc.iter_mut().for_each(|a| *a = HALF);
             for (k, &w) in vert.weights[y].iter().enumerate() {
                 let row = &tmp[(first + k) * stride..(first + k + 1) * stride];
                 for (a, &v) in acc.iter_mut().zip(row) {
@@ -171,6 +203,53 @@ fn horizontal_row(line: &[u8], horiz: &Taps, dst: &mut [u8]) {
             a2 += i32::from(s[2]) * w;
         }
         px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
+    }
+}
+
+/// One output sample's weights in 16-bit arithmetic, where that gives the same bits (the
+/// vertical pass uses it; a horizontal pass in lanes would filter every input pixel to
+/// keep one in `scale`, and measured no faster than the scalar loop):
+/// when every weight is a multiple of `2^t`, `(HALF + sum w u) >> 22` equals
+/// `((HALF >> t) + sum (w >> t) u) >> (22 - t)`, and when that sum cannot pass 65535 for
+/// any u8 inputs it fits a u16 lane, eight to an SSE2 register and with its multiply
+/// (there is no 32-bit one before SSE4.1). So it is wherever the scale is a power of two
+/// (the triangle's weights are then odd multiples of a power of two: 1 3 5 7 7 5 3 1 /
+/// 32 for the guided filter's quarter-size guide); elsewhere PIL's weights are not, and
+/// the 32-bit path runs.
+#[derive(Debug, Clone, PartialEq)]
+struct Exact16 {
+    bias: u16,
+    shift: u32,
+    weights: Vec<u16>,
+}
+
+impl Exact16 {
+    fn of(weights: &[i32]) -> Option<Self> {
+        if weights.is_empty() || weights.iter().any(|&w| w < 0) {
+            return None;
+        }
+        let t = weights
+            .iter()
+            .filter(|&&w| w != 0)
+            .map(|w| w.trailing_zeros())
+            .min()
+            .unwrap_or(0)
+            .min(PRECISION_BITS - 1);
+        let bias = u64::from((HALF >> t) as u32);
+        let sum: u64 = weights.iter().map(|&w| u64::from((w >> t) as u32)).sum();
+        if bias + 255 * sum > u64::from(u16::MAX) {
+            return None;
+        }
+        Some(Self {
+            bias: bias as u16,
+            shift: PRECISION_BITS - t,
+            weights: weights.iter().map(|&w| (w >> t) as u16).collect(),
+        })
+    }
+
+    /// The output value of an accumulated sum: `clip8`'s.
+    fn narrow(&self, acc: u16) -> u8 {
+        (acc >> self.shift).min(255) as u8
     }
 }
 
@@ -266,6 +345,51 @@ mod tests {
         resize_rgb(&src, 8, 5, &mut out);
         assert_eq!(out.len(), 8 * 5 * 3);
         assert!(out.chunks(3).all(|p| p == [9, 99, 199]));
+    }
+
+    #[test]
+    fn exact16_takes_the_power_of_two_scales_only() {
+        // 4x: PIL's weights 1 3 5 7 7 5 3 1 / 32 in 22-bit fixed point.
+        let quarter = Taps::bilinear(1920, 480);
+        let k = Exact16::of(&quarter.weights[100]).expect("a quarter's kernel is exact");
+        assert_eq!(k.weights, vec![1, 3, 5, 7, 7, 5, 3, 1]);
+        assert_eq!((k.bias, k.shift), (16, 5));
+        // 6x (1920 -> 320): weights / 72 are not multiples of a power of two.
+        assert!(Exact16::of(&Taps::bilinear(1920, 320).weights[100]).is_none());
+    }
+
+    #[test]
+    fn exact16_gives_the_same_bits() {
+        // Sizes whose vertical pass takes the 16-bit path (power-of-two ratios, with
+        // edges) and some that do not; noise and extremes of each channel.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for (sw, sh, w, h) in [
+            (1920, 1080, 480, 270),
+            (400, 300, 100, 75),
+            (256, 64, 128, 64),
+            (96, 800, 96, 100),
+            (1001, 403, 250, 100),
+            (640, 480, 320, 320),
+        ] {
+            let src = RgbImage::from_fn(sw, sh, |x, y| {
+                let r = next();
+                match (x / 7 + y / 5) % 4 {
+                    0 => Rgb([255, 255, 255]),
+                    1 => Rgb([0, 0, 0]),
+                    _ => Rgb([r as u8, (r >> 8) as u8, (r >> 16) as u8]),
+                }
+            });
+            let (mut want, mut got) = (Vec::new(), Vec::new());
+            resize_rgb_with(Lanes::ONE, &src, w, h, false, &mut want);
+            resize_rgb_with(Lanes::ONE, &src, w, h, true, &mut got);
+            assert!(got == want, "{sw}x{sh} -> {w}x{h}");
+        }
     }
 
     #[test]
