@@ -32,7 +32,9 @@ STEMS = ["photo-320x320", "photo-1920x1080"]
 
 
 def point(rnd: Path, name: str, stem: str, label: str) -> dict:
-    points = json.loads((rnd / f"{name}-{stem}.json").read_text())
+    """One point (`c=1`, `c=4`) of one server on one image: a file each (the two servers
+    take turns point by point)."""
+    points = json.loads((rnd / f"{name}-{stem}-{label.replace('=', '')}.json").read_text())
     return next(p for p in points if p["point"] == label)
 
 
@@ -118,7 +120,15 @@ for stem in STEMS:
         )
 
     def ratio(fn):
-        values = [fn(pr, o) for pr, o in zip(per_round, ort)]
+        def within(pr, o) -> float:
+            # A figure of 0 (nothing answered within a window shorter than a request)
+            # makes no ratio: NaN, which the median skips.
+            try:
+                return fn(pr, o)
+            except ZeroDivisionError:
+                return float("nan")
+
+        values = [within(pr, o) for pr, o in zip(per_round, ort)]
         return med(values), values
 
     ratios = {
