@@ -55,13 +55,39 @@ pub fn resize_nearest(src: &GrayImage, width: u32, height: u32) -> GrayImage {
     let xs = index(width, src.width());
     let ys = index(height, src.height());
     let raw = src.as_raw();
-    let sw = src.width() as usize;
-    let mut out = Vec::with_capacity(width as usize * height as usize);
-    for &y in &ys {
-        let row = &raw[y * sw..(y + 1) * sw];
-        out.extend(xs.iter().map(|&x| row[x]));
+    let (sw, w) = (src.width() as usize, width as usize);
+    // An upscale (a trimap to the source size) repeats source pixels in runs and source
+    // rows in runs: each run of a row is a fill, and a row that repeats the one above is
+    // a copy of it.
+    let runs = runs_of(&xs);
+    let mut out = vec![0u8; w * height as usize];
+    for (y, &sy) in ys.iter().enumerate() {
+        let (above, rest) = out.split_at_mut(y * w);
+        let row = &mut rest[..w];
+        if y > 0 && ys[y - 1] == sy {
+            row.copy_from_slice(&above[(y - 1) * w..]);
+            continue;
+        }
+        let src_row = &raw[sy * sw..(sy + 1) * sw];
+        let mut at = 0;
+        for &(sx, len) in &runs {
+            row[at..at + len].fill(src_row[sx]);
+            at += len;
+        }
     }
     GrayImage::from_raw(width, height, out).expect("length is width * height")
+}
+
+/// `indices` as runs of one value: `(value, length)`.
+fn runs_of(indices: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &i in indices {
+        match runs.last_mut() {
+            Some((last, len)) if *last == i => *len += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -77,6 +103,38 @@ mod tests {
             out.as_raw(),
             &vec![0, 0, 255, 255, 255, 0, 0, 255, 255, 255]
         );
+    }
+
+    #[test]
+    fn nearest_is_a_gather_of_each_output_pixel() {
+        // Against the definition, pixel by pixel: up, down, both, and 1-pixel edges.
+        let src = GrayImage::from_fn(37, 23, |x, y| image::Luma([(x * 7 + y * 13) as u8]));
+        for (w, h) in [(1920, 1080), (111, 70), (20, 9), (37, 23), (1, 1), (5, 200)] {
+            let out = resize_nearest(&src, w, h);
+            // PIL's source coordinates: half a step, then a step at a time, truncated.
+            let coords = |dst: u32, src: u32| -> Vec<u32> {
+                let step = f64::from(src) / f64::from(dst);
+                let mut v = 0.5 * step;
+                (0..dst)
+                    .map(|_| {
+                        let i = (v as u32).min(src - 1);
+                        v += step;
+                        i
+                    })
+                    .collect()
+            };
+            let (sxs, sys) = (coords(w, 37), coords(h, 23));
+            for y in 0..h {
+                for x in 0..w {
+                    let (sx, sy) = (sxs[x as usize], sys[y as usize]);
+                    assert_eq!(
+                        out.get_pixel(x, y),
+                        src.get_pixel(sx, sy),
+                        "{w}x{h} at {x},{y}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
