@@ -32,8 +32,8 @@ STEMS = ["photo-320x320", "photo-1920x1080"]
 
 
 def point(rnd: Path, name: str, stem: str, label: str) -> dict:
-    """One point (`c=1`, `c=4`) of one server on one image: a file each (the two servers
-    take turns point by point)."""
+    """One point (`c=1`, `c=4`) of one server on one image: a file each (at c=1 one
+    client took turns between the two servers; at c=4 each was loaded in turn)."""
     points = json.loads((rnd / f"{name}-{stem}-{label.replace('=', '')}.json").read_text())
     return next(p for p in points if p["point"] == label)
 
@@ -78,7 +78,8 @@ cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 print(f"# celer vs the Python reference handler ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
 print(
     f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
-    f"Load: `celer bench http`, closed loop, concurrency 1 and 4. "
+    f"Load: `celer bench http`, closed loop: at concurrency 1 one client taking turns "
+    f"between the two servers (a request to each in order), at 4 each server in turn. "
     f"Medians of {len(rounds)} rounds; each ratio is taken within a round, then its median.\n"
 )
 

@@ -143,6 +143,9 @@ struct Recorder {
     /// request was sent: the throughput's numerator.
     ok_in_window: u64,
     window: std::ops::Range<Instant>,
+    /// The measured requests' time from send to last byte, added up: what a server
+    /// taking turns with others spent on this one's (`run_turns`).
+    busy: Duration,
 }
 
 impl Recorder {
@@ -156,6 +159,7 @@ impl Recorder {
             last_done: window.start,
             ok_in_window: 0,
             window,
+            busy: Duration::ZERO,
         }
     }
 
@@ -350,20 +354,36 @@ pub async fn run_point(
         opening.abort();
         None
     };
-    let per_request = |of: fn(&CpuReading) -> Option<Duration>| {
-        let (opening, closing) = (opening?, closing?);
-        cpu::ms_per(
-            of(&opening),
-            of(&closing),
-            closing.completed - opening.completed,
-        )
-    };
-
     let r = recorder.lock().unwrap_or_else(|p| p.into_inner());
     let duration_s = if ran_whole_window {
         window.duration.as_secs_f64()
     } else {
         (r.last_done.max(measure_from) - measure_from).as_secs_f64()
+    };
+    report(
+        mode.label(),
+        &r,
+        throughput(&r, ran_whole_window),
+        duration_s,
+        opening.zip(closing),
+    )
+}
+
+/// One point's report from its recorder, its throughput and its window's CPU readings.
+fn report(
+    point: String,
+    r: &Recorder,
+    throughput_rps: f64,
+    duration_s: f64,
+    readings: Option<(CpuReading, CpuReading)>,
+) -> PointReport {
+    let per_request = |of: fn(&CpuReading) -> Option<Duration>| {
+        let (opening, closing) = readings?;
+        cpu::ms_per(
+            of(&opening),
+            of(&closing),
+            closing.completed - opening.completed,
+        )
     };
     let server_stages_ms = r
         .stages_ms
@@ -371,17 +391,121 @@ pub async fn run_point(
         .map(|(k, v)| (k.clone(), median(&mut v.clone())))
         .collect();
     PointReport {
-        point: mode.label(),
+        point,
         requests: r.requests,
         ok: r.ok,
         duration_s,
-        throughput_rps: throughput(&r, ran_whole_window),
+        throughput_rps,
         latency_ms: Percentiles::from_us(&r.latency_us),
         errors: r.errors.clone(),
         server_stages_ms,
         server_cpu_ms_per_request: per_request(|c| c.server),
         client_cpu_ms_per_request: per_request(|c| c.client),
     }
+}
+
+/// One closed-loop client taking turns between servers, a request to each in order, so
+/// that only one request is ever in flight and each server is loaded at concurrency 1
+/// while the others idle. The servers' latencies are then seconds apart, not a whole
+/// run: on a machine whose speed drifts by a fifth from minute to minute, that is what
+/// makes their ratio mean something. Each server's report is a `c=1` point whose
+/// throughput is its successes over the time spent waiting for its answers (alone, a
+/// closed loop of one spends the whole window so), and whose CPU per request is its
+/// process's over the requests it completed in the window (`server_pids`, in the order
+/// of `targets`).
+pub async fn run_turns(
+    client: &reqwest::Client,
+    targets: &[Arc<LoadTarget>],
+    window: Window,
+    server_pids: &[Option<u32>],
+    progress: &ProgressBar,
+) -> Vec<PointReport> {
+    let start = Instant::now();
+    let measure_from = start + window.warmup;
+    let measure_until = measure_from + window.duration;
+    let recorders: Vec<Mutex<Recorder>> = targets
+        .iter()
+        .map(|_| Mutex::new(Recorder::new(measure_from..measure_until)))
+        .collect();
+    let completed: Arc<Vec<AtomicU64>> =
+        Arc::new(targets.iter().map(|_| AtomicU64::new(0)).collect());
+    let readings = |pids: Vec<Option<u32>>| {
+        let completed = completed.clone();
+        move || -> Vec<CpuReading> {
+            pids.iter()
+                .zip(completed.iter())
+                .map(|(&pid, done)| CpuReading::now(pid, done))
+                .collect()
+        }
+    };
+    let pids: Vec<Option<u32>> = (0..targets.len())
+        .map(|i| server_pids.get(i).copied().flatten())
+        .collect();
+    let read = readings(pids);
+    let mut opening = None;
+    let mut measured_sent = 0u64;
+    let mut turn = 0usize;
+    loop {
+        let now = Instant::now();
+        if now >= measure_until {
+            break;
+        }
+        let measured = now >= measure_from;
+        if measured && opening.is_none() {
+            opening = Some(read());
+        }
+        if measured {
+            if window
+                .max_requests
+                .is_some_and(|max| measured_sent >= max * targets.len() as u64)
+            {
+                break;
+            }
+            measured_sent += 1;
+        }
+        let which = turn % targets.len();
+        let index = turn / targets.len();
+        one_request(client, &targets[which], index, measured, &recorders[which]).await;
+        completed[which].fetch_add(1, Ordering::SeqCst);
+        turn += 1;
+        if turn.is_multiple_of(targets.len()) {
+            progress.set_message(format!(
+                "taking turns: {}, {} rounds",
+                if measured { "measuring" } else { "warm-up" },
+                turn / targets.len()
+            ));
+        }
+    }
+    let ran_whole_window = Instant::now() >= measure_until;
+    let closing = opening.as_ref().map(|_| read());
+    recorders
+        .iter()
+        .enumerate()
+        .map(|(i, recorder)| {
+            let r = recorder.lock().unwrap_or_else(|p| p.into_inner());
+            let throughput = if r.busy.is_zero() {
+                0.0
+            } else {
+                r.ok as f64 / r.busy.as_secs_f64()
+            };
+            let duration_s = if ran_whole_window {
+                window.duration.as_secs_f64()
+            } else {
+                (r.last_done.max(measure_from) - measure_from).as_secs_f64()
+            };
+            let cpu = opening
+                .as_ref()
+                .zip(closing.as_ref())
+                .map(|(o, c)| (o[i], c[i]));
+            report(
+                LoadMode::Closed { concurrency: 1 }.label(),
+                &r,
+                throughput,
+                duration_s,
+                cpu,
+            )
+        })
+        .collect()
 }
 
 async fn one_request(
@@ -430,6 +554,7 @@ async fn one_request(
         return;
     }
     r.requests += 1;
+    r.busy += Duration::from_micros(elapsed_us);
     r.last_done = r.last_done.max(Instant::now());
     match outcome {
         Ok(timing) => {
@@ -503,5 +628,104 @@ mod tests {
             parse_server_timing("queue;dur=1.5, model;desc=\"u2netp\";dur=120, bad"),
             vec![("queue".to_string(), 1.5), ("model".to_string(), 120.0)]
         );
+    }
+}
+
+/// `run_turns` against two small servers over real sockets, each recording how many of
+/// the two had a request in flight whenever one arrived.
+#[cfg(test)]
+mod turns_tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Default)]
+    struct Counts {
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        served: [AtomicU64; 2],
+    }
+
+    async fn serve(which: usize, delay: Duration, counts: Arc<Counts>) -> String {
+        let app = axum::Router::new().route(
+            "/invocations",
+            axum::routing::post(move || {
+                let counts = counts.clone();
+                async move {
+                    let now = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    counts.most_in_flight.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    counts.served[which].fetch_add(1, Ordering::SeqCst);
+                    counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/invocations", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_request_in_flight_and_each_server_its_turn() {
+        let counts = Arc::new(Counts::default());
+        let (fast, slow) = (Duration::from_millis(20), Duration::from_millis(60));
+        let urls = [
+            serve(0, fast, counts.clone()).await,
+            serve(1, slow, counts.clone()).await,
+        ];
+        let targets: Vec<Arc<LoadTarget>> = urls
+            .iter()
+            .map(|url| {
+                Arc::new(LoadTarget {
+                    url: url.clone(),
+                    inputs: vec![Payload::invocations((
+                        Bytes::from_static(b"x"),
+                        "image/jpeg",
+                    ))],
+                    accept: None,
+                    custom_attributes: None,
+                })
+            })
+            .collect();
+        let window = Window {
+            warmup: Duration::from_millis(200),
+            duration: Duration::from_secs(1),
+            max_requests: None,
+        };
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let points = run_turns(
+            &client,
+            &targets,
+            window,
+            &[None, None],
+            &ProgressBar::hidden(),
+        )
+        .await;
+
+        assert_eq!(counts.most_in_flight.load(Ordering::SeqCst), 1);
+        let served = counts.served.each_ref().map(|n| n.load(Ordering::SeqCst));
+        assert!(served[0].abs_diff(served[1]) <= 1, "{served:?}");
+        assert_eq!(points.len(), 2);
+        for (point, delay) in points.iter().zip([fast, slow]) {
+            assert_eq!(point.point, "c=1");
+            assert!(point.ok > 0 && point.ok == point.requests, "{point:?}");
+            assert!(point.requests.abs_diff(points[0].requests) <= 1);
+            // Each server's rate is over the time spent on its own answers: at most one
+            // per delay, and more than its answers over the whole window, most of which
+            // went to the other's.
+            assert!(
+                point.throughput_rps <= 1.0 / delay.as_secs_f64(),
+                "{point:?}"
+            );
+            assert!(
+                point.throughput_rps > point.ok as f64 / point.duration_s,
+                "{point:?}"
+            );
+            assert!(
+                point.latency_ms.p50 >= delay.as_secs_f64() * 1e3,
+                "{point:?}"
+            );
+        }
     }
 }

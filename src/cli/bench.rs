@@ -9,7 +9,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::bench::http::{load_inputs, run_point, LoadMode, LoadTarget, Payload, Window};
+use crate::bench::http::{
+    load_inputs, run_point, run_turns, LoadMode, LoadTarget, Payload, Window,
+};
 use crate::bench::local::Layout;
 use crate::bench::report::{self, stage_percentiles, PointReport};
 use crate::config::cpus::CpuBudget;
@@ -32,9 +34,12 @@ pub enum Arrivals {
 #[derive(Debug, Args)]
 pub struct HttpArgs {
     /// Base URL of the server (its /invocations is loaded, or with --route v2 its
-    /// /v2/models/{model}/infer).
+    /// /v2/models/{model}/infer). Given more than once: one client takes turns between
+    /// the servers, a request to each in order, at concurrency 1 (the servers' latencies
+    /// seconds apart, for a ratio on a noisy machine); --label, --server-pid and --json
+    /// are then given once per URL, in the same order.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
-    url: String,
+    url: Vec<String>,
     /// The route loaded: SageMaker's /invocations, or the Open Inference Protocol's infer
     /// with the image as a binary BYTES tensor (the binary-data extension).
     #[arg(long, value_enum, default_value = "invocations")]
@@ -76,13 +81,13 @@ pub struct HttpArgs {
     /// The server's process id, when it runs on this machine: each point then reports
     /// the server's CPU time per request (and this tool's own), from Linux's /proc.
     #[arg(long)]
-    server_pid: Option<u32>,
+    server_pid: Vec<u32>,
     /// Label for the plot title and the reports.
     #[arg(long, default_value = "celer")]
-    label: String,
+    label: Vec<String>,
     /// Write the points as JSON here.
     #[arg(long)]
-    json: Option<PathBuf>,
+    json: Vec<PathBuf>,
     /// Write the points as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -136,6 +141,18 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
     let inputs = load_inputs(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?;
     anyhow::ensure!(!inputs.is_empty(), "no images in {}", args.input.display());
+    if args.url.len() > 1 {
+        return turns(&args, &inputs);
+    }
+    let (Some(base), [], [], []) = (
+        args.url.first(),
+        args.server_pid.get(1..).unwrap_or_default(),
+        args.label.get(1..).unwrap_or_default(),
+        args.json.get(1..).unwrap_or_default(),
+    ) else {
+        anyhow::bail!("one --url takes one --server-pid, --label and --json at most");
+    };
+    let label = args.label.first().map_or("celer", String::as_str);
     let mut modes: Vec<LoadMode> = args
         .concurrency
         .iter()
@@ -148,11 +165,97 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
     if modes.is_empty() {
         modes.push(LoadMode::Closed { concurrency: 1 });
     }
-    let base = args.url.trim_end_matches('/');
+    let target = Arc::new(load_target(&args, base, &inputs));
+    let window = window(&args);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let points: Vec<PointReport> = runtime.block_on(async {
+        let client = load_client()?;
+        let mut points = Vec::new();
+        for mode in modes {
+            let progress = progress()?;
+            let point = run_point(
+                &client,
+                target.clone(),
+                mode,
+                window,
+                args.server_pid.first().copied(),
+                &progress,
+            )
+            .await;
+            progress.finish_and_clear();
+            say(label, &point);
+            points.push(point);
+        }
+        anyhow::Ok(points)
+    })?;
+    print!("{}", report::table(&points));
+    if let Some(path) = args.json.first() {
+        report::write_json(path, &points).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        report::write_csv(path, &points).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        report::write_plot(path, label, &points)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench http` with several URLs: one client taking turns between them at c=1.
+fn turns(args: &HttpArgs, inputs: &[(bytes::Bytes, &'static str)]) -> anyhow::Result<()> {
+    let n = args.url.len();
+    anyhow::ensure!(
+        args.concurrency.iter().all(|&c| c == 1) && args.rate.is_empty(),
+        "several --url take turns at concurrency 1 only: at more, the servers would \
+         compete for the same cores"
+    );
+    anyhow::ensure!(
+        args.csv.is_none() && args.plot.is_none(),
+        "several --url write JSON only (--json, once per URL)"
+    );
+    anyhow::ensure!(
+        args.label.len() == n
+            && [0, n].contains(&args.server_pid.len())
+            && [0, n].contains(&args.json.len()),
+        "{n} URLs need {n} --label, and {n} or no --server-pid and --json"
+    );
+    let targets: Vec<_> = args
+        .url
+        .iter()
+        .map(|base| Arc::new(load_target(args, base, inputs)))
+        .collect();
+    let pids: Vec<Option<u32>> = (0..n).map(|i| args.server_pid.get(i).copied()).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let points = runtime.block_on(async {
+        let client = load_client()?;
+        let progress = progress()?;
+        let points = run_turns(&client, &targets, window(args), &pids, &progress).await;
+        progress.finish_and_clear();
+        anyhow::Ok(points)
+    })?;
+    for (i, (label, point)) in args.label.iter().zip(&points).enumerate() {
+        say(label, point);
+        print!("{}", report::table(std::slice::from_ref(point)));
+        if let Some(path) = args.json.get(i) {
+            report::write_json(path, std::slice::from_ref(point))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// What each request of `bench http` sends to the server at `base`.
+fn load_target(args: &HttpArgs, base: &str, inputs: &[(bytes::Bytes, &'static str)]) -> LoadTarget {
+    let base = base.trim_end_matches('/');
     let (url, inputs) = match args.route {
         Route::Invocations => (
             format!("{base}/invocations"),
-            inputs.into_iter().map(Payload::invocations).collect(),
+            inputs.iter().cloned().map(Payload::invocations).collect(),
         ),
         Route::V2 => (
             format!("{base}/v2/models/{}/infer", args.model_name),
@@ -162,69 +265,51 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
                 .collect(),
         ),
     };
-    let target = Arc::new(LoadTarget {
+    LoadTarget {
         url,
         inputs,
         accept: args.accept.clone(),
         custom_attributes: args.custom_attributes.clone(),
-    });
-    let window = Window {
+    }
+}
+
+fn window(args: &HttpArgs) -> Window {
+    Window {
         warmup: Duration::from_secs_f64(args.warmup_s),
         duration: Duration::from_secs_f64(args.duration_s),
         max_requests: args.requests,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let points: Vec<PointReport> = runtime.block_on(async {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .pool_max_idle_per_host(1024)
-            .build()?;
-        let mut points = Vec::new();
-        for mode in modes {
-            let progress = ProgressBar::new_spinner()
-                .with_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}")?);
-            progress.enable_steady_tick(Duration::from_millis(120));
-            let point = run_point(
-                &client,
-                target.clone(),
-                mode,
-                window,
-                args.server_pid,
-                &progress,
-            )
-            .await;
-            progress.finish_and_clear();
-            let cpu = match (
-                point.server_cpu_ms_per_request,
-                point.client_cpu_ms_per_request,
-            ) {
-                (Some(server), Some(client)) => {
-                    format!(", CPU per request: server {server:.1} ms, this client {client:.1} ms")
-                }
-                _ => String::new(),
-            };
-            eprintln!(
-                "{}: {:.2} req/s, p50 {:.1} ms, p99 {:.1} ms{cpu}",
-                point.point, point.throughput_rps, point.latency_ms.p50, point.latency_ms.p99
-            );
-            points.push(point);
+    }
+}
+
+fn load_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1024)
+        .build()?)
+}
+
+fn progress() -> anyhow::Result<ProgressBar> {
+    let progress = ProgressBar::new_spinner()
+        .with_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}")?);
+    progress.enable_steady_tick(Duration::from_millis(120));
+    Ok(progress)
+}
+
+/// One line on stderr per point.
+fn say(label: &str, point: &PointReport) {
+    let cpu = match (
+        point.server_cpu_ms_per_request,
+        point.client_cpu_ms_per_request,
+    ) {
+        (Some(server), Some(client)) => {
+            format!(", CPU per request: server {server:.1} ms, this client {client:.1} ms")
         }
-        anyhow::Ok(points)
-    })?;
-    print!("{}", report::table(&points));
-    if let Some(path) = &args.json {
-        report::write_json(path, &points).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.csv {
-        report::write_csv(path, &points).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.plot {
-        report::write_plot(path, &args.label, &points)
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-    }
-    Ok(())
+        _ => String::new(),
+    };
+    eprintln!(
+        "{label} {}: {:.2} req/s, p50 {:.1} ms, p99 {:.1} ms{cpu}",
+        point.point, point.throughput_rps, point.latency_ms.p50, point.latency_ms.p99
+    );
 }
 
 /// The model alone in each layout the cores allow; the best rate is the limit a server
