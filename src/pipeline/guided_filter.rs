@@ -473,7 +473,7 @@ mod tests {
         let want_model = fit(Lanes::ONE, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
         let want = want_model.alpha(Lanes::ONE, &image, &trimap);
         for lanes in 2..=4 {
-            let lanes = Lanes::new(lanes);
+            let lanes = Lanes::new(lanes).at_any_size();
             let model = fit(lanes, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
             assert_eq!(model.mean_a, want_model.mean_a);
             assert_eq!(model.mean_b, want_model.mean_b);
