@@ -6,7 +6,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -133,6 +133,8 @@ struct Shared<E: Executor> {
     max_queue_wait: QueueBudget,
     /// Shared with each `Admission`, which holds a slot before it becomes a ticket.
     in_flight: Arc<AtomicUsize>,
+    /// Requests admitted since the start.
+    admitted: AtomicU64,
     /// Round robin's turn, and least busy's starting point (so ties rotate).
     cursor: AtomicUsize,
     stopped: AtomicBool,
@@ -200,6 +202,7 @@ impl<E: Executor> Router<E> {
             max_in_flight: max_in_flight.max(1),
             max_queue_wait: config.max_queue_wait,
             in_flight: Arc::new(AtomicUsize::new(0)),
+            admitted: AtomicU64::new(0),
             cursor: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             health_check_interval: config.health_check_interval,
@@ -286,6 +289,7 @@ impl<E: Executor> Router<E> {
             shared.count_rejection(&e);
             return Err(e);
         }
+        shared.admitted.fetch_add(1, Ordering::Relaxed);
         Ok(Admission {
             in_flight: shared.in_flight.clone(),
             admitted: Instant::now(),
@@ -377,6 +381,11 @@ impl<E: Executor> Router<E> {
     /// Admitted requests not yet answered.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests admitted since the start (answered or not).
+    pub fn admitted(&self) -> u64 {
+        self.shared.admitted.load(Ordering::Relaxed)
     }
 
     pub fn metrics(&self) -> &SchedMetrics {
