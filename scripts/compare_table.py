@@ -6,9 +6,13 @@ README quotes, each computed within a round (same machine state) and then its me
 Time outside the model = p50 latency at concurrency 1 minus the server-reported median
 model time (both servers send Server-Timing): decode, pre/post-processing, encode and HTTP
 of one request on an otherwise idle server. ONNX Runtime alone: the model back to back in
-each layout (`celer bench local --model-only`), before the servers' points and after
-them, each figure the mean of the two; its best rate is the limit under load, its solo
-layout's run time the model time a lone request can get.
+each layout (`celer bench local --model-only`) at the start of the round, its solo
+layout's run time the model time a lone request can get; its best layout again in the
+slices around the servers' c=4 slices (`scripts/compare`), its rate the limit under load.
+A c=4 figure of a round is the median over its slices; a ratio against ONNX Runtime alone
+divides each server slice by the mean of the two ONNX Runtime slices either side of it.
+Result folders from before the slices (one c=4 file per server, ONNX Runtime alone before
+and after the points) still read.
 
 CPU per request at c=4: the server process's CPU time (all threads) over the requests it
 completed, and the load generator's, on the same cores (`bench http --server-pid`); ONNX
@@ -39,6 +43,41 @@ def point(rnd: Path, name: str, stem: str, label: str) -> dict:
     return next(p for p in points if p["point"] == label)
 
 
+def c4_slices(rnd: Path, name: str, stem: str) -> list:
+    """A server's c=4 points in one round: one per slice (`-c4-1.json`, ...), or the one
+    point of a round measured before the slices."""
+    files = sorted(
+        rnd.glob(f"{name}-{stem}-c4-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1])
+    )
+    if not files:
+        return [point(rnd, name, stem, "c=4")]
+    return [next(p for p in json.loads(f.read_text()) if p["point"] == "c=4") for f in files]
+
+
+def ort_beside(rnd: Path, stem: str, o: dict) -> list:
+    """ONNX Runtime alone beside each c=4 slice of one round: for slice i the mean of the
+    best layout's slices i and i+1 (`ort-<stem>-c4-<i>.json`), as (runs/s, CPU ms per
+    run). A round measured before the slices: the round's best layout, once."""
+    files = sorted(
+        rnd.glob(f"ort-{stem}-c4-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1])
+    )
+    if not files:
+        best = o["best"]
+        return [(best["runs_per_s"], cpu_per_run(best))]
+    rates = [json.loads(f.read_text())["best"] for f in files]
+    return [
+        (
+            statistics.mean([a["runs_per_s"], b["runs_per_s"]]),
+            statistics.mean([cpu_per_run(a), cpu_per_run(b)]),
+        )
+        for a, b in zip(rates, rates[1:])
+    ]
+
+
+def cpu_per_run(layout: dict) -> float:
+    return layout.get("cpu_ms_per_run") or float("nan")
+
+
 def cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -56,31 +95,35 @@ def med(values) -> float:
 
 
 def figures(rnd: Path, name: str, stem: str) -> dict:
-    c1, c4 = point(rnd, name, stem, "c=1"), point(rnd, name, stem, "c=4")
+    c1, c4 = point(rnd, name, stem, "c=1"), c4_slices(rnd, name, stem)
     model = c1["server_stages_ms"].get("model", 0.0)
+    # None (NaN in the medians) where the CPU figures were not recorded.
+    server_cpu = [p.get("server_cpu_ms_per_request") or float("nan") for p in c4]
     return {
         "c1_rps": c1["throughput_rps"],
         "c1_p50": c1["latency_ms"]["p50"],
         "c1_p99": c1["latency_ms"]["p99"],
-        "c4_rps": c4["throughput_rps"],
-        "c4_p50": c4["latency_ms"]["p50"],
-        "c4_p99": c4["latency_ms"]["p99"],
+        "c4_rps": med(p["throughput_rps"] for p in c4),
+        "c4_p50": med(p["latency_ms"]["p50"] for p in c4),
+        "c4_p99": med(p["latency_ms"]["p99"] for p in c4),
         "model": model,
         "outside": c1["latency_ms"]["p50"] - model,
-        # None (NaN in the medians) where the figures were not recorded.
-        "c4_server_cpu": c4.get("server_cpu_ms_per_request") or float("nan"),
-        "c4_client_cpu": c4.get("client_cpu_ms_per_request") or float("nan"),
-        "errors": sum(c1["errors"].values()) + sum(c4["errors"].values()),
+        "c4_server_cpu": med(server_cpu),
+        "c4_client_cpu": med(p.get("client_cpu_ms_per_request") or float("nan") for p in c4),
+        "errors": sum(c1["errors"].values()) + sum(sum(p["errors"].values()) for p in c4),
+        # Slice by slice, for the ratios within a slice's neighbourhood.
+        "c4_slice_rps": [p["throughput_rps"] for p in c4],
+        "c4_slice_cpu": server_cpu,
     }
 
 
 
 
 def ort_limit(rnd: Path) -> dict:
-    """ONNX Runtime alone in one round, measured before the servers' points and after
-    them: each layout's figures the mean of the two (the points fall in between, on a
-    machine whose speed drifts), the best layout the fastest of those means. A round
-    measured once (`ort-limit.json`, before 2026-12-02) is that one measurement."""
+    """ONNX Runtime alone in each layout in one round (`ort-limit.json`). A round of
+    2026-12-02 before the slices measured it before the servers' points and after them
+    (`ort-limit-before.json`, `ort-limit-after.json`): each layout's figures the mean of
+    the two, the best layout the fastest of those means."""
     names = ("ort-limit-before.json", "ort-limit-after.json")
     runs = [json.loads((rnd / n).read_text()) for n in names if (rnd / n).exists()]
     if not runs:
@@ -103,15 +146,13 @@ print(f"# celer vs the Python reference handler ({datetime.now(timezone.utc):%Y-
 print(
     f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
     f"Load: `celer bench http`, closed loop: at concurrency 1 one client taking turns "
-    f"between the two servers (a request to each in order), at 4 each server in turn. "
-    f"Medians of {len(rounds)} rounds; each ratio is taken within a round, then its median.\n"
+    f"between the two servers (a request to each in order), at 4 each server in turn, in "
+    f"slices between slices of ONNX Runtime alone in its best layout. Medians of "
+    f"{len(rounds)} rounds; each ratio is taken within a round (at c=4 within a slice and "
+    f"its neighbours, then the median of the round's slices), then its median.\n"
 )
 
 print("## ONNX Runtime alone on the model\n")
-def cpu_per_run(layout: dict) -> float:
-    return layout.get("cpu_ms_per_run") or float("nan")
-
-
 print("| layout | sessions | threads each | runs/s | run p50 ms | CPU ms per run |")
 print("|---|---|---|---|---|---|")
 layouts = [l["layout"] for l in ort[0]["layouts"]]
@@ -136,7 +177,11 @@ for stem in STEMS:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ["python", "celer"]:
-        f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
+        f = {
+            k: med(pr[name][k] for pr in per_round)
+            for k, v in per_round[0][name].items()
+            if not isinstance(v, list)
+        }
         print(
             f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
             f"| {f['c4_p50']:.1f} | {f['c4_p99']:.1f} | {f['model']:.1f} | {f['outside']:.1f} "
@@ -144,35 +189,45 @@ for stem in STEMS:
             f"| {sum(pr[name]['errors'] for pr in per_round)} |"
         )
 
-    def ratio(fn):
-        def within(pr, o) -> float:
-            # A figure of 0 (nothing answered within a window shorter than a request)
-            # makes no ratio: NaN, which the median skips.
-            try:
-                return fn(pr, o)
-            except ZeroDivisionError:
-                return float("nan")
+    beside = [ort_beside(r, stem, o) for r, o in zip(rounds, ort)]
 
-        values = [within(pr, o) for pr, o in zip(per_round, ort)]
+    def within(fn, *args) -> float:
+        # A figure of 0 (nothing answered within a window shorter than a request)
+        # makes no ratio: NaN, which the median skips.
+        try:
+            return fn(*args)
+        except ZeroDivisionError:
+            return float("nan")
+
+    def ratio(fn):
+        values = [within(fn, pr, o) for pr, o in zip(per_round, ort)]
+        return med(values), values
+
+    def sliced(fn):
+        """A ratio of slice i's figures (the servers' and ONNX Runtime's beside it): its
+        median over a round's slices, then over the rounds."""
+        values = [
+            med(within(fn, pr, b, i) for i in range(len(pr["celer"]["c4_slice_rps"])))
+            for pr, b in zip(per_round, beside)
+        ]
         return med(values), values
 
     ratios = {
         "c=1 p50, celer / python (target <= 0.8)": ratio(
             lambda pr, o: pr["celer"]["c1_p50"] / pr["python"]["c1_p50"]
         ),
-        "c=4 throughput, celer / python": ratio(
-            lambda pr, o: pr["celer"]["c4_rps"] / pr["python"]["c4_rps"]
+        "c=4 throughput, celer / python": sliced(
+            lambda pr, b, i: pr["celer"]["c4_slice_rps"][i] / pr["python"]["c4_slice_rps"][i]
         ),
-        "c=4 throughput, celer / ONNX Runtime alone, best layout (target >= 0.9)": ratio(
-            lambda pr, o: pr["celer"]["c4_rps"] / o["best"]["runs_per_s"]
+        "c=4 throughput, celer / ONNX Runtime alone, best layout (target >= 0.9)": sliced(
+            lambda pr, b, i: pr["celer"]["c4_slice_rps"][i] / b[min(i, len(b) - 1)][0]
         ),
         "c=1 model time, celer / ONNX Runtime alone, solo layout": ratio(
             lambda pr, o: pr["celer"]["model"]
             / next(l for l in o["layouts"] if l["layout"] == "solo")["run_p50_ms"]
         ),
-        "c=4 CPU per request, celer server / ONNX Runtime alone per run, best layout": ratio(
-            lambda pr, o: pr["celer"]["c4_server_cpu"]
-            / cpu_per_run(next(l for l in o["layouts"] if l["layout"] == o["best"]["layout"]))
+        "c=4 CPU per request, celer server / ONNX Runtime alone per run, best layout": sliced(
+            lambda pr, b, i: pr["celer"]["c4_slice_cpu"][i] / b[min(i, len(b) - 1)][1]
         ),
         "time outside the model at c=1, celer / python": ratio(
             lambda pr, o: pr["celer"]["outside"] / pr["python"]["outside"]

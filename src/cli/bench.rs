@@ -115,9 +115,13 @@ pub struct LocalArgs {
     /// Measure only the segmentation model's rate on the replicas and threads given.
     #[arg(long)]
     model_only: bool,
-    /// Seconds for --model-only.
+    /// Seconds for --model-only, per layout.
     #[arg(long, default_value_t = 20.0)]
     duration_s: f64,
+    /// With --model-only: only this layout (solo, replicas or shared-pool; may be given
+    /// more than once), e.g. the best one, measured between a server's load points.
+    #[arg(long = "layout")]
+    layouts: Vec<String>,
     /// Write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -332,7 +336,22 @@ fn model_only(
         "{:<12} {:>8} {:>20} {:>10} {:>11} {:>15} {:>15}",
         "layout", "sessions", "threads each", "runs/s", "run p50 ms", "MB mapped/run", "CPU ms/run"
     );
-    for layout in Layout::candidates(cores, replicas, threads) {
+    let candidates = Layout::candidates(cores, replicas, threads);
+    if let Some(unknown) = args
+        .layouts
+        .iter()
+        .find(|name| !candidates.iter().any(|l| l.name == name.as_str()))
+    {
+        let known: Vec<_> = candidates.iter().map(|l| l.name).collect();
+        anyhow::bail!(
+            "no layout {unknown:?} on {cores} cores with {replicas} replicas (there are: {})",
+            known.join(", ")
+        );
+    }
+    let chosen = candidates
+        .into_iter()
+        .filter(|l| args.layouts.is_empty() || args.layouts.iter().any(|n| n == l.name));
+    for layout in chosen {
         let rate = crate::bench::local::model_only(spec, layout, duration)?;
         println!(
             "{:<12} {:>8} {:>20} {:>10.2} {:>11.1} {:>15.1} {:>15}",
