@@ -36,31 +36,37 @@ if not rounds:
 STEMS = ["photo-320x320", "photo-1920x1080"]
 
 
+def point_in(path: Path, label: str) -> dict:
+    """The point `label` (`c=1`, `c=4`) of a `bench http --json` file."""
+    return next(p for p in json.loads(path.read_text()) if p["point"] == label)
+
+
 def point(rnd: Path, name: str, stem: str, label: str) -> dict:
     """One point (`c=1`, `c=4`) of one server on one image: a file each (at c=1 one
     client took turns between the two servers; at c=4 each was loaded in turn)."""
-    points = json.loads((rnd / f"{name}-{stem}-{label.replace('=', '')}.json").read_text())
-    return next(p for p in points if p["point"] == label)
+    return point_in(rnd / f"{name}-{stem}-{label.replace('=', '')}.json", label)
+
+
+def slice_files(rnd: Path, prefix: str) -> list:
+    """A round's files `<prefix>-<i>.json`, in slice order."""
+    return sorted(rnd.glob(f"{prefix}-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1]))
 
 
 def c4_slices(rnd: Path, name: str, stem: str) -> list:
     """A server's c=4 points in one round: one per slice (`-c4-1.json`, ...), or the one
     point of a round measured before the slices."""
-    files = sorted(
-        rnd.glob(f"{name}-{stem}-c4-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1])
-    )
+    files = slice_files(rnd, f"{name}-{stem}-c4")
     if not files:
         return [point(rnd, name, stem, "c=4")]
-    return [next(p for p in json.loads(f.read_text()) if p["point"] == "c=4") for f in files]
+    return [point_in(f, "c=4") for f in files]
 
 
 def ort_beside(rnd: Path, stem: str, o: dict) -> list:
     """ONNX Runtime alone beside each c=4 slice of one round: for slice i the mean of the
     best layout's slices i and i+1 (`ort-<stem>-c4-<i>.json`), as (runs/s, CPU ms per
-    run). A round measured before the slices: the round's best layout, once."""
-    files = sorted(
-        rnd.glob(f"ort-{stem}-c4-*.json"), key=lambda f: int(f.stem.rsplit("-", 1)[1])
-    )
+    run). A round measured before the slices had one c=4 point per server: the round's
+    best layout, once."""
+    files = slice_files(rnd, f"ort-{stem}-c4")
     if not files:
         best = o["best"]
         return [(best["runs_per_s"], cpu_per_run(best))]
@@ -94,11 +100,16 @@ def med(values) -> float:
     return statistics.median(present) if present else float("nan")
 
 
-def figures(rnd: Path, name: str, stem: str) -> dict:
-    c1, c4 = point(rnd, name, stem, "c=1"), c4_slices(rnd, name, stem)
+def server_cpu(c4: dict) -> float:
+    """A c=4 point's server CPU per request (NaN, which the medians skip, where it was not
+    recorded)."""
+    return c4.get("server_cpu_ms_per_request") or float("nan")
+
+
+def figures(rnd: Path, name: str, stem: str, c4: list) -> dict:
+    """One server's figures on one image in one round, its c=4 slices `c4` as medians."""
+    c1 = point(rnd, name, stem, "c=1")
     model = c1["server_stages_ms"].get("model", 0.0)
-    # None (NaN in the medians) where the CPU figures were not recorded.
-    server_cpu = [p.get("server_cpu_ms_per_request") or float("nan") for p in c4]
     return {
         "c1_rps": c1["throughput_rps"],
         "c1_p50": c1["latency_ms"]["p50"],
@@ -108,12 +119,9 @@ def figures(rnd: Path, name: str, stem: str) -> dict:
         "c4_p99": med(p["latency_ms"]["p99"] for p in c4),
         "model": model,
         "outside": c1["latency_ms"]["p50"] - model,
-        "c4_server_cpu": med(server_cpu),
+        "c4_server_cpu": med(server_cpu(p) for p in c4),
         "c4_client_cpu": med(p.get("client_cpu_ms_per_request") or float("nan") for p in c4),
         "errors": sum(c1["errors"].values()) + sum(sum(p["errors"].values()) for p in c4),
-        # Slice by slice, for the ratios within a slice's neighbourhood.
-        "c4_slice_rps": [p["throughput_rps"] for p in c4],
-        "c4_slice_cpu": server_cpu,
     }
 
 
@@ -168,7 +176,12 @@ print(f"\nBest layout under load, by round: {', '.join(bests)}.\n")
 
 summary = {}
 for stem in STEMS:
-    per_round = [{n: figures(r, n, stem) for n in ["python", "celer"]} for r in rounds]
+    # Each round's c=4 slices per server, and its figures.
+    slices = [{n: c4_slices(r, n, stem) for n in ["python", "celer"]} for r in rounds]
+    per_round = [
+        {n: figures(r, n, stem, sl[n]) for n in ["python", "celer"]}
+        for r, sl in zip(rounds, slices)
+    ]
     print(f"## {stem}.jpg\n")
     print(
         "| server | c=1 p50 ms | c=1 p99 ms | c=1 req/s | c=4 req/s | c=4 p50 ms | c=4 p99 ms "
@@ -177,11 +190,7 @@ for stem in STEMS:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ["python", "celer"]:
-        f = {
-            k: med(pr[name][k] for pr in per_round)
-            for k, v in per_round[0][name].items()
-            if not isinstance(v, list)
-        }
+        f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
         print(
             f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
             f"| {f['c4_p50']:.1f} | {f['c4_p99']:.1f} | {f['model']:.1f} | {f['outside']:.1f} "
@@ -204,11 +213,11 @@ for stem in STEMS:
         return med(values), values
 
     def sliced(fn):
-        """A ratio of slice i's figures (the servers' and ONNX Runtime's beside it): its
-        median over a round's slices, then over the rounds."""
+        """A ratio of slice i's figures (the servers' points and ONNX Runtime beside
+        them): its median over a round's slices, then over the rounds."""
         values = [
-            med(within(fn, pr, b, i) for i in range(len(pr["celer"]["c4_slice_rps"])))
-            for pr, b in zip(per_round, beside)
+            med(within(fn, sl, b, i) for i in range(len(sl["celer"])))
+            for sl, b in zip(slices, beside)
         ]
         return med(values), values
 
@@ -217,17 +226,17 @@ for stem in STEMS:
             lambda pr, o: pr["celer"]["c1_p50"] / pr["python"]["c1_p50"]
         ),
         "c=4 throughput, celer / python": sliced(
-            lambda pr, b, i: pr["celer"]["c4_slice_rps"][i] / pr["python"]["c4_slice_rps"][i]
+            lambda sl, b, i: sl["celer"][i]["throughput_rps"] / sl["python"][i]["throughput_rps"]
         ),
         "c=4 throughput, celer / ONNX Runtime alone, best layout (target >= 0.9)": sliced(
-            lambda pr, b, i: pr["celer"]["c4_slice_rps"][i] / b[min(i, len(b) - 1)][0]
+            lambda sl, b, i: sl["celer"][i]["throughput_rps"] / b[i][0]
         ),
         "c=1 model time, celer / ONNX Runtime alone, solo layout": ratio(
             lambda pr, o: pr["celer"]["model"]
             / next(l for l in o["layouts"] if l["layout"] == "solo")["run_p50_ms"]
         ),
         "c=4 CPU per request, celer server / ONNX Runtime alone per run, best layout": sliced(
-            lambda pr, b, i: pr["celer"]["c4_slice_cpu"][i] / b[min(i, len(b) - 1)][1]
+            lambda sl, b, i: server_cpu(sl["celer"][i]) / b[i][1]
         ),
         "time outside the model at c=1, celer / python": ratio(
             lambda pr, o: pr["celer"]["outside"] / pr["python"]["outside"]
