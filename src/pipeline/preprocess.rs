@@ -202,6 +202,12 @@ struct PaddedTaps {
     first: Vec<usize>,
     /// `len` weights per output sample.
     weights: Vec<i32>,
+    /// Whether a sample's `len` weights read the same backwards (every sample away from
+    /// the edges at a whole shrink: the triangle is symmetric about its centre), so that
+    /// `horizontal_row_k` adds the pixels of each mirrored pair before one multiply:
+    /// 1920 -> 320 in 4.5-5.1 ms against 5.6-6.0, 1920 -> 480 in 4.7-4.8 against 5.7-6.1
+    /// (one thread, 1080 rows, alternating runs).
+    mirrored: Vec<bool>,
 }
 
 impl PaddedTaps {
@@ -221,10 +227,15 @@ impl PaddedTaps {
             padded[lead..lead + w.len()].copy_from_slice(w);
             first.push(start);
         }
+        let mirrored = weights
+            .chunks_exact(len.max(1))
+            .map(|w| w.iter().eq(w.iter().rev()))
+            .collect();
         Self {
             len,
             first,
             weights,
+            mirrored,
         }
     }
 }
@@ -248,17 +259,39 @@ fn horizontal_row(line: &[u8], taps: &PaddedTaps, dst: &mut [u8]) {
 /// the tap loop unrolls.
 #[inline(always)]
 fn horizontal_row_k(line: &[u8], taps: &PaddedTaps, dst: &mut [u8], k: usize) {
-    for ((px, &first), weights) in dst
+    for (((px, &first), weights), &mirrored) in dst
         .chunks_exact_mut(3)
         .zip(&taps.first)
         .zip(taps.weights.chunks_exact(k))
+        .zip(&taps.mirrored)
     {
         let src = &line[first * 3..first * 3 + 3 * k];
         let (mut a0, mut a1, mut a2) = (HALF, HALF, HALF);
-        for (s, &w) in src.chunks_exact(3).zip(weights) {
-            a0 += i32::from(s[0]) * w;
-            a1 += i32::from(s[1]) * w;
-            a2 += i32::from(s[2]) * w;
+        if mirrored {
+            // `u * w + v * w` is `(u + v) * w` in integers: half the multiplies, the
+            // same sum.
+            let (left, right) = src.split_at(3 * (k / 2));
+            for ((l, r), &w) in left
+                .chunks_exact(3)
+                .zip(right.rchunks_exact(3))
+                .zip(weights)
+            {
+                a0 += (i32::from(l[0]) + i32::from(r[0])) * w;
+                a1 += (i32::from(l[1]) + i32::from(r[1])) * w;
+                a2 += (i32::from(l[2]) + i32::from(r[2])) * w;
+            }
+            if k % 2 == 1 {
+                let (m, w) = (&right[..3], weights[k / 2]);
+                a0 += i32::from(m[0]) * w;
+                a1 += i32::from(m[1]) * w;
+                a2 += i32::from(m[2]) * w;
+            }
+        } else {
+            for (s, &w) in src.chunks_exact(3).zip(weights) {
+                a0 += i32::from(s[0]) * w;
+                a1 += i32::from(s[1]) * w;
+                a2 += i32::from(s[2]) * w;
+            }
         }
         px[0] = clip8(a0);
         px[1] = clip8(a1);
@@ -365,6 +398,9 @@ mod tests {
     fn padded_taps_give_the_same_bits() {
         // Shrinks by whole and fractional factors (12, 8 and 40 taps), growths, and the
         // edges, where a sample's weights are fewer and the padding moves its start left.
+        // The whole shrinks' samples away from the edges are mirrored (summed in pairs),
+        // with an even count of taps and, at 5 -> 1 and 9 -> 3, an odd one.
+        let mut mirrored_counts = std::collections::BTreeSet::new();
         for (sw, dw) in [
             (1920, 320),
             (1920, 480),
@@ -374,16 +410,28 @@ mod tests {
             (3, 7),
             (1, 5),
             (5, 1),
+            (9, 3),
         ] {
             let line: Vec<u8> = (0..sw * 3).map(|i| (i * 97 % 256) as u8).collect();
             let taps = Taps::bilinear(sw as u32, dw as u32);
             let padded = PaddedTaps::of(&taps, sw as u32);
             assert!(padded.first.iter().all(|&f| f + padded.len <= sw));
+            if padded.mirrored.iter().any(|&m| m) {
+                mirrored_counts.insert(padded.len);
+            }
             let (mut want, mut got) = (vec![0u8; dw * 3], vec![1u8; dw * 3]);
             horizontal_row_unpadded(&line, &taps, &mut want);
             horizontal_row(&line, &padded, &mut got);
             assert_eq!(got, want, "{sw} -> {dw}");
         }
+        assert!(
+            mirrored_counts.iter().any(|k| k % 2 == 0),
+            "{mirrored_counts:?}"
+        );
+        assert!(
+            mirrored_counts.iter().any(|k| k % 2 == 1),
+            "{mirrored_counts:?}"
+        );
     }
 
     #[test]
