@@ -3,9 +3,13 @@
 // Device memory: one range of the address space reserved (PROT_NONE, MAP_NORESERVE) at
 // first use, so that no host allocation can ever sit there and a host pointer is never
 // mistaken for a device one. Allocations are handed out in address order and never
-// reused: [guard page][pages...] with the allocation's last byte on the last byte of its
-// pages, so the next allocation's guard page starts right after it and a one-byte
-// overrun faults. Freed pages go back to PROT_NONE (and their memory to the kernel).
+// reused: [guard page][pages...] with the allocation as close to the end of its pages as
+// CUDA's alignment allows: every allocation starts on a 256-byte boundary, as cuMemAlloc
+// guarantees (TensorRT requires it of every tensor), so an allocation whose size is not
+// a multiple of 256 ends up to 255 bytes before the next guard page. An overrun past the
+// pages faults at once; one into that alignment padding is caught after the launch, by
+// the padding's canary (`padding_intact`), which a write changes (a read of it is not
+// caught). Freed pages go back to PROT_NONE (and their memory to the kernel).
 // Fresh pages read as zero, as most fresh GPU memory does; nothing here catches a read
 // of memory that was never written.
 #include <errno.h>
@@ -13,6 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -25,8 +30,17 @@ namespace {
 // never reused), and nothing is committed until an allocation's pages are touched.
 constexpr size_t kArenaBytes = size_t(4) << 40;
 
+// What CUDA guarantees of every allocation's start.
+constexpr uintptr_t kAlignment = 256;
+// Fills the alignment padding after an allocation.
+constexpr unsigned char kCanary = 0xCD;
+
+// The arena's first address once reserved, for a fault handler (which may not lock).
+std::atomic<uintptr_t> arena_begin{0};
+
 struct Allocation {
     size_t size;
+    uintptr_t pages;     // the first accessible page
     size_t pages_bytes;  // the accessible pages (size rounded up)
     bool live;
     const char* ended_by;
@@ -50,6 +64,7 @@ struct Arena {
         if (p == MAP_FAILED) return false;
         begin = reinterpret_cast<uintptr_t>(p);
         cursor = begin;
+        arena_begin.store(begin);
         return true;
     }
 };
@@ -69,6 +84,11 @@ bool arena_contains(uintptr_t address) {
     return a.begin != 0 && address >= a.begin && address < a.begin + kArenaBytes;
 }
 
+bool arena_contains_in_signal(uintptr_t address) {
+    uintptr_t begin = arena_begin.load();
+    return begin != 0 && address >= begin && address < begin + kArenaBytes;
+}
+
 int device_alloc(size_t bytes, uint64_t generation, uintptr_t* out) {
     Arena& a = arena();
     std::lock_guard<std::mutex> lock(a.mutex);
@@ -83,9 +103,11 @@ int device_alloc(size_t bytes, uint64_t generation, uintptr_t* out) {
     if (pages_bytes > 0 && mprotect(reinterpret_cast<void*>(pages), pages_bytes, PROT_READ | PROT_WRITE) != 0) {
         return fail(OUT_OF_MEMORY, format("cannot map %zu bytes of device memory: %s", bytes, strerror(errno)));
     }
-    uintptr_t base = pages + pages_bytes - bytes;
-    a.cursor = pages + pages_bytes;
-    a.allocations[base] = Allocation{bytes, pages_bytes, true, nullptr, generation};
+    uintptr_t end = pages + pages_bytes;
+    uintptr_t base = (end - bytes) & ~(kAlignment - 1);
+    memset(reinterpret_cast<void*>(base + bytes), kCanary, end - (base + bytes));
+    a.cursor = end;
+    a.allocations[base] = Allocation{bytes, pages, pages_bytes, true, nullptr, generation};
     a.in_use += bytes;
     *out = base;
     return SUCCESS;
@@ -93,7 +115,8 @@ int device_alloc(size_t bytes, uint64_t generation, uintptr_t* out) {
 
 namespace {
 void release(Arena& a, uintptr_t base, Allocation& allocation, const char* why) {
-    uintptr_t pages = base + allocation.size - allocation.pages_bytes;
+    (void)base;
+    uintptr_t pages = allocation.pages;
     if (allocation.pages_bytes > 0) {
         madvise(reinterpret_cast<void*>(pages), allocation.pages_bytes, MADV_DONTNEED);
         mprotect(reinterpret_cast<void*>(pages), allocation.pages_bytes, PROT_NONE);
@@ -170,7 +193,7 @@ std::string describe_address(uintptr_t address) {
         }
     }
     if (after != a.allocations.end()) {
-        uintptr_t pages = after->first + after->second.size - after->second.pages_bytes;
+        uintptr_t pages = after->second.pages;
         if (address < after->first && address + a.page >= pages) {
             return format("0x%lx is %lu bytes before the start of the %zu-byte allocation at 0x%lx",
                           static_cast<unsigned long>(address), static_cast<unsigned long>(after->first - address),
@@ -178,6 +201,29 @@ std::string describe_address(uintptr_t address) {
         }
     }
     return format("0x%lx is device address space that no allocation holds", static_cast<unsigned long>(address));
+}
+
+bool padding_intact(uintptr_t address, std::string* why) {
+    uintptr_t written = 0;
+    {
+        Arena& a = arena();
+        std::lock_guard<std::mutex> lock(a.mutex);
+        auto it = a.allocations.upper_bound(address);
+        if (it == a.allocations.begin()) return true;
+        --it;
+        const Allocation& found = it->second;
+        if (!found.live || address > it->first + found.size) return true;
+        uintptr_t end = found.pages + found.pages_bytes;
+        for (uintptr_t p = it->first + found.size; p < end; ++p) {
+            if (*reinterpret_cast<const unsigned char*>(p) != kCanary) {
+                written = p;
+                break;
+            }
+        }
+    }
+    if (written == 0) return true;
+    *why = describe_address(written);
+    return false;
 }
 
 size_t device_bytes_in_use() {

@@ -31,8 +31,44 @@
 // and the file is removed (a test arms a fault in a server process between requests).
 // In-process tests use celer_standin_inject.
 // Other settings: CELER_CUDA_STANDIN_DEVICES (GPUs, default 1), CELER_CUDA_STANDIN_SM
-// (compute capability, default 90), CELER_CUDA_STANDIN_MEMORY_MIB (default 16384),
-// CELER_CUDA_STANDIN_QUIET (no error details on stderr).
+// (compute capability as major * 10 + minor, default 90; "90,80" gives device i the i-th
+// and later devices the last, so a machine can hold GPUs of different models: each
+// device's cuDeviceGetAttribute 75/76 and cuDeviceGetName ("... sm_80 ...") answer for it,
+// and cuModuleLoadData checks a CUBIN against its context's device; cuInit refuses any
+// other text rather than quietly testing sm_90), CELER_CUDA_STANDIN_MEMORY_MIB (default
+// 16384), CELER_CUDA_STANDIN_QUIET (no error details on stderr).
+//
+// Device work of other stand-in libraries: celer_standin_enqueue_work
+// (celer_standin_work.h) queues a host function that runs in stream order, over device
+// ranges checked when queued and again when it runs, as a kernel; the stand-in TensorRT
+// runs engines through it. It is one more operation of a stream's queue, so events,
+// cuStreamWaitEvent, cuStreamQuery and cuCtxSynchronize treat it as any other. Held to:
+// - when queued, each range (of more than 0 bytes: an empty one touches nothing) lies in
+//   one live allocation of the stream's context, with no cuMemFreeAsync of it queued (as
+//   a copy's or a launch's pointers): else CUDA_ERROR_INVALID_VALUE naming the label and
+//   the range, nothing queued;
+// - when it runs: skipped in a sticky context; a range freed since (by a free on another
+//   stream that ran first, say) is a sticky CUDA_ERROR_ILLEGAL_ADDRESS naming the label,
+//   the range and the address, and `run` is not called; a nonzero return of `run` is a
+//   sticky CUDA_ERROR_LAUNCH_FAILED "label: why"; a range declared read only that `run`
+//   changed (and that no written range overlaps) is a sticky CUDA_ERROR_LAUNCH_FAILED; a
+//   write into an allocation's alignment padding is a sticky CUDA_ERROR_ILLEGAL_ADDRESS;
+// - `done` is called exactly once on every path (after `run`, skipped, dropped with its
+//   stream or context, or refused when queued);
+// - `run` is ordinary host code, not a kernel: a fault in it is not turned into an error
+//   of the context (jumping out of it would skip its destructors and keep its locks), but
+//   a fault at a device address says which work was running before the process ends.
+// Counters work_enqueued and work_run count it.
+//
+// cuDevicePrimaryCtxReset destroys the primary context whoever holds it (its memory,
+// streams, events, modules and sticky error), but keeps the retains counted (as CUDA
+// documents: it "does not release" the context); a retain after it gets a fresh context,
+// a release after it only counts down (the last one destroys the fresh context, if one was
+// made), and cuDevicePrimaryCtxGetState says active while a context exists and is
+// retained. Handles of a destroyed context, and of its streams, events and modules, stay
+// dead: their objects are never freed, so no new object gets a dead one's address and a
+// stale handle (a stream cudarc destroys after the reset, say) fails instead of reaching
+// the new context.
 //
 // Driver functions provided (celer's code path and cudarc's wrappers of it):
 //   probe:     cuDriverGetVersion cuInit cuDeviceGetCount cuDeviceGet cuDeviceGetName
@@ -54,6 +90,8 @@
 //   errors:    cuGetErrorString cuGetErrorName
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
 //              stand-in has none)
+//   stand-ins: celer_standin_enqueue_work (device work of the stand-in TensorRT), and the
+//              test controls celer_standin_* (last error, fault injection, counters)
 // Not provided (cudarc panics with "Missing symbol" if one is ever called, which shows at
 // once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
 #include <stdarg.h>
@@ -72,6 +110,7 @@
 #include <string>
 #include <vector>
 
+#include "celer_standin_work.h"
 #include "standin.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -172,6 +211,28 @@ namespace {
 
 // ---- settings and counters ------------------------------------------------------------
 
+// CELER_CUDA_STANDIN_SM: one compute capability for every device ("90"), or one per device
+// ("90,80": device i gets the i-th, later devices the last); unset or empty is 90. False
+// for anything else (a typo must not quietly test sm_90).
+bool sm_list(const char* text, size_t devices, std::vector<int>* sms) {
+    std::vector<int> listed;
+    for (const char* p = text; p != nullptr && *p != '\0';) {
+        if (*p < '0' || *p > '9') return false;  // strtol would take a sign or spaces
+        char* end = nullptr;
+        long v = strtol(p, &end, 10);
+        if (v < 10 || v > 999) return false;  // major * 10 + minor: sm_10 .. sm_999
+        listed.push_back(int(v));
+        if (*end == '\0') break;
+        if (*end != ',') return false;
+        p = end + 1;
+        if (*p == '\0') return false;
+    }
+    if (listed.empty()) listed.push_back(90);
+    sms->clear();
+    for (size_t i = 0; i < devices; ++i) sms->push_back(listed[i < listed.size() ? i : listed.size() - 1]);
+    return true;
+}
+
 long env_number(const char* name, long fallback) {
     const char* v = getenv(name);
     if (v == nullptr || *v == '\0') return fallback;
@@ -190,6 +251,8 @@ struct Counters {
     std::atomic<uint64_t> contexts_created{0};
     std::atomic<uint64_t> stream_syncs{0};
     std::atomic<uint64_t> sticky_errors{0};
+    std::atomic<uint64_t> work_enqueued{0};
+    std::atomic<uint64_t> work_run{0};
     // Launch numbers (counted from 1) at which to inject a fault; 0 = none.
     std::atomic<uint64_t> fail_launch_at{0};
     std::atomic<uint64_t> sticky_launch_at{0};
@@ -213,8 +276,27 @@ struct Event {
     std::chrono::steady_clock::time_point time{};
 };
 
+// Device work queued by another stand-in library (celer_standin_enqueue_work): its
+// callbacks, and `done` called exactly once, when the last holder lets go (after `run`,
+// or when the work is dropped unrun: a sticky context, a destroyed stream or context).
+struct Work {
+    int (*run)(void*, char*, size_t) = nullptr;
+    void (*done)(void*) = nullptr;
+    void* user = nullptr;
+    ~Work() {
+        if (done != nullptr) done(user);
+    }
+};
+
+struct WorkRange {
+    uintptr_t address;
+    size_t bytes;
+    bool writes;
+    std::string what;
+};
+
 struct Op {
-    enum Kind { Launch, HtoD, DtoH, DtoD, Memset, Record, Wait, Free } kind;
+    enum Kind { Launch, HtoD, DtoH, DtoD, Memset, Record, Wait, Free, DeviceWork } kind;
     uint64_t seq = 0;
     std::string label;
     // Launch
@@ -235,6 +317,9 @@ struct Op {
     // Record, Wait
     Event* event = nullptr;
     uint64_t event_generation = 0;
+    // DeviceWork
+    std::shared_ptr<Work> work;
+    std::vector<WorkRange> ranges;
 };
 
 struct Stream {
@@ -282,7 +367,8 @@ struct Device {
 struct State {
     std::recursive_mutex mutex;
     bool initialized = false;
-    int sm = 90;
+    // Compute capability (major * 10 + minor) of each device.
+    std::vector<int> sms;
     std::string fault_file;
     size_t memory_bytes = size_t(16) << 30;
     std::vector<Device> devices;
@@ -316,6 +402,25 @@ uint64_t fnv1a(const void* data, size_t bytes) {
     return h;
 }
 
+// A hash of device bytes, fast enough to take of an engine's weights before and after
+// each run (four independent 8-byte lanes): whether work changed a range it declared
+// read only.
+uint64_t content_hash(uintptr_t address, size_t bytes) {
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(address);
+    uint64_t h[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+    size_t i = 0;
+    for (; i + 32 <= bytes; i += 32) {
+        for (int k = 0; k < 4; ++k) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * k, 8);
+            h[k] = (h[k] ^ w) * 0x9e3779b97f4a7c15ull;
+            h[k] ^= h[k] >> 29;
+        }
+    }
+    for (; i < bytes; ++i) h[0] = (h[0] ^ p[i]) * 0x100000001b3ull;
+    return h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7) ^ bytes;
+}
+
 bool context_alive(Context* c) { return c != nullptr && state().contexts.count(c) != 0; }
 
 void make_sticky(Context* c, int result, const std::string& message) {
@@ -335,6 +440,7 @@ std::string pointer_text(uintptr_t p) { return format("0x%lx", static_cast<unsig
 // ---- running queued work --------------------------------------------------------------
 
 void run_until(Stream* s, uint64_t seq);
+std::string stream_text(const Stream* s);
 
 void complete_event(Event* e, uint64_t generation) {
     if (e->generation == generation) {
@@ -379,6 +485,21 @@ void execute(Stream* s, Op& op) {
             counters.launches_run++;
             if (!run_kernel(*op.kernel, op.shape, args.data(), op.label, &fault)) {
                 make_sticky(c, fault.result, fault.message);
+                return;
+            }
+            // A write past an allocation's end that stayed inside its alignment padding
+            // did not fault: its canary shows it.
+            for (size_t k = 0; k < op.kernel->param_count; ++k) {
+                if (!op.kernel->params[k].is_pointer) continue;
+                uintptr_t v;
+                memcpy(&v, op.params.data() + op.param_offsets[k], sizeof(v));
+                if (v != 0 && !padding_intact(v, &why)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, format("%s: illegal write at %s, by parameter %zu's kernel code "
+                                                           "(found after the launch, in the allocation's alignment "
+                                                           "padding)",
+                                                           op.label.c_str(), why.c_str(), k));
+                    return;
+                }
             }
             return;
         }
@@ -461,6 +582,72 @@ void execute(Stream* s, Op& op) {
             state().freeing.erase(op.device);
             return;
         }
+        case Op::DeviceWork: {
+            std::string where = "device work on " + stream_text(s);
+            auto range_text = [&](const WorkRange& r) {
+                return format("%s [%s, +%zu)", r.what.c_str(), pointer_text(r.address).c_str(), r.bytes);
+            };
+            // Checked again now, before `run` can touch them: a free that ran since the
+            // enqueue (queued on another stream) shows here, as a kernel's access to freed
+            // memory does. (A context reset drops the work with its stream instead.)
+            for (const WorkRange& r : op.ranges) {
+                if (r.bytes != 0 && !device_range_ok(r.address, r.bytes, &why)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, format("%s: %s: %s (%s)", op.label.c_str(), range_text(r).c_str(),
+                                                           why.c_str(), where.c_str()));
+                    op.work.reset();
+                    return;
+                }
+            }
+            // What the ranges declared read only hold, to tell afterwards whether `run` wrote
+            // them; one that a written range overlaps may change through that one.
+            std::vector<std::pair<const WorkRange*, uint64_t>> read_only;
+            for (const WorkRange& r : op.ranges) {
+                if (r.writes || r.bytes == 0) continue;
+                bool written = false;
+                for (const WorkRange& w : op.ranges) {
+                    written = written || (w.writes && w.address < r.address + r.bytes && r.address < w.address + w.bytes);
+                }
+                if (!written) read_only.emplace_back(&r, content_hash(r.address, r.bytes));
+            }
+            char failure[1024] = {0};
+            counters.work_run++;
+            note_running_work(op.label.c_str());
+            int failed = op.work->run(op.work->user, failure, sizeof failure);
+            note_running_work(nullptr);
+            op.work.reset();  // `done`, before anything else can wait on this stream
+            if (failed != 0) {
+                failure[sizeof failure - 1] = '\0';
+                std::string reason = failure[0] != '\0' ? failure : format("run returned %d and gave no reason", failed);
+                make_sticky(c, LAUNCH_FAILED, format("%s: %s (%s)", op.label.c_str(), reason.c_str(), where.c_str()));
+                return;
+            }
+            for (const auto& [r, before] : read_only) {
+                // Live still, unless `run` freed it (then reading it would fault here).
+                if (!device_range_ok(r->address, r->bytes, &why)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, format("%s: %s was freed while the work ran: %s (%s)",
+                                                           op.label.c_str(), range_text(*r).c_str(), why.c_str(),
+                                                           where.c_str()));
+                    return;
+                }
+                if (content_hash(r->address, r->bytes) != before) {
+                    make_sticky(c, LAUNCH_FAILED, format("%s: the work changed %s, which it declared read only (%s)",
+                                                         op.label.c_str(), range_text(*r).c_str(), where.c_str()));
+                    return;
+                }
+            }
+            // A write past a range's allocation that stayed inside its alignment padding did
+            // not fault: its canary shows it, as after a launch.
+            for (const WorkRange& r : op.ranges) {
+                if (r.bytes != 0 && !padding_intact(r.address, &why)) {
+                    make_sticky(c, ILLEGAL_ADDRESS, format("%s: illegal write at %s, by the work over %s (found after "
+                                                           "it ran, in the allocation's alignment padding) (%s)",
+                                                           op.label.c_str(), why.c_str(), r.what.c_str(),
+                                                           where.c_str()));
+                    return;
+                }
+            }
+            return;
+        }
     }
 }
 
@@ -525,31 +712,33 @@ Context* new_context(int device, unsigned int flags) {
     return c;
 }
 
-// Destroys a context and everything in it: its memory is freed, its handles die.
+// Destroys a context and everything in it: its memory is freed, its handles die. The
+// objects themselves are kept (a few hundred bytes each, per destroyed context): were one
+// freed, the next context, stream, event or module made (a reset and a retain make them at
+// once) could get its address, and a stale handle (a stream cudarc destroys after the
+// reset, say) would reach the new object instead of failing.
 void destroy_context(Context* c, const char* why) {
     State& st = state();
     device_free_generation(c->generation, why);
-    for (Stream* s : c->streams) {
+    std::vector<Stream*> streams(c->streams.begin(), c->streams.end());
+    streams.push_back(c->null_stream);
+    for (Stream* s : streams) {
         st.streams.erase(s);
-        delete s;
+        // Queued work is dropped unrun (device work's `done` is called here).
+        std::deque<Op> dropped;
+        std::lock_guard<std::mutex> lock(s->queue_mutex);
+        dropped.swap(s->queue);
     }
-    st.streams.erase(c->null_stream);
-    delete c->null_stream;
-    for (Event* e : c->events) {
-        st.events.erase(e);
-        delete e;
-    }
+    for (Event* e : c->events) st.events.erase(e);
     for (Module* m : c->modules) {
-        for (auto& [name, f] : m->functions) {
-            st.functions.erase(f);
-            delete f;
-        }
+        for (auto& [name, f] : m->functions) st.functions.erase(f);
         st.modules.erase(m);
-        delete m;
     }
+    c->streams.clear();
+    c->events.clear();
+    c->modules.clear();
     st.contexts.erase(c);
     if (current == c) current = nullptr;
-    delete c;
 }
 
 // Checks that `device` is a device and the driver was initialised.
@@ -677,7 +866,12 @@ EXPORT CUresult cuInit(unsigned int flags) {
     if (!st.initialized) {
         long devices = env_number("CELER_CUDA_STANDIN_DEVICES", 1);
         st.devices.assign(size_t(devices < 0 ? 0 : devices), Device{});
-        st.sm = int(env_number("CELER_CUDA_STANDIN_SM", 90));
+        const char* sm = getenv("CELER_CUDA_STANDIN_SM");
+        if (!sm_list(sm, st.devices.size(), &st.sms)) {
+            return fail(INVALID_VALUE, format("cuInit: CELER_CUDA_STANDIN_SM=%s is not a compute capability (90) or a "
+                                              "comma list of them, one per device (90,80)",
+                                              sm));
+        }
         st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
         long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
         long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
@@ -714,7 +908,7 @@ EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetName")) return r;
     if (name == nullptr || length <= 0) return INVALID_VALUE;
-    snprintf(name, size_t(length), "celer CUDA stand-in (sm_%d on the CPU)", st.sm);
+    snprintf(name, size_t(length), "celer CUDA stand-in (sm_%d on the CPU)", st.sms[size_t(device)]);
     return SUCCESS;
 }
 
@@ -765,8 +959,8 @@ EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device)
         case 39: *value = 2048; break;                  // MAX_THREADS_PER_MULTIPROCESSOR
         case 40: *value = 2; break;                     // ASYNC_ENGINE_COUNT
         case 41: *value = 1; break;                     // UNIFIED_ADDRESSING
-        case 75: *value = st.sm / 10; break;            // COMPUTE_CAPABILITY_MAJOR
-        case 76: *value = st.sm % 10; break;            // COMPUTE_CAPABILITY_MINOR
+        case 75: *value = st.sms[size_t(device)] / 10; break;  // COMPUTE_CAPABILITY_MAJOR
+        case 76: *value = st.sms[size_t(device)] % 10; break;  // COMPUTE_CAPABILITY_MINOR
         case 115: *value = 1; break;                    // MEMORY_POOLS_SUPPORTED
         default: *value = 0; break;
     }
@@ -792,11 +986,11 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxRelease")) return r;
     Device& d = st.devices[size_t(device)];
-    if (d.retains <= 0 || d.primary == nullptr) {
+    if (d.retains <= 0) {
         return fail(INVALID_CONTEXT, format("cuDevicePrimaryCtxRelease(%d): the primary context is not retained", device));
     }
     d.retains -= 1;
-    if (d.retains == 0) {
+    if (d.retains == 0 && d.primary != nullptr) {
         // The last release destroys the primary context, sticky error and all; the next
         // retain makes a new one.
         destroy_context(d.primary, "the primary context's destruction (last cuDevicePrimaryCtxRelease)");
@@ -805,6 +999,9 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
     return SUCCESS;
 }
 
+// As CUDA documents it: destroys the primary context (its memory, streams, events,
+// modules and sticky error) whoever holds it, but "does not release it": the retains stay
+// counted, the next retain gets a fresh context, and a release after the reset is fine.
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
     State& st = state();
     Lock lock(st.mutex);
@@ -813,7 +1010,6 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
     if (d.primary != nullptr) {
         destroy_context(d.primary, "cuDevicePrimaryCtxReset");
         d.primary = nullptr;
-        d.retains = 0;
     }
     return SUCCESS;
 }
@@ -835,7 +1031,7 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags,
     if (flags == nullptr || active == nullptr) return INVALID_VALUE;
     Device& d = st.devices[size_t(device)];
     *flags = d.primary != nullptr ? d.primary->flags : d.primary_flags;
-    *active = d.primary != nullptr ? 1 : 0;
+    *active = d.primary != nullptr && d.retains > 0 ? 1 : 0;
     return SUCCESS;
 }
 
@@ -907,10 +1103,11 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
     std::vector<CubinKernel> kernels;
     if (!read_cubin(image, &why, &arch, &kernels)) return fail(INVALID_IMAGE, "cuModuleLoadData: " + why);
     int cubin_sm = atoi(arch.c_str() + 3);
+    int sm = st.sms[size_t(current->device)];
     // A CUBIN runs on its own major architecture, at its minor version or a later one.
-    if (cubin_sm / 10 != st.sm / 10 || cubin_sm % 10 > st.sm % 10) {
+    if (cubin_sm / 10 != sm / 10 || cubin_sm % 10 > sm % 10) {
         return fail(NO_BINARY_FOR_GPU, format("cuModuleLoadData: a CUBIN for %s cannot run on this sm_%d device",
-                                              arch.c_str(), st.sm));
+                                              arch.c_str(), sm));
     }
     for (const CubinKernel& k : kernels) {
         const KernelEntry* host = find_kernel(k.name.c_str());
@@ -1464,6 +1661,58 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
     return SUCCESS;
 }
 
+// ---- device work of other stand-in libraries ---------------------------------------------------------
+
+// See celer_standin_work.h: the TensorRT stand-in queues an engine's execution here, so
+// that it runs in stream order against device memory checked as a kernel's is.
+EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, const celer_standin_range* ranges,
+                                           size_t nranges, int (*run)(void*, char*, size_t), void (*done)(void*),
+                                           void* user) {
+    // Owned from here: `done` runs when the last holder lets go, on every path (when
+    // queuing is refused, after the state lock is released: `work` outlives `lock`).
+    auto work = std::make_shared<Work>();
+    work->run = run;
+    work->done = done;
+    work->user = user;
+    std::string name = label != nullptr && *label != '\0' ? label : "device work";
+    std::string call = name + " (celer_standin_enqueue_work)";
+    State& st = state();
+    Stream* s;
+    Op op;
+    {
+        Lock lock(st.mutex);
+        if (int r = resolve_stream(stream, &s, call.c_str())) return r;
+        if (int r = check_context(s->context, call.c_str())) return r;
+        if (s->context != current) {
+            return fail(INVALID_CONTEXT, call + ": the stream is not of the context current on this thread");
+        }
+        if (run == nullptr || (nranges > 0 && ranges == nullptr)) {
+            return fail(INVALID_VALUE, call + ": no `run`, or no ranges where nranges > 0");
+        }
+        for (size_t i = 0; i < nranges; ++i) {
+            const celer_standin_range& r = ranges[i];
+            std::string what = r.what != nullptr ? r.what : format("range %zu", i);
+            auto address = uintptr_t(r.address);
+            // An empty range touches nothing (TensorRT lets an empty tensor's address be null).
+            if (r.bytes != 0) {
+                if (int e = check_device_range(address, r.bytes, call.c_str(), what.c_str())) return e;
+                AllocationView view;
+                if (find_allocation(address, r.bytes, &view) && view.context_generation != s->context->generation) {
+                    return fail(INVALID_VALUE, format("%s: %s %s is device memory of another context", call.c_str(),
+                                                      what.c_str(), pointer_text(address).c_str()));
+                }
+            }
+            op.ranges.push_back(WorkRange{address, r.bytes, r.writes != 0, what});
+        }
+        op.kind = Op::DeviceWork;
+        op.label = name;
+        op.work = std::move(work);
+        counters.work_enqueued++;
+    }
+    enqueue(s, std::move(op));
+    return SUCCESS;
+}
+
 // ---- errors ------------------------------------------------------------------------------------------
 
 EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
@@ -1510,7 +1759,8 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
 }
 
 // A counter by name: launches_enqueued, launches_run, htod_copies, htod_bytes,
-// dtoh_copies, dtoh_bytes, contexts_created, stream_syncs, sticky_errors, device_bytes.
+// dtoh_copies, dtoh_bytes, contexts_created, stream_syncs, sticky_errors, work_enqueued,
+// work_run, device_bytes.
 EXPORT uint64_t celer_standin_counter(const char* name) {
     std::string n = name == nullptr ? "" : name;
     if (n == "launches_enqueued") return counters.launches_enqueued;
@@ -1522,6 +1772,8 @@ EXPORT uint64_t celer_standin_counter(const char* name) {
     if (n == "contexts_created") return counters.contexts_created;
     if (n == "stream_syncs") return counters.stream_syncs;
     if (n == "sticky_errors") return counters.sticky_errors;
+    if (n == "work_enqueued") return counters.work_enqueued;
+    if (n == "work_run") return counters.work_run;
     if (n == "device_bytes") return device_bytes_in_use();
     return UINT64_MAX;
 }

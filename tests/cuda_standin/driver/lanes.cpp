@@ -12,7 +12,9 @@
 // Faults: a kernel's access outside its allocations hits a guard page or a freed page of
 // the device arena and raises SIGSEGV; the handler (installed once) jumps back to the
 // launch, which reports CUDA_ERROR_ILLEGAL_ADDRESS with the address described. Faults
-// outside a kernel go to the handler that was there before.
+// outside a kernel go to the handler that was there before; one at a device address
+// (host code, such as another stand-in library's device work, touching freed device
+// memory) first says so on stderr, naming the device work running, if any.
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <vector>
 
 #include "kernel.h"
@@ -366,6 +369,28 @@ void run_block(Block& b) {
 
 struct sigaction previous_segv, previous_bus, previous_fpe;
 
+// The label of the device work whose `run` is running (any thread: its faults may come
+// from threads of its own).
+std::atomic<const char*> running_work{nullptr};
+
+// A fault outside a kernel at a device address: the process will end (the fault is not
+// ours to recover from), so say first what a bare "Segmentation fault" would not. Only
+// snprintf and write: nothing that locks.
+void report_host_fault(int signal, uintptr_t address) {
+    if (signal == SIGFPE || !arena_contains_in_signal(address)) return;
+    const char* work = running_work.load();
+    char text[1024];
+    int n = snprintf(text, sizeof text,
+                     "cuda stand-in: %s at device address 0x%lx outside any kernel%s%s: host code touched device "
+                     "memory that is freed, a guard page or past an allocation's end\n",
+                     signal == SIGBUS ? "SIGBUS" : "SIGSEGV", static_cast<unsigned long>(address),
+                     work != nullptr ? ", while this device work ran: " : "", work != nullptr ? work : "");
+    if (n <= 0) return;
+    size_t length = size_t(n) < sizeof text ? size_t(n) : sizeof text - 1;
+    ssize_t written = write(2, text, length);
+    (void)written;
+}
+
 void on_fault(int signal, siginfo_t* info, void* context) {
     Execution& e = execution;
     if (e.in_kernel) {
@@ -379,6 +404,7 @@ void on_fault(int signal, siginfo_t* info, void* context) {
 #endif
         siglongjmp(e.fault_jump, 1);
     }
+    report_host_fault(signal, reinterpret_cast<uintptr_t>(info->si_addr));
     const struct sigaction& previous =
         signal == SIGSEGV ? previous_segv : (signal == SIGBUS ? previous_bus : previous_fpe);
     if (previous.sa_flags & SA_SIGINFO) {
@@ -443,6 +469,8 @@ bool guarded_copy(void* destination, const void* source, size_t bytes) {
     e.in_kernel = false;
     return true;
 }
+
+void note_running_work(const char* label) { running_work.store(label); }
 
 void install_fault_handlers() {
     static bool installed = false;

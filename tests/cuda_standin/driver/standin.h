@@ -63,6 +63,8 @@ struct AllocationView {
 };
 
 bool arena_contains(uintptr_t address);
+// arena_contains without the arena's lock, for the fault handler.
+bool arena_contains_in_signal(uintptr_t address);
 int device_alloc(size_t bytes, uint64_t context_generation, uintptr_t* out);
 // Frees the allocation starting at `base`; `why` names what freed it.
 int device_free(uintptr_t base, const char* why);
@@ -75,6 +77,9 @@ std::string describe_address(uintptr_t address);
 size_t device_bytes_in_use();
 // Whether [address, address + bytes) is inside one live allocation; if not, `why` says so.
 bool device_range_ok(uintptr_t address, size_t bytes, std::string* why);
+// Whether the alignment padding after the live allocation holding `address` is as it was
+// handed out (nothing wrote past the allocation's end into it); if not, `why` says where.
+bool padding_intact(uintptr_t address, std::string* why);
 
 // Page-locked host memory (cuMemHostAlloc): ordinary pages, remembered so that copies to
 // and from it run asynchronously, as DMA from pinned memory does.
@@ -107,6 +112,10 @@ bool guarded_copy(void* destination, const void* source, size_t bytes);
 // Installs the SIGSEGV/SIGBUS/SIGFPE handlers that turn a fault inside a kernel into an
 // error of that launch (and pass any other fault on to the previous handler).
 void install_fault_handlers();
+// Names the device work (celer_standin_enqueue_work) whose `run` is running, or none
+// (null): a fault at a device address outside a kernel then says which work was running
+// before the process ends. The label must live until the next call.
+void note_running_work(const char* label);
 
 // ---- NVRTC output (cubin.cpp) -------------------------------------------------------
 

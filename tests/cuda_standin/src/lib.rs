@@ -8,10 +8,16 @@
 //!   by name finds the stand-in first (the directory has `libcuda.so` and `libcuda.so.1`);
 //! - this process: [`StandIn::load`] before the first CUDA call; cudarc's later
 //!   `dlopen("libcuda.so.1")` then finds it already loaded, by its soname.
+//!
+//! [`StandIn::enqueue_work`] queues device work as the stand-in TensorRT does
+//! (driver/celer_standin_work.h), with Rust closures, for the stand-in's own tests.
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The built library.
 pub const LIBRARY: &str = env!("CELER_CUDA_STANDIN_LIBRARY");
@@ -36,12 +42,167 @@ pub enum Fault {
     StickyError,
 }
 
+/// A range of device memory that queued work reads or writes.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkRange<'a> {
+    /// A device pointer (`CUdeviceptr`).
+    pub address: u64,
+    pub bytes: usize,
+    /// False: the work only reads it (the stand-in checks that it did not change).
+    pub writes: bool,
+    /// Names the range in the stand-in's messages, e.g. "input `input.1`".
+    pub what: &'a str,
+}
+
+/// `celer_standin_range` of driver/celer_standin_work.h.
+#[repr(C)]
+struct RawRange {
+    address: u64,
+    bytes: usize,
+    writes: c_int,
+    what: *const c_char,
+}
+
+type RunCallback = unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int;
+type DoneCallback = unsafe extern "C" fn(*mut c_void);
+type EnqueueWork = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_char,
+    *const RawRange,
+    usize,
+    Option<RunCallback>,
+    Option<DoneCallback>,
+    *mut c_void,
+) -> c_int;
+
+type WorkFn = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// How often the driver called back one piece of queued work.
+#[derive(Default)]
+struct WorkCalls {
+    runs: AtomicUsize,
+    dones: AtomicUsize,
+}
+
+/// Work queued with [`StandIn::enqueue_work`]: what the driver answered, and what it has
+/// called since.
+#[derive(Clone)]
+pub struct QueuedWork {
+    result: c_int,
+    calls: Arc<WorkCalls>,
+}
+
+impl QueuedWork {
+    /// The CUresult of the enqueue: 0 (CUDA_SUCCESS) when the work was queued.
+    pub fn result(&self) -> c_int {
+        self.result
+    }
+
+    /// How many times the driver called `run` (at most once, at the stream's sync).
+    pub fn runs(&self) -> usize {
+        self.calls.runs.load(Ordering::SeqCst)
+    }
+
+    /// How many times the driver called `done` (exactly once, eventually, on every path).
+    pub fn dones(&self) -> usize {
+        self.calls.dones.load(Ordering::SeqCst)
+    }
+}
+
+/// Queued work by token. The `user` pointer the driver hands back is this token, never
+/// dereferenced: a `done` called twice, or a `run` after `done`, finds no entry (and is
+/// counted in [`stray_work_calls`]) instead of freed memory.
+struct PendingWork {
+    run: Option<WorkFn>,
+    calls: Arc<WorkCalls>,
+}
+
+static PENDING_WORK: Mutex<BTreeMap<usize, PendingWork>> = Mutex::new(BTreeMap::new());
+static NEXT_WORK_TOKEN: AtomicUsize = AtomicUsize::new(1);
+static STRAY_WORK_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+fn pending_work() -> std::sync::MutexGuard<'static, BTreeMap<usize, PendingWork>> {
+    PENDING_WORK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Calls of `run` or `done` for work whose `done` had already been called: 0 unless the
+/// driver broke "done exactly once".
+pub fn stray_work_calls() -> usize {
+    STRAY_WORK_CALLS.load(Ordering::SeqCst)
+}
+
+/// Copies `text` into the driver's `why` buffer of `capacity` bytes, NUL-terminated.
+///
+/// # Safety
+/// `why` is null or writable for `capacity` bytes.
+unsafe fn write_reason(why: *mut c_char, capacity: usize, text: &str) {
+    if why.is_null() || capacity == 0 {
+        return;
+    }
+    let n = text.len().min(capacity - 1);
+    // SAFETY: n + 1 <= capacity bytes of a buffer the caller vouches for; the source is
+    // `text`'s own bytes, which cannot overlap the driver's buffer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), why, n);
+        *why.add(n) = 0;
+    }
+}
+
+/// `run` of celer_standin_work.h: the token's closure, on the synchronising thread.
+unsafe extern "C" fn run_work(user: *mut c_void, why: *mut c_char, why_len: usize) -> c_int {
+    let token = user.addr();
+    let job = pending_work()
+        .get_mut(&token)
+        .map(|p| (p.run.take(), p.calls.clone()));
+    let outcome = match job {
+        Some((Some(run), calls)) => {
+            calls.runs.fetch_add(1, Ordering::SeqCst);
+            catch_unwind(AssertUnwindSafe(run))
+                .unwrap_or_else(|_| Err("the work's closure panicked".to_string()))
+        }
+        Some((None, calls)) => {
+            calls.runs.fetch_add(1, Ordering::SeqCst);
+            Err("run was called twice".to_string())
+        }
+        None => {
+            STRAY_WORK_CALLS.fetch_add(1, Ordering::SeqCst);
+            Err("run was called after done".to_string())
+        }
+    };
+    match outcome {
+        Ok(()) => 0,
+        Err(reason) => {
+            // SAFETY: the driver passes a buffer of why_len bytes (celer_standin_work.h).
+            unsafe { write_reason(why, why_len, &reason) };
+            1
+        }
+    }
+}
+
+/// `done` of celer_standin_work.h: forgets the token, dropping its closure.
+unsafe extern "C" fn done_work(user: *mut c_void) {
+    let token = user.addr();
+    let pending = pending_work().remove(&token);
+    match pending {
+        Some(p) => {
+            p.calls.dones.fetch_add(1, Ordering::SeqCst);
+            // The closure (and what it captured) drops here, outside the lock; a panic in
+            // a captured value's Drop must not unwind into the driver.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
+        }
+        None => {
+            STRAY_WORK_CALLS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The stand-in, loaded into this process.
 pub struct StandIn {
     last_error: unsafe extern "C" fn() -> *const c_char,
     clear_last_error: unsafe extern "C" fn(),
     inject: unsafe extern "C" fn(c_int, u64),
     counter: unsafe extern "C" fn(*const c_char) -> u64,
+    enqueue_work: EnqueueWork,
     _library: libloading::Library,
 }
 
@@ -71,6 +232,9 @@ impl StandIn {
                             .map_err(|e| e.to_string())?,
                         counter: *library
                             .get(b"celer_standin_counter\0")
+                            .map_err(|e| e.to_string())?,
+                        enqueue_work: *library
+                            .get(b"celer_standin_enqueue_work\0")
                             .map_err(|e| e.to_string())?,
                         _library: library,
                     })
@@ -105,8 +269,71 @@ impl StandIn {
         unsafe { (self.inject)(kind, nth) }
     }
 
+    /// Queues `run` on `stream` (a `CUstream` of the context current on this thread, or
+    /// null for its null stream) as the stand-in TensorRT queues an engine's execution:
+    /// it runs when the stream is synchronised, on the synchronising thread, after the
+    /// driver has checked `ranges` (see driver/celer_standin_work.h). An `Err` from `run`
+    /// makes the context's error sticky with the reason. The closure is dropped when the
+    /// driver calls `done`; the returned [`QueuedWork`] says what the driver did.
+    ///
+    /// Safe to call with any `stream` and any addresses: the driver looks handles up
+    /// among its live ones and checks every range before anything touches it.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`stream` is a handle the driver looks up by value, never dereferenced unless live"
+    )]
+    pub fn enqueue_work(
+        &self,
+        stream: *mut c_void,
+        label: &str,
+        ranges: &[WorkRange<'_>],
+        run: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> QueuedWork {
+        let label = CString::new(label).expect("labels have no NUL");
+        let whats: Vec<CString> = ranges
+            .iter()
+            .map(|r| CString::new(r.what).expect("range names have no NUL"))
+            .collect();
+        let raw: Vec<RawRange> = ranges
+            .iter()
+            .zip(&whats)
+            .map(|(r, what)| RawRange {
+                address: r.address,
+                bytes: r.bytes,
+                writes: c_int::from(r.writes),
+                what: what.as_ptr(),
+            })
+            .collect();
+        let calls = Arc::new(WorkCalls::default());
+        let token = NEXT_WORK_TOKEN.fetch_add(1, Ordering::SeqCst);
+        pending_work().insert(
+            token,
+            PendingWork {
+                run: Some(Box::new(run)),
+                calls: calls.clone(),
+            },
+        );
+        // SAFETY: the label and the ranges (and their names) outlive the call, and the
+        // driver copies what it keeps; run_work and done_work have the callback types of
+        // celer_standin_work.h; `user` is a token that they look up, never a pointer.
+        // The driver validates `stream` before use.
+        let result = unsafe {
+            (self.enqueue_work)(
+                stream,
+                label.as_ptr(),
+                raw.as_ptr(),
+                raw.len(),
+                Some(run_work),
+                Some(done_work),
+                std::ptr::without_provenance_mut(token),
+            )
+        };
+        QueuedWork { result, calls }
+    }
+
     /// A counter of the stand-in: `launches_run`, `htod_copies`, `dtoh_copies`,
-    /// `contexts_created`, `sticky_errors`, `device_bytes`, ... (see driver.cpp).
+    /// `contexts_created`, `sticky_errors`, `work_enqueued`, `work_run`, `device_bytes`,
+    /// ... (see driver.cpp).
     pub fn counter(&self, name: &str) -> u64 {
         let name = CString::new(name).expect("counter names have no NUL");
         // SAFETY: a NUL-terminated name that outlives the call.
