@@ -26,8 +26,9 @@
 
 # ---- pinned versions --------------------------------------------------------------
 # NGC TensorRT image: TensorRT 10.8 with CUDA 12.8 on Ubuntu 24.04. The shim is compiled
-# against its headers, and the runtime stage copies its libraries, so the two always
-# agree; celer refuses a libnvinfer of another major version or an older minor at start.
+# against its headers (not the 10.16 ones `make` fetches for development and CI), and the
+# runtime stage copies its libraries, so the two always agree; celer refuses a libnvinfer
+# of another major version or an older minor than its headers at start.
 ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.01-py3
 # CUDA runtime (cudart, NVRTC for celer's kernels) of the same CUDA and Ubuntu release.
 ARG CUDA_RUNTIME_IMAGE=nvcr.io/nvidia/cuda:12.8.0-runtime-ubuntu24.04
@@ -53,9 +54,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 FROM ${TENSORRT_IMAGE} AS build-gpu
 ARG RUST_VERSION
 ENV DEBIAN_FRONTEND=noninteractive
-# libclang: bindgen generates the shim's Rust bindings.
+# No libclang: the shim's Rust bindings are committed (src/tensorrt/sys_bindings.rs).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl libclang-dev \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
 ENV RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo PATH=/usr/local/cargo/bin:$PATH
 RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \

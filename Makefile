@@ -9,8 +9,15 @@ MODEL_DIR ?= onnx/u2netp
 BIND ?= 127.0.0.1
 PORT ?= 8080
 
-# `make tensorrt-test CARGO_FEATURES="--features tensorrt"` on a machine with TensorRT.
-CARGO_FEATURES ?=
+# The binary is built TensorRT-capable (the shim compiled in; TensorRT itself is opened at
+# run time, so the same binary runs without it), against the public TensorRT 10.16 headers
+# that scripts/fetch-tensorrt-headers takes from the crate registry (sha256-checked, kept
+# in target/), unless TENSORRT_INCLUDE_DIR names another TensorRT's include folder.
+# CARGO_FEATURES= builds without TensorRT.
+FETCHED_TRT_HEADERS := $(CURDIR)/target/tensorrt-headers/10.16/include
+TENSORRT_INCLUDE_DIR ?= $(FETCHED_TRT_HEADERS)
+export TENSORRT_INCLUDE_DIR
+CARGO_FEATURES ?= --features tensorrt
 FETCHED := tests/data/fetched
 REF_DIR := $(FETCHED)/reference
 REF_MODEL_DIR := onnx/u2netp
@@ -19,6 +26,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
 .PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
+.PHONY: tensorrt-headers tensorrt-bindings
 .PHONY: bench-formats
 
 python:
@@ -43,23 +51,42 @@ $(REF_DIR)/.stamp: scripts/reference.py .venv/.celer-stamp $(REF_MODEL_DIR)/cele
 	$(PY) scripts/reference.py --model-dir $(REF_MODEL_DIR) --out $(REF_DIR) $(REF_IMAGES)
 	touch $@
 
-build:
-	cargo build --release
+# The headers named by TENSORRT_INCLUDE_DIR: fetched when they are the default ones.
+tensorrt-headers:
+	@if [[ "$(TENSORRT_INCLUDE_DIR)" == "$(FETCHED_TRT_HEADERS)" ]]; then \
+		scripts/fetch-tensorrt-headers >/dev/null; \
+	elif [[ ! -f "$(TENSORRT_INCLUDE_DIR)/NvInfer.h" ]]; then \
+		echo "TENSORRT_INCLUDE_DIR=$(TENSORRT_INCLUDE_DIR) has no NvInfer.h" >&2; exit 1; \
+	fi
+
+# The shim's Rust bindings (src/tensorrt/sys_bindings.rs, committed) regenerated with
+# bindgen after celer_trt.h changed; needs libclang (Debian: libclang-dev).
+tensorrt-bindings: tensorrt-headers
+	cargo build --release --features tensorrt-bindgen
+
+build: tensorrt-headers
+	cargo build --release $(CARGO_FEATURES)
 
 serve: models build
 	$(ORT_ENV) exec ./target/release/celer serve --model-dir $(MODEL_DIR) --bind $(BIND) --port $(PORT)
 
-# Release on purpose: one build profile shared by serve and the tests.
-test: reference
+# Release on purpose: one build profile shared by serve and the tests. With TensorRT's
+# feature: the shim compiled and checked for link-time TensorRT or CUDA symbols, the
+# loader tests, the stand-in TensorRT's own tests, and engines built and served on the
+# stand-ins (tests/tensorrt_*.rs, tests/serve_tensorrt.rs).
+test: reference tensorrt-headers
 	cargo fmt --all --check
-	cargo clippy --release --workspace --all-targets -- -D warnings
-	$(ORT_ENV) cargo test --release
+	cargo clippy --release --workspace --all-targets $(subst --features ,--features celer/,$(CARGO_FEATURES)) -- -D warnings
+	$(ORT_ENV) cargo test --release $(CARGO_FEATURES)
+	@if [[ -n "$(CARGO_FEATURES)" ]]; then scripts/check-shim-symbols; fi
 
-# TensorRT engines against ONNX Runtime on a GPU: needs a GPU, TensorRT and a build with
-# `--features tensorrt` (TENSORRT_INCLUDE_DIR=...); fails, saying which is missing,
-# anywhere else. Not part of `make test`: the stand-in CUDA driver cannot run TensorRT.
-tensorrt-test: models
-	$(ORT_ENV) cargo test --release $(CARGO_FEATURES) --test tensorrt_engine
+# TensorRT engines against ONNX Runtime on a GPU with the real TensorRT (its headers:
+# TENSORRT_INCLUDE_DIR=...): U2NetP, the matting fixture and ISNet (`make models-all`);
+# fails, saying what is missing, without a GPU or TensorRT. `make test` runs the same
+# engine tests (all but ISNet) on the stand-in CUDA driver and TensorRT.
+tensorrt-test: models tensorrt-headers
+	$(ORT_ENV) CELER_TEST_CUDA=real CELER_TEST_TENSORRT=real cargo test --release $(CARGO_FEATURES) \
+		--test tensorrt_engine --test tensorrt_engine_isnet
 
 # The SageMaker container: the Dockerfile's cpu target built (base debootstrapped once into
 # target/image-base, build stages supplied from this checkout) and run as SageMaker runs
@@ -69,12 +96,12 @@ image-test: models build
 	scripts/image-test
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
-bench: models
-	$(ORT_ENV) cargo bench --bench stages
+bench: models tensorrt-headers
+	$(ORT_ENV) cargo bench $(CARGO_FEATURES) --bench stages
 
 # Response sizes on the test photos: cut-out PNG vs lossless WebP vs alpha alone.
-bench-formats: models
-	$(ORT_ENV) cargo bench --bench formats
+bench-formats: models tensorrt-headers
+	$(ORT_ENV) cargo bench $(CARGO_FEATURES) --bench formats
 
 # celer against the Python handler users deploy, same model, cores and images.
 compare: models build
@@ -83,12 +110,12 @@ compare: models build
 
 # The GPU tests and kernel benchmark packed for a GPU machine without Rust (< 60 MB):
 # target/gpu-check/run there writes report.txt. Needs NVRTC (make python) to precompile.
-gpu-check: models
-	scripts/gpu-check
+gpu-check: models tensorrt-headers
+	CARGO_FEATURES="$(CARGO_FEATURES)" scripts/gpu-check
 
-# The TensorRT shim against a header set (TENSORRT_INCLUDE_DIR=..., optional
-# CUDA_INCLUDE_DIR=...): no GPU or TensorRT needed; not part of `make test`.
-check-tensorrt:
+# The TensorRT shim against another header set (TENSORRT_INCLUDE_DIR=..., optional
+# CUDA_INCLUDE_DIR=...): no GPU or TensorRT needed. `make test` checks the 10.16 headers.
+check-tensorrt: tensorrt-headers
 	scripts/check-tensorrt
 
 # The hardening figures of the README against a release server (scripts/hostile_figures.py):
