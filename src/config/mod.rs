@@ -14,7 +14,7 @@ pub use conn::{ConnArgs, ConnLimits};
 pub use hosting::{HostingMode, HostingPlan};
 pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
-    Scale, SegmentationSpec, TrimapSpec, PIPELINE_FILE,
+    Scale, SegmentationSpec, TrimapSpec, MATTING_MODEL, PIPELINE_FILE, SEGMENTATION_MODEL,
 };
 pub use serve::{DeviceArgs, RequestLimits, RuntimeArgs, ServeArgs};
 

@@ -13,6 +13,11 @@ pub use crate::sched::BatchingSpec;
 /// The file name looked for in a model directory.
 pub const PIPELINE_FILE: &str = "celer.toml";
 
+/// The key of the segmentation model in [`PipelineSpec::model_keys`] (its celer.toml key).
+pub const SEGMENTATION_MODEL: &str = "segmentation.model";
+/// The key of the matting model in [`PipelineSpec::model_keys`].
+pub const MATTING_MODEL: &str = "matting.model";
+
 /// A validated pipeline description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelineSpec {
@@ -422,14 +427,12 @@ impl PipelineSpec {
         })
     }
 
-    /// Every model file the pipeline runs, in stage order, with its key.
+    /// Every model file the pipeline runs, in stage order, with its key
+    /// ([`SEGMENTATION_MODEL`], [`MATTING_MODEL`]).
     pub fn model_keys(&self) -> Vec<(&'static str, &Path)> {
-        let mut paths = vec![(
-            "segmentation.model",
-            self.segmentation.image.model.as_path(),
-        )];
+        let mut paths = vec![(SEGMENTATION_MODEL, self.segmentation.image.model.as_path())];
         if let MattingSpec::Model { image, .. } = &self.matting {
-            paths.push(("matting.model", image.model.as_path()));
+            paths.push((MATTING_MODEL, image.model.as_path()));
         }
         paths
     }

@@ -12,7 +12,7 @@ use super::select::{choose_engines, EngineChoice, GpuModels, ModelRef};
 use super::store::{
     build_and_store, choose_precision, BuildOptions, EngineStore, ModelFile, StoreError,
 };
-use crate::config::PipelineSpec;
+use crate::config::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use crate::cuda::GpuInfo;
 use crate::tensorrt::{Engine, TensorRt, TrtError};
 
@@ -215,8 +215,8 @@ impl GpuPlan {
                 "engine loaded"
             );
             match key.as_str() {
-                "segmentation" => segmentation = Some(engine),
-                "matting" => matting = Some(engine),
+                SEGMENTATION_MODEL => segmentation = Some(engine),
+                MATTING_MODEL => matting = Some(engine),
                 other => {
                     return Err(PlanError::Pipeline {
                         device: device.to_string(),
