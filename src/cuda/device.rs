@@ -112,6 +112,32 @@ pub fn bind(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     Ok(context)
 }
 
+/// Destroys GPU `ordinal`'s primary context when it outlived celer's last reference to it,
+/// and says whether it did. Recovering a lost context (a sticky error) means destroying
+/// it: celer drops every reference of its own first, and the driver destroys a primary
+/// context at its last release. But a library that retains the context for itself keeps
+/// it alive, sticky error and all: the CUDA runtime inside TensorRT does, for the life of
+/// the process. `cuDevicePrimaryCtxReset` destroys it regardless of those references (they
+/// stay counted, and a fresh context serves them), so it is only safe once nothing of the
+/// old context is in use: celer's engines and buffers are gone, and TensorRT holds no
+/// object in it.
+pub fn reset_if_held(ordinal: usize) -> Result<bool, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let device = cudarc::driver::result::device::get(ordinal as i32)?;
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: `device` is a device of the initialised driver; both out pointers are valid.
+    unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }.result()?;
+    if active == 0 {
+        return Ok(false);
+    }
+    // SAFETY: the caller guarantees nothing of the old context is in use (see above); the
+    // references others hold stay valid handles to a fresh context, as CUDA documents.
+    unsafe { sys::cuDevicePrimaryCtxReset_v2(device) }.result()?;
+    Ok(true)
+}
+
 /// `len` zeroed elements of page-locked host memory in `context` (at least one), for a
 /// stream's copies to and from the host to run as DMA. Write-combined memory is fast for
 /// the host to write and the GPU to read, and very slow for the host to read: only for

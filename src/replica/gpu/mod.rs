@@ -80,7 +80,8 @@ enum Opening {
 /// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
 /// GPU, so when it is lost (a sticky error) it is lost for all of them: recovery empties
 /// every replica's slot and drops the GPU, which destroys the context with its last
-/// reference, then opens the GPU again and reloads each replica.
+/// reference (or resets it, where TensorRT holds one of its own), then opens the GPU
+/// again and reloads each replica.
 struct GpuReplicas {
     spec: PipelineSpec,
     plan: GpuPlan,
@@ -165,9 +166,20 @@ impl GpuReplicas {
             for slot in slots.iter_mut() {
                 **slot = None;
             }
-            // The last references to the context go here: the driver destroys it.
+            // celer's last references to the context go here (engines first: LoadedGpu's
+            // Drop); without another holder the driver destroys the context.
             opened.1 = Opening::Closed;
             opened.0 += 1;
+        }
+        // TensorRT keeps its own reference to the primary context: the lost context then
+        // survives celer's references, and must be reset to be destroyed.
+        match crate::cuda::device::reset_if_held(self.plan.info.ordinal) {
+            Ok(true) => tracing::warn!(
+                device = %self.name,
+                "the lost context outlived celer's references (TensorRT holds one): reset it"
+            ),
+            Ok(false) => {}
+            Err(e) => return Err(format!("{}: resetting the lost context: {e}", self.name).into()),
         }
         let (_, gpu) = self.gpu()?;
         for slot in slots.iter_mut() {
