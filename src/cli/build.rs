@@ -1,6 +1,8 @@
 //! `celer build`: a TensorRT engine for each model of the pipeline on each distinct GPU
 //! model of this machine, with a manifest each and a timing cache per GPU model reused
-//! by later builds. Building and storing is `engines::store`'s (shared with `serve`);
+//! by later builds; an engine that is still current (its manifest fits the GPU model, the
+//! TensorRT version, the ONNX file, the precision and the profile) is kept unless
+//! `--force`. Building and storing is `engines::store`'s (shared with `serve`);
 //! this module picks the GPUs and prints what the store reports. On a machine without a
 //! GPU it validates the models with ONNX Runtime instead (their I/O, the profile a GPU
 //! build would use, the fit with celer.toml), says that no engine was built, and
@@ -64,6 +66,12 @@ pub struct BuildArgs {
     /// Where to write engines (default: <model dir>/engines).
     #[arg(long)]
     pub engines_dir: Option<PathBuf>,
+
+    /// Rebuild every engine, current ones too (by default an engine whose manifest still
+    /// fits the GPU, the TensorRT version, the ONNX file, the precision and the profile
+    /// is kept).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
@@ -162,7 +170,7 @@ fn build_on_gpus(
         workspace_mib: args.workspace_mib,
         request: request.clone(),
     };
-    let mut built_count = 0;
+    let (mut built_count, mut reused_count) = (0, 0);
     for (gpu, ordinals) in &groups {
         println!(
             "building for {} (compute capability {}) on device {} (engines serve devices {ordinals:?})",
@@ -177,6 +185,19 @@ fn build_on_gpus(
         }
         for m in models {
             print_model_header(m);
+            match current_engine(&store, m, gpu, version, &options, args.force) {
+                Currency::Current(plan) => {
+                    println!(
+                        "  current: {} fits this GPU, TensorRT {version}, the ONNX file and \
+                         {precision}; kept (--force rebuilds it)",
+                        plan.display()
+                    );
+                    reused_count += 1;
+                    continue;
+                }
+                Currency::Stale(why) => println!("  rebuilding: {why}"),
+                Currency::Missing => {}
+            }
             let stored =
                 build_printing(&trt, &store, m, gpu, probe.driver_cuda_version(), &options)?;
             println!(
@@ -189,10 +210,62 @@ fn build_on_gpus(
         }
     }
     println!(
-        "{built_count} engine(s) built under {}",
+        "{built_count} engine(s) built, {reused_count} current engine(s) kept, under {}",
         store.engines.display()
     );
     Ok(())
+}
+
+/// Whether a stored engine may be kept instead of rebuilt.
+enum Currency {
+    /// It fits: this plan.
+    Current(PathBuf),
+    /// There is one, but it no longer fits, for this reason.
+    Stale(String),
+    /// There is none (or `--force` asked for a new one).
+    Missing,
+}
+
+/// Whether `m`'s stored engine for `gpu` is current: its manifest fits the GPU model, the
+/// TensorRT version and the ONNX file's bytes (the checks `serve` makes), and it was built
+/// with the precision and the optimisation profile this build would use.
+fn current_engine(
+    store: &EngineStore,
+    m: &ModelFile,
+    gpu: &GpuIdentity,
+    version: crate::tensorrt::TrtVersion,
+    options: &BuildOptions,
+    force: bool,
+) -> Currency {
+    use crate::engines::manifest::EngineCheckError;
+    if force {
+        return Currency::Missing;
+    }
+    let checked = match store.find(m, gpu, version) {
+        Ok(checked) => checked,
+        Err(EngineCheckError::Mismatch { reasons, .. }) => {
+            return Currency::Stale(reasons.join("; "))
+        }
+        Err(EngineCheckError::Missing { .. }) => return Currency::Missing,
+        Err(e) => return Currency::Stale(e.to_string()),
+    };
+    let manifest = &checked.manifest;
+    if manifest.precision != options.precision {
+        return Currency::Stale(format!(
+            "built for {}, this build is {}",
+            manifest.precision, options.precision
+        ));
+    }
+    let shapes: Vec<(&str, &[i64])> = manifest
+        .inputs
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape.as_slice()))
+        .collect();
+    match resolve_profile(&shapes, &m.hints, &options.request) {
+        Ok(profile) if profile == manifest.profile => Currency::Current(checked.plan),
+        Ok(_) => Currency::Stale("built with another optimisation profile".into()),
+        Err(e) => Currency::Stale(format!("its inputs do not take this profile: {e}")),
+    }
 }
 
 /// One model through the engine store, printing its tensors and profile and showing the
