@@ -8,11 +8,9 @@ mod common;
 mod gpu_support;
 mod serve_support;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use image::RgbaImage;
-use serve_support::Server;
+use serve_support::{cutout, max_difference, Server};
 
 /// `celer serve --devices DEVICES` on U2NetP with two replicas, on the tests' CUDA driver
 /// (the stand-in where there is no GPU), waited for until `/ping` answers 200.
@@ -34,34 +32,6 @@ fn serve(devices: &str, env: &[(&str, &str)]) -> Server {
     }
     // Loading on the stand-in (kernels compiled, run as host code) takes a while.
     Server::spawn(command, Duration::from_secs(300))
-}
-
-/// POSTs `photo` to /invocations: the status and, on 200, the decoded cut-out.
-fn cutout(server: &Server, photo: &Path) -> (u16, Option<RgbaImage>) {
-    let body = std::fs::read(photo).expect("the photo");
-    let kind = if photo.extension().is_some_and(|e| e == "png") {
-        "image/png"
-    } else {
-        "image/jpeg"
-    };
-    let answer = server.post("/invocations", &[("Content-Type", kind)], &body);
-    let image = (answer.status == 200).then(|| {
-        image::load_from_memory(&answer.body)
-            .expect("a PNG cut-out")
-            .into_rgba8()
-    });
-    (answer.status, image)
-}
-
-/// The largest difference of any channel of two cut-outs of the same size.
-fn max_difference(a: &RgbaImage, b: &RgbaImage) -> u8 {
-    assert_eq!(a.dimensions(), b.dimensions());
-    a.as_raw()
-        .iter()
-        .zip(b.as_raw())
-        .map(|(x, y)| x.abs_diff(*y))
-        .max()
-        .unwrap_or(0)
 }
 
 const PHOTOS: [&str; 3] = ["astronaut.png", "photo-1920x1080.jpg", "chelsea-exif6.jpg"];

@@ -12,6 +12,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use image::RgbaImage;
+
 /// A running `celer serve`.
 pub struct Server {
     child: Option<Child>,
@@ -371,4 +373,32 @@ fn read_answer(stream: &mut TcpStream) -> Answer {
         headers,
         body,
     }
+}
+
+/// POSTs `photo` to /invocations: the status and, on 200, the decoded cut-out.
+pub fn cutout(server: &Server, photo: &Path) -> (u16, Option<RgbaImage>) {
+    let body = std::fs::read(photo).expect("the photo");
+    let kind = if photo.extension().is_some_and(|e| e == "png") {
+        "image/png"
+    } else {
+        "image/jpeg"
+    };
+    let answer = server.post("/invocations", &[("Content-Type", kind)], &body);
+    let image = (answer.status == 200).then(|| {
+        image::load_from_memory(&answer.body)
+            .expect("a PNG cut-out")
+            .into_rgba8()
+    });
+    (answer.status, image)
+}
+
+/// The largest difference of any channel of two cut-outs of the same size.
+pub fn max_difference(a: &RgbaImage, b: &RgbaImage) -> u8 {
+    assert_eq!(a.dimensions(), b.dimensions());
+    a.as_raw()
+        .iter()
+        .zip(b.as_raw())
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
 }

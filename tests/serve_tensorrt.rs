@@ -1,0 +1,456 @@
+//! celer with TensorRT, end to end, as a user runs it on a machine with GPUs of two
+//! models: `celer build` writes one plan per GPU model with its manifest and timing cache,
+//! keeps what is current on a second run and rebuilds what a changed ONNX file or
+//! TensorRT version made stale; `celer serve --devices 0,1` serves the plans (TensorRT
+//! engines on both GPUs, celer's kernels around them) over HTTP with the CPU path's
+//! cut-outs, routes to both GPUs and drains on SIGTERM; `--build-engines` builds a missing
+//! plan at start-up; a GPU whose context fails comes back serving engines, and faults of
+//! TensorRT itself reach clients as statuses.
+//!
+//! These run on the stand-ins (tests/cuda_standin, tests/tensorrt_standin): they shape the
+//! machine (how many GPUs, which compute capabilities) and inject faults through the
+//! stand-ins' settings, so they fail on real hardware rather than prove less there.
+
+mod common;
+mod gpu_support;
+mod serve_support;
+mod trt_support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use celer::engines::manifest::{list_manifests, EngineManifest};
+use serve_support::{cutout, max_difference, Server};
+
+/// The machine `celer build` runs on: three GPUs, two of one model (sm_90), one of
+/// another (sm_80).
+const BUILD_MACHINE: [(&str, &str); 2] = [
+    ("CELER_CUDA_STANDIN_DEVICES", "3"),
+    ("CELER_CUDA_STANDIN_SM", "90,80,90"),
+];
+/// The machine `celer serve` runs on: GPU 0 sm_90, GPU 1 sm_80 (the models built above).
+const SERVE_MACHINE: [(&str, &str); 2] = [
+    ("CELER_CUDA_STANDIN_DEVICES", "2"),
+    ("CELER_CUDA_STANDIN_SM", "90,80"),
+];
+
+fn require_standins() {
+    assert!(
+        trt_support::is_standin(),
+        "these tests shape the machine and inject faults through the stand-ins' settings: run \
+         them on the stand-in CUDA driver and TensorRT (CELER_TEST_CUDA=standin)"
+    );
+}
+
+/// A model directory of its own (U2NetP's celer.toml and ONNX file), so that engines can
+/// be written into it and its ONNX file changed.
+fn model_dir_copy() -> tempfile::TempDir {
+    let source = common::model_dir("u2netp");
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["celer.toml", "u2netp.onnx"] {
+        std::fs::copy(source.join(file), dir.path().join(file)).unwrap();
+    }
+    dir
+}
+
+/// `celer build --model-dir DIR` on the stand-ins, with `env`.
+fn build(dir: &Path, env: &[(&str, &str)]) -> (Output, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_celer"));
+    command
+        .args(["build", "--model-dir"])
+        .arg(dir)
+        .env("CELER_LOG", "warn")
+        .env("CELER_CUDA_STANDIN_QUIET", "1")
+        .envs(env.iter().copied());
+    trt_support::use_tensorrt(&mut command);
+    let output = command.output().expect("celer build runs");
+    let text = common::printed(&output);
+    (output, text)
+}
+
+fn manifests(dir: &Path) -> Vec<EngineManifest> {
+    list_manifests(&dir.join("engines"))
+        .iter()
+        .map(|m| EngineManifest::read(m).unwrap())
+        .collect()
+}
+
+/// `celer serve --model-dir DIR ARGS` on the stand-ins, waited for until `/ping` is 200.
+fn serve(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut command = Server::command(dir, args, env);
+    command.env("CELER_CUDA_STANDIN_QUIET", "1");
+    trt_support::use_tensorrt(&mut command);
+    Server::spawn(command, Duration::from_secs(300))
+}
+
+/// A metric's value for `device`, 0 when absent.
+fn metric(server: &Server, family: &str, device: &str) -> f64 {
+    let text = String::from_utf8(server.get("/metrics").1).expect("metrics text");
+    let label = format!("device=\"{device}\"");
+    text.lines()
+        .filter(|l| l.starts_with(family) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Appends a second `doc_string` to the ONNX file: the same model (protobuf keeps the
+/// last value of a field), other bytes, so its sha256 changes as an edited export's would.
+fn change_onnx(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let doc = b"re-exported";
+    bytes.push(0x32); // field 6 (doc_string), length-delimited
+    bytes.push(doc.len() as u8);
+    bytes.extend_from_slice(doc);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn build_writes_a_plan_per_gpu_model_then_serve_runs_them_on_both_gpus() {
+    require_standins();
+    let dir = model_dir_copy();
+    let model_dir = dir.path();
+
+    // First build: one plan per GPU model (sm_90 serves GPUs 0 and 2), with manifests and a
+    // timing cache each.
+    let (out, text) = build(model_dir, &BUILD_MACHINE);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("compute capability 9.0") && text.contains("compute capability 8.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 engine(s) built, 0 current engine(s) kept"),
+        "{text}"
+    );
+    assert!(
+        text.contains("phase: Building the engine"),
+        "the builder's progress: {text}"
+    );
+    let built = manifests(model_dir);
+    let mut capabilities: Vec<&str> = built
+        .iter()
+        .map(|m| m.gpu.compute_capability.as_str())
+        .collect();
+    capabilities.sort();
+    assert_eq!(capabilities, ["8.0", "9.0"], "one plan per GPU model");
+    for m in &built {
+        assert_eq!(m.tensorrt_version.to_string(), "10.16.0");
+        assert_eq!(m.model, "u2netp");
+        assert!(
+            m.plan_bytes > 4_000_000,
+            "the plan carries the network: {m:?}"
+        );
+    }
+    let caches: Vec<PathBuf> = std::fs::read_dir(model_dir.join("engines/timing-cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(caches.len(), 2, "a timing cache per GPU model: {caches:?}");
+
+    // Second build: everything is current and kept.
+    let (out, text) = build(model_dir, &BUILD_MACHINE);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("0 engine(s) built, 2 current engine(s) kept"),
+        "{text}"
+    );
+    assert!(
+        text.contains("timing cache") && text.contains("(reused)"),
+        "{text}"
+    );
+    assert_eq!(manifests(model_dir), built, "kept engines are untouched");
+
+    // A newer TensorRT: both plans are stale, and serve refuses them meanwhile.
+    let newer = [
+        BUILD_MACHINE[0],
+        BUILD_MACHINE[1],
+        ("CELER_TRT_STANDIN_VERSION", "10.17.0"),
+    ];
+    let (out, text) = build(model_dir, &newer);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("rebuilding: built with TensorRT 10.16.0, this is TensorRT 10.17.0"),
+        "{text}"
+    );
+    assert!(text.contains("2 engine(s) built, 0 current"), "{text}");
+    let mut refused = Server::command(model_dir, ["--devices", "0,1"], &SERVE_MACHINE);
+    trt_support::use_tensorrt(&mut refused);
+    let out = refused
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let log = common::printed(&out);
+    assert!(
+        !out.status.success(),
+        "serve refuses plans of another TensorRT: {log}"
+    );
+    assert!(
+        log.contains("built with TensorRT 10.17.0, this is TensorRT 10.16.0"),
+        "{log}"
+    );
+    assert!(
+        log.contains("celer build --model-dir"),
+        "the fix is named: {log}"
+    );
+
+    // A re-exported ONNX file (back on 10.16): stale again, for that reason.
+    change_onnx(&model_dir.join("u2netp.onnx"));
+    let (out, text) = build(model_dir, &BUILD_MACHINE);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("built from another u2netp.onnx"), "{text}");
+    assert!(text.contains("2 engine(s) built, 0 current"), "{text}");
+
+    // Serving the plans: TensorRT on both GPUs, the CPU's cut-outs to within 1 LSB.
+    let gpus = serve(
+        model_dir,
+        &["--devices", "0,1", "--replicas", "2"],
+        &SERVE_MACHINE,
+    );
+    let log = gpus.log();
+    assert!(
+        log.contains("TensorRT loaded: the GPUs serve from engines"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("engine loaded").count(),
+        2,
+        "an engine per GPU: {log}"
+    );
+    assert_eq!(
+        log.matches("models=\"TensorRT\"").count() + log.matches("models=TensorRT").count(),
+        4,
+        "{log}"
+    );
+    let cpu = Server::start(&common::model_dir("u2netp"), ["--devices", "cpu"], &[]);
+    for name in ["astronaut.png", "photo-1920x1080.jpg", "chelsea-exif6.jpg"] {
+        let photo = common::fetched(name);
+        let (status, on_gpu) = cutout(&gpus, &photo);
+        assert_eq!(status, 200, "{name} from the engines: {}", gpus.log());
+        let (status, on_cpu) = cutout(&cpu, &photo);
+        assert_eq!(status, 200, "{name} on the CPU");
+        let worst = max_difference(&on_gpu.unwrap(), &on_cpu.unwrap());
+        // Straight to the terminal, past libtest's capture: the figure the run measured.
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name}: the engines' cut-out differs from the CPU path's by at most {worst} LSB"
+        );
+        assert!(
+            worst <= 1,
+            "{name}: the engines' cut-out differs by {worst}"
+        );
+    }
+    assert!(cpu.stop().success());
+
+    // Routing: concurrent requests reach both GPUs.
+    let photo = std::fs::read(common::fetched("astronaut.png")).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let answer = gpus.post("/invocations", &[("Content-Type", "image/png")], &photo);
+                assert_eq!(
+                    answer.status,
+                    200,
+                    "{}",
+                    String::from_utf8_lossy(&answer.body)
+                );
+            });
+        }
+    });
+    for device in ["gpu0", "gpu1"] {
+        let served = metric(&gpus, "celer_inference_request_success", device);
+        assert!(
+            served >= 1.0,
+            "{device} served {served} requests: routing uses both GPUs"
+        );
+    }
+
+    // SIGTERM drains: requests in flight when it arrives are answered, then celer exits 0.
+    let taken = |server: &Server| {
+        metric(server, "celer_inference_queue_duration_us_count", "gpu0")
+            + metric(server, "celer_inference_queue_duration_us_count", "gpu1")
+    };
+    let taken_before = taken(&gpus);
+    let address = gpus.address;
+    let in_flight: Vec<_> = (0..4)
+        .map(|_| {
+            let photo = photo.clone();
+            std::thread::spawn(move || {
+                serve_support::request(
+                    address,
+                    "POST",
+                    "/invocations",
+                    &[("Content-Type", "image/png")],
+                    Some(serve_support::Body::Whole(&photo)),
+                )
+                .status
+            })
+        })
+        .collect();
+    // Once a replica has taken one of them (the others are in flight or queued).
+    let started = Instant::now();
+    while taken(&gpus) <= taken_before {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no request was taken: {}",
+            gpus.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = gpus.stop();
+    let answers: Vec<u16> = in_flight.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    assert!(
+        answers.iter().all(|&s| s == 200),
+        "requests in flight at SIGTERM: {answers:?}"
+    );
+}
+
+#[test]
+fn build_engines_builds_a_missing_plan_at_start_up_and_serves_it() {
+    require_standins();
+    let dir = model_dir_copy();
+    let server = serve(
+        dir.path(),
+        &["--devices", "0", "--build-engines"],
+        &SERVE_MACHINE,
+    );
+    let log = server.log();
+    assert!(log.contains("building the TensorRT engine"), "{log}");
+    assert!(log.contains("engine built"), "{log}");
+    let (status, cutout) = cutout(&server, &common::fetched("astronaut.png"));
+    assert_eq!(status, 200, "{}", server.log());
+    assert!(cutout.is_some());
+    let built = manifests(dir.path());
+    assert_eq!(built.len(), 1, "the plan was stored for the next start");
+    assert_eq!(built[0].gpu.compute_capability, "9.0");
+    assert!(server.stop().success());
+}
+
+#[test]
+fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses() {
+    require_standins();
+    let dir = model_dir_copy();
+    let armed = tempfile::tempdir().unwrap();
+    let cuda_fault = armed.path().join("cuda-fault");
+    let trt_fault = armed.path().join("tensorrt-fault");
+    let env = [
+        SERVE_MACHINE[0],
+        SERVE_MACHINE[1],
+        (
+            "CELER_CUDA_STANDIN_FAULT_FILE",
+            cuda_fault.to_str().unwrap(),
+        ),
+        ("CELER_TRT_STANDIN_FAULT_FILE", trt_fault.to_str().unwrap()),
+    ];
+    let server = serve(
+        dir.path(),
+        &[
+            "--devices",
+            "0",
+            "--build-engines",
+            "--health-check-interval-ms",
+            "100",
+        ],
+        &env,
+    );
+    let photo = common::fetched("astronaut.png");
+    let (status, before) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    let before = before.unwrap();
+
+    // An enqueue TensorRT refuses: that request fails with a status, the next one works.
+    std::fs::write(&trt_fault, "enqueue").unwrap();
+    let (status, _) = cutout(&server, &photo);
+    assert_eq!(
+        status,
+        500,
+        "the failed enqueue is the server's fault: {}",
+        server.log()
+    );
+    assert!(!trt_fault.exists(), "the fault was taken");
+    let (status, again) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    assert_eq!(again.unwrap(), before);
+
+    // A sticky CUDA error: the context is lost, outlives celer's references (TensorRT holds
+    // one), is reset, and the GPU serves its engines again.
+    let until_served = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut statuses = Vec::new();
+        loop {
+            match cutout(&server, &photo) {
+                (200, Some(image)) => return (image, statuses),
+                (status, _) => statuses.push(status),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not served again: {}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    std::fs::write(&cuda_fault, "sticky").unwrap();
+    let (status, _) = cutout(&server, &photo);
+    assert!(status >= 500, "the request whose kernel faulted: {status}");
+    let (after, _) = until_served("after a lost context");
+    assert_eq!(after, before, "the same cut-out from the reloaded engines");
+    let log = server.log();
+    assert!(
+        log.contains("reset it"),
+        "the held context was reset: {log}"
+    );
+    assert!(log.contains("device reopened and reloaded"), "{log}");
+    assert_eq!(
+        log.matches("engine loaded").count(),
+        2,
+        "the engine was deserialised again: {log}"
+    );
+    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 1.0);
+
+    // Lost again, and the plan then fails to deserialize once: while the GPU cannot be
+    // reopened every request gets a status at once, and it comes back at the next try.
+    std::fs::write(&trt_fault, "deserialize").unwrap();
+    std::fs::write(&cuda_fault, "sticky").unwrap();
+    let (after, statuses) = until_served("after a failed reload");
+    assert!(
+        !trt_fault.exists(),
+        "the deserialize fault was taken: {}",
+        server.log()
+    );
+    assert!(
+        !statuses.is_empty() && statuses.iter().all(|&s| s == 500 || s == 503),
+        "{statuses:?}"
+    );
+    assert_eq!(after, before);
+    assert!(server.log().contains("injected fault"), "{}", server.log());
+    assert!(server.stop().success());
+}
+
+#[test]
+fn a_plan_that_fails_to_deserialize_at_start_up_stops_the_start_saying_why() {
+    require_standins();
+    let dir = model_dir_copy();
+    let (out, text) = build(dir.path(), &SERVE_MACHINE);
+    assert!(out.status.success(), "{text}");
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("tensorrt-fault");
+    std::fs::write(&fault, "deserialize").unwrap();
+    let env = [
+        SERVE_MACHINE[0],
+        SERVE_MACHINE[1],
+        ("CELER_TRT_STANDIN_FAULT_FILE", fault.to_str().unwrap()),
+    ];
+    let mut command = Server::command(dir.path(), ["--devices", "0"], &env);
+    trt_support::use_tensorrt(&mut command);
+    let out = command.output().unwrap();
+    let log = common::printed(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("the models failed to load"), "{log}");
+    assert!(
+        log.contains("deserializeCudaEngine") && log.contains("injected fault"),
+        "{log}"
+    );
+}

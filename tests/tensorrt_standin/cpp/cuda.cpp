@@ -1,0 +1,201 @@
+// The CUDA driver as the stand-in TensorRT uses it: opened by name, like the real
+// libnvinfer's CUDA runtime opens it. Only celer's stand-in driver has
+// celer_standin_enqueue_work, which an engine's execution needs: on a real driver (where
+// the real TensorRT belongs) the stand-in says so instead of running anything.
+#include "standin.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "celer_standin_work.h"
+
+namespace standin {
+
+namespace {
+
+using CuResult = int;
+
+struct Driver {
+    void* handle = nullptr;
+    std::string error;
+    CuResult (*ctx_get_current)(void**) = nullptr;
+    CuResult (*ctx_get_device)(int*) = nullptr;
+    CuResult (*device_get_attribute)(int*, int, int) = nullptr;
+    CuResult (*primary_ctx_retain)(void**, int) = nullptr;
+    CuResult (*mem_alloc)(uint64_t*, size_t) = nullptr;
+    CuResult (*mem_free)(uint64_t) = nullptr;
+    CuResult (*memcpy_htod)(uint64_t, void const*, size_t) = nullptr;
+    CuResult (*get_error_name)(CuResult, char const**) = nullptr;
+    decltype(&celer_standin_enqueue_work) enqueue_work = nullptr;
+};
+
+template <typename Fn>
+void resolve(Driver& d, Fn* slot, char const* name) {
+    *slot = reinterpret_cast<Fn>(dlsym(d.handle, name));
+    if (*slot == nullptr && d.error.empty()) {
+        d.error = std::string("libcuda.so.1 has no ") + name;
+    }
+}
+
+Driver const& driver() {
+    static Driver const d = [] {
+        Driver d;
+        d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (d.handle == nullptr) {
+            char const* e = dlerror();
+            d.error = std::string("cannot open libcuda.so.1: ") + (e != nullptr ? e : "?");
+            return d;
+        }
+        resolve(d, &d.ctx_get_current, "cuCtxGetCurrent");
+        resolve(d, &d.ctx_get_device, "cuCtxGetDevice");
+        resolve(d, &d.device_get_attribute, "cuDeviceGetAttribute");
+        resolve(d, &d.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+        resolve(d, &d.mem_alloc, "cuMemAlloc_v2");
+        resolve(d, &d.mem_free, "cuMemFree_v2");
+        resolve(d, &d.memcpy_htod, "cuMemcpyHtoD_v2");
+        resolve(d, &d.get_error_name, "cuGetErrorName");
+        d.enqueue_work = reinterpret_cast<decltype(&celer_standin_enqueue_work)>(
+            dlsym(d.handle, "celer_standin_enqueue_work"));
+        if (d.enqueue_work == nullptr && d.error.empty()) {
+            d.error =
+                "libcuda.so.1 is not celer's stand-in CUDA driver (no celer_standin_enqueue_work): the TensorRT "
+                "stand-in runs only on it; on a real GPU use the real TensorRT";
+        }
+        return d;
+    }();
+    return d;
+}
+
+std::string result_text(CuResult r) {
+    char const* name = nullptr;
+    Driver const& d = driver();
+    if (d.get_error_name != nullptr && d.get_error_name(r, &name) == 0 && name != nullptr) return name;
+    return "CUresult " + std::to_string(r);
+}
+
+bool usable(std::string* why) {
+    Driver const& d = driver();
+    if (!d.error.empty()) {
+        *why = d.error;
+        return false;
+    }
+    return true;
+}
+
+struct PendingWork {
+    std::function<std::string()> run;
+    std::function<void()> done;
+};
+
+int run_trampoline(void* user, char* why, size_t why_len) {
+    auto* work = static_cast<PendingWork*>(user);
+    std::string failure;
+    try {
+        failure = work->run();
+    } catch (std::exception const& e) {
+        failure = std::string("exception: ") + e.what();
+    } catch (...) {
+        failure = "unknown exception";
+    }
+    if (failure.empty()) return 0;
+    if (why != nullptr && why_len > 0) {
+        std::strncpy(why, failure.c_str(), why_len - 1);
+        why[why_len - 1] = '\0';
+    }
+    return 1;
+}
+
+void done_trampoline(void* user) {
+    std::unique_ptr<PendingWork> work(static_cast<PendingWork*>(user));
+    try {
+        if (work->done) work->done();
+    } catch (...) {
+    }
+}
+
+}  // namespace
+
+bool current_context(CudaContextInfo* out, std::string* why) {
+    if (!usable(why)) return false;
+    Driver const& d = driver();
+    void* context = nullptr;
+    if (d.ctx_get_current(&context) != 0 || context == nullptr) {
+        *why = "no CUDA context is current on the calling thread";
+        return false;
+    }
+    int device = -1;
+    if (CuResult r = d.ctx_get_device(&device)) {
+        *why = "cuCtxGetDevice: " + result_text(r);
+        return false;
+    }
+    int major = 0, minor = 0;
+    if (d.device_get_attribute(&major, 75, device) != 0 || d.device_get_attribute(&minor, 76, device) != 0) {
+        *why = "cannot read the device's compute capability";
+        return false;
+    }
+    out->context = context;
+    out->device = device;
+    out->compute_capability = major * 10 + minor;
+    return true;
+}
+
+void hold_primary_context(int device) {
+    static std::mutex mutex;
+    static std::set<int> held;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (held.count(device) != 0) return;
+    std::string why;
+    if (!usable(&why)) return;
+    void* context = nullptr;
+    if (driver().primary_ctx_retain(&context, device) == 0) held.insert(device);
+}
+
+bool device_alloc(size_t bytes, uint64_t* out, std::string* why) {
+    if (!usable(why)) return false;
+    if (CuResult r = driver().mem_alloc(out, bytes == 0 ? 1 : bytes)) {
+        *why = "cuMemAlloc(" + std::to_string(bytes) + "): " + result_text(r);
+        return false;
+    }
+    return true;
+}
+
+void device_free(uint64_t pointer) {
+    std::string why;
+    if (pointer != 0 && usable(&why)) driver().mem_free(pointer);
+}
+
+bool copy_to_device(uint64_t destination, void const* source, size_t bytes, std::string* why) {
+    if (!usable(why)) return false;
+    if (CuResult r = driver().memcpy_htod(destination, source, bytes)) {
+        *why = "cuMemcpyHtoD: " + result_text(r);
+        return false;
+    }
+    return true;
+}
+
+bool enqueue_work(void* stream, std::string const& label, std::vector<WorkRange> const& ranges,
+                  std::function<std::string()> run, std::function<void()> done, std::string* why) {
+    if (!usable(why)) {
+        if (done) done();
+        return false;
+    }
+    std::vector<celer_standin_range> raw;
+    raw.reserve(ranges.size());
+    for (WorkRange const& r : ranges) {
+        raw.push_back(celer_standin_range{r.address, r.bytes, r.writes ? 1 : 0, r.what.c_str()});
+    }
+    auto* work = new PendingWork{std::move(run), std::move(done)};
+    // done_trampoline frees `work` in every case, a refused enqueue included.
+    CuResult r = driver().enqueue_work(stream, label.c_str(), raw.data(), raw.size(), run_trampoline,
+                                       done_trampoline, work);
+    if (r != 0) {
+        *why = "queuing the engine's work on the stream: " + result_text(r);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace standin

@@ -1,0 +1,265 @@
+// A test harness of planted misuses: each scenario runs the TensorRT life of an engine as
+// the headers document it (build a network from an ONNX model, deserialize the plan, run
+// a context on a stream, destroy everything child first) with one rule broken, so that
+// tests/tensorrt_standin_rules.rs can see the stand-in TensorRT catch each one; the
+// scenario `ok` breaks none and must pass. Compiled by that test against the same
+// TensorRT headers as the stand-in; it reaches TensorRT through the factories (dlopen),
+// as celer's shim does, and the CUDA driver through dlopen too.
+//
+// Usage: planted SCENARIO LIBCUDA LIBNVINFER LIBNVONNXPARSER MODEL.onnx [PLAN]
+// Prints every TensorRT log message as "LOG <severity> <message>" and each failed call as
+// "FAILED <call>"; exits 0 when every call succeeded, 3 when one failed (the stand-in
+// aborts the process itself on a broken lifetime rule).
+#include <NvInfer.h>
+#include <NvOnnxParser.h>
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+using CUresult = int;
+using CUdeviceptr = unsigned long long;
+
+struct Cuda {
+    CUresult (*init)(unsigned);
+    CUresult (*retain)(void**, int);
+    CUresult (*set_current)(void*);
+    CUresult (*stream_create)(void**, unsigned);
+    CUresult (*stream_sync)(void*);
+    CUresult (*mem_alloc)(CUdeviceptr*, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*htod)(CUdeviceptr, void const*, size_t);
+    CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+};
+
+void* symbol(void* lib, char const* name) {
+    void* s = dlsym(lib, name);
+    if (s == nullptr) {
+        std::printf("harness: no %s\n", name);
+        std::exit(2);
+    }
+    return s;
+}
+
+template <typename Fn>
+void bind(Fn*& slot, void* lib, char const* name) {
+    slot = reinterpret_cast<Fn*>(symbol(lib, name));
+}
+
+class Logger : public nvinfer1::ILogger {
+public:
+    void log(Severity severity, char const* message) noexcept override {
+        static char const* names[] = {"INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "VERBOSE"};
+        if (severity <= Severity::kWARNING) std::printf("LOG %s %s\n", names[int(severity)], message);
+        std::fflush(stdout);
+    }
+};
+
+int g_failed = 0;
+
+bool check(bool ok, char const* call) {
+    if (!ok) {
+        std::printf("FAILED %s\n", call);
+        std::fflush(stdout);
+        g_failed = 1;
+    }
+    return ok;
+}
+
+nvinfer1::Dims dims4(int64_t n) {
+    nvinfer1::Dims d{};
+    d.nbDims = 4;
+    d.d[0] = n;
+    d.d[1] = 3;
+    d.d[2] = 64;
+    d.d[3] = 64;
+    return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 6) {
+        std::printf("usage: planted SCENARIO LIBCUDA LIBNVINFER LIBNVONNXPARSER MODEL.onnx [PLAN]\n");
+        return 2;
+    }
+    std::string scenario = argv[1];
+    char const* plan_file = argc > 6 ? argv[6] : nullptr;
+    void* libcuda = dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL);
+    void* nvinfer = dlopen(argv[3], RTLD_NOW | RTLD_LOCAL);
+    void* nvonnxparser = dlopen(argv[4], RTLD_NOW | RTLD_LOCAL);
+    if (libcuda == nullptr || nvinfer == nullptr || nvonnxparser == nullptr) {
+        std::printf("harness: dlopen: %s\n", dlerror());
+        return 2;
+    }
+    Cuda cu{};
+    bind(cu.init, libcuda, "cuInit");
+    bind(cu.retain, libcuda, "cuDevicePrimaryCtxRetain");
+    bind(cu.set_current, libcuda, "cuCtxSetCurrent");
+    bind(cu.stream_create, libcuda, "cuStreamCreate");
+    bind(cu.stream_sync, libcuda, "cuStreamSynchronize");
+    bind(cu.mem_alloc, libcuda, "cuMemAlloc_v2");
+    bind(cu.mem_free, libcuda, "cuMemFree_v2");
+    bind(cu.htod, libcuda, "cuMemcpyHtoD_v2");
+    bind(cu.dtoh, libcuda, "cuMemcpyDtoH_v2");
+    using Create = void* (*) (void*, int32_t);
+    using CreateParser = void* (*) (void*, void*, int32_t);
+    auto create_runtime = reinterpret_cast<Create>(symbol(nvinfer, "createInferRuntime_INTERNAL"));
+    auto create_builder = reinterpret_cast<Create>(symbol(nvinfer, "createInferBuilder_INTERNAL"));
+    auto create_parser = reinterpret_cast<CreateParser>(symbol(nvonnxparser, "createNvOnnxParser_INTERNAL"));
+
+    Logger logger;
+    cu.init(0);
+    void* ctx0 = nullptr;
+    void* ctx1 = nullptr;
+    cu.retain(&ctx0, 0);
+    cu.set_current(ctx0);
+    void* stream = nullptr;
+    void* other_stream = nullptr;
+    cu.stream_create(&stream, 1);
+    cu.stream_create(&other_stream, 1);
+
+    // ---- build (or read) the plan ----
+    std::vector<char> plan;
+    if (scenario == "deserialize-plan") {
+        std::ifstream in(plan_file, std::ios::binary);
+        plan.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } else {
+        auto* builder = static_cast<nvinfer1::IBuilder*>(create_builder(&logger, NV_TENSORRT_VERSION));
+        if (!check(builder != nullptr, "createInferBuilder")) return 3;
+        nvinfer1::INetworkDefinition* network = builder->createNetworkV2(0);
+        auto* parser = static_cast<nvonnxparser::IParser*>(create_parser(network, &logger, NV_ONNX_PARSER_VERSION));
+        check(parser != nullptr && parser->parseFromFile(argv[5], 2), "parseFromFile");
+        nvinfer1::IBuilderConfig* config = builder->createBuilderConfig();
+        nvinfer1::IOptimizationProfile* profile = builder->createOptimizationProfile();
+        char const* input = network->getInput(0)->getName();
+        profile->setDimensions(input, nvinfer1::OptProfileSelector::kMIN, dims4(1));
+        profile->setDimensions(input, nvinfer1::OptProfileSelector::kOPT, dims4(1));
+        profile->setDimensions(input, nvinfer1::OptProfileSelector::kMAX, dims4(2));
+        if (scenario != "no-profile") config->addOptimizationProfile(profile);
+        nvinfer1::ITimingCache* cache = config->createTimingCache(nullptr, 0);
+        check(config->setTimingCache(*cache, false), "setTimingCache");
+        nvinfer1::IHostMemory* serialized = builder->buildSerializedNetwork(*network, *config);
+        if (check(serialized != nullptr, "buildSerializedNetwork")) {
+            auto const* bytes = static_cast<char const*>(serialized->data());
+            plan.assign(bytes, bytes + serialized->size());
+            delete serialized;
+        }
+        delete config;
+        if (scenario == "network-before-parser") {
+            delete network;  // planted: the parser is still alive
+            delete parser;
+        } else {
+            delete parser;
+        }
+        if (scenario == "builder-before-network") {
+            delete builder;  // planted: the network is still alive
+            delete network;
+        } else if (scenario != "network-before-parser") {
+            delete network;
+        }
+        if (scenario == "cache-before-builder") {
+            delete cache;  // planted: the builder that uses it is still alive
+            delete builder;
+        } else if (scenario != "builder-before-network") {
+            delete builder;
+            delete cache;
+        }
+        if (plan.empty()) return 3;
+        if (scenario == "build-plan") {
+            std::ofstream out(plan_file, std::ios::binary);
+            out.write(plan.data(), std::streamsize(plan.size()));
+            return g_failed ? 3 : 0;
+        }
+    }
+
+    // ---- run it ----
+    if (scenario == "plan-other-gpu") {
+        cu.retain(&ctx1, 1);
+        cu.set_current(ctx1);  // planted: device 1 has another compute capability
+    }
+    auto* runtime = static_cast<nvinfer1::IRuntime*>(create_runtime(&logger, NV_TENSORRT_VERSION));
+    if (scenario == "unimplemented") runtime->setDLACore(0);  // not modelled by the stand-in
+    if (scenario == "no-cuda-context") cu.set_current(nullptr);  // planted
+    nvinfer1::ICudaEngine* engine = runtime->deserializeCudaEngine(plan.data(), plan.size());
+    if (!check(engine != nullptr, "deserializeCudaEngine")) return 3;
+    auto strategy = nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED;
+    nvinfer1::IExecutionContext* context = engine->createExecutionContext(strategy);
+    nvinfer1::IExecutionContext* second = nullptr;
+    if (!check(context != nullptr, "createExecutionContext")) return 3;
+    int64_t memory_bytes = engine->getDeviceMemorySizeV2();
+    CUdeviceptr memory = 0, input = 0, output = 0;
+    cu.mem_alloc(&memory, size_t(memory_bytes));
+    cu.mem_alloc(&input, 2 * 3 * 64 * 64 * sizeof(float));
+    cu.mem_alloc(&output, 2 * 3 * 64 * 64 * sizeof(float));
+    context->setDeviceMemoryV2(reinterpret_cast<void*>(memory),
+                               scenario == "memory-too-small" ? memory_bytes - 256 : memory_bytes);
+    char const* in_name = engine->getIOTensorName(0);
+    char const* out_name = engine->getIOTensorName(1);
+    if (scenario == "shape-outside-profile") {
+        check(context->setInputShape(in_name, dims4(3)), "setInputShape");  // planted: max is 2
+    } else if (scenario != "shape-unset") {
+        check(context->setInputShape(in_name, dims4(1)), "setInputShape");
+    }
+    nvinfer1::Dims out_shape = context->getTensorShape(out_name);
+    check(out_shape.nbDims == 4, "getTensorShape");
+    std::vector<float> pixels(3 * 64 * 64, 0.5f);
+    cu.htod(input, pixels.data(), pixels.size() * sizeof(float));
+    CUdeviceptr input_address = scenario == "misaligned" ? input + 4 : input;  // planted
+    check(context->setTensorAddress(in_name, reinterpret_cast<void*>(input_address)), "setTensorAddress(input)");
+    if (scenario != "no-address") {
+        check(context->setTensorAddress(out_name, reinterpret_cast<void*>(output)), "setTensorAddress(output)");
+    }
+    check(context->enqueueV3(static_cast<cudaStream_t>(stream)), "enqueueV3");
+    if (scenario == "memory-shared") {
+        // Planted: a second context on the same memory, enqueued on another stream before
+        // the first one's work has run.
+        second = engine->createExecutionContext(strategy);
+        second->setDeviceMemoryV2(reinterpret_cast<void*>(memory), memory_bytes);
+        second->setInputShape(in_name, dims4(1));
+        second->setTensorAddress(in_name, reinterpret_cast<void*>(input));
+        second->setTensorAddress(out_name, reinterpret_cast<void*>(output));
+        check(second->enqueueV3(static_cast<cudaStream_t>(other_stream)), "enqueueV3 (second context)");
+    }
+    if (scenario == "context-with-work-in-flight") delete context;  // planted: not synchronised
+    check(cu.stream_sync(stream) == 0, "cuStreamSynchronize");
+    cu.stream_sync(other_stream);
+    std::vector<float> scores(3 * 64 * 64, -1.0f);
+    cu.dtoh(scores.data(), output, scores.size() * sizeof(float));
+    if (!g_failed) {
+        // The fixture's scores are w_c * m + b_c with w = [-3, 0, 3], b = [1, 0, -2], m the
+        // pixel's mean: at m = 0.5, [-0.5, 0, -0.5] (scripts/make_fixtures.py).
+        auto near = [](float v, float want) { return v > want - 1e-4f && v < want + 1e-4f; };
+        check(near(scores[0], -0.5f) && near(scores[64 * 64], 0.0f) && near(scores[2 * 64 * 64], -0.5f),
+              "the engine's output");
+    }
+    delete second;
+    if (scenario == "engine-before-context") {
+        delete engine;  // planted: the context is still alive
+        delete context;
+    } else if (scenario != "context-with-work-in-flight") {
+        delete context;
+    }
+    if (scenario == "runtime-before-engine") {
+        delete runtime;  // planted: the engine is still alive
+        delete engine;
+    } else if (scenario != "engine-before-context") {
+        delete engine;
+        delete runtime;
+    } else {
+        delete runtime;
+    }
+    cu.mem_free(memory);
+    cu.mem_free(input);
+    cu.mem_free(output);
+    std::printf("DONE %s\n", g_failed ? "with failures" : "ok");
+    return g_failed ? 3 : 0;
+}

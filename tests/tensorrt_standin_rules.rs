@@ -1,0 +1,275 @@
+//! The stand-in TensorRT has teeth. Each test runs a harness (tests/tensorrt_standin/
+//! rules/planted.cpp, compiled here against the same TensorRT headers) that lives an
+//! engine's life by TensorRT's documented rules with one rule broken, and checks that the
+//! stand-in refuses the call or aborts on the broken lifetime, naming the rule; the same
+//! harness with nothing broken must pass, so a stand-in that refused everything would
+//! fail here too. The harness reaches the libraries as celer's shim does: dlopen and the
+//! exported factories. Stand-in only: on real TensorRT these misuses are undefined.
+
+mod common;
+mod gpu_support;
+mod trt_support;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The harness, compiled once per test process.
+fn harness() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        // The headers celer's shim was compiled against (build.rs), else the ones named now.
+        let include = option_env!("CELER_TENSORRT_INCLUDE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("TENSORRT_INCLUDE_DIR").map(PathBuf::from))
+            .expect("no TensorRT headers: run the tests with TENSORRT_INCLUDE_DIR set (`make test` does)");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "tensorrt-planted-{}",
+            std::process::id()
+        ));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let status = Command::new(&cxx)
+            .args(["-std=c++17", "-O1", "-Wall", "-Wno-deprecated-declarations", "-isystem"])
+            .arg(&include)
+            .arg("-isystem")
+            .arg(trt_support::repo("src/tensorrt/shim/cuda-stub"))
+            .arg(trt_support::repo("tests/tensorrt_standin/rules/planted.cpp"))
+            .arg("-o")
+            .arg(&out)
+            .arg("-ldl")
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
+        assert!(status.success(), "compiling the planted-misuse harness failed");
+        out
+    })
+}
+
+/// Runs `scenario` on the stand-ins (two GPUs, sm_90 and sm_80), with `env`.
+fn run(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, String) {
+    let dir = trt_support::standin_dir();
+    let mut command = Command::new(harness());
+    command
+        .arg(scenario)
+        .arg(celer_cuda_standin::LIBRARY)
+        .arg(dir.join("libnvinfer.so.10"))
+        .arg(dir.join("libnvonnxparser.so.10"))
+        .arg(trt_support::repo("onnx/fixtures/seg3.onnx"))
+        .args(extra)
+        .env("CELER_CUDA_STANDIN_DEVICES", "2")
+        .env("CELER_CUDA_STANDIN_SM", "90,80")
+        .env("CELER_CUDA_STANDIN_QUIET", "1");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command.output().expect("the harness runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output, text)
+}
+
+/// The scenario's call was refused (exit 3) with a message holding each of `words`.
+fn refused(scenario: &str, words: &[&str]) {
+    let (output, text) = run(scenario, &[], &[]);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{scenario} was not refused:\n{text}"
+    );
+    for word in words {
+        assert!(text.contains(word), "{scenario}: no `{word}` in:\n{text}");
+    }
+}
+
+/// The scenario broke a lifetime rule: the stand-in aborted naming it.
+fn aborted(scenario: &str, words: &[&str]) {
+    let (output, text) = run(scenario, &[], &[]);
+    assert_eq!(
+        output.status.signal(),
+        Some(libc_sigabrt()),
+        "{scenario} did not abort:\n{text}"
+    );
+    assert!(text.contains("rule violated"), "{scenario}:\n{text}");
+    for word in words {
+        assert!(text.contains(word), "{scenario}: no `{word}` in:\n{text}");
+    }
+}
+
+fn libc_sigabrt() -> i32 {
+    6
+}
+
+#[test]
+fn the_documented_life_of_an_engine_passes() {
+    let (output, text) = run("ok", &[], &[]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("DONE ok"), "{text}");
+    assert!(
+        !text.contains("LOG ERROR") && !text.contains("INTERNAL_ERROR"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_tensor_address_is_set_before_enqueue() {
+    refused(
+        "no-address",
+        &[
+            "enqueueV3",
+            "`scores` has no address",
+            "setTensorAddress before enqueueV3",
+        ],
+    );
+}
+
+#[test]
+fn tensor_addresses_are_256_byte_aligned() {
+    refused("misaligned", &["setTensorAddress(`image`", "256-byte"]);
+}
+
+#[test]
+fn input_shapes_are_set_before_output_shapes_are_read_or_enqueue() {
+    refused(
+        "shape-unset",
+        &[
+            "getTensorShape(`scores`)",
+            "enqueueV3",
+            "and none was set",
+            "setInputShape before output shapes",
+        ],
+    );
+}
+
+#[test]
+fn input_shapes_lie_inside_the_active_profile() {
+    refused(
+        "shape-outside-profile",
+        &[
+            "setInputShape(`image`, [3x3x64x64])",
+            "[1x3x64x64] to [2x3x64x64]",
+        ],
+    );
+}
+
+#[test]
+fn dynamic_inputs_need_an_optimisation_profile() {
+    refused(
+        "no-profile",
+        &["buildSerializedNetwork", "no optimisation profile"],
+    );
+}
+
+#[test]
+fn user_device_memory_is_at_least_the_engines_size() {
+    refused(
+        "memory-too-small",
+        &["setDeviceMemoryV2", "at least getDeviceMemorySizeV2()"],
+    );
+}
+
+#[test]
+fn contexts_running_at_once_do_not_share_device_memory() {
+    refused(
+        "memory-shared",
+        &["enqueueV3 (second context)", "must not share device memory"],
+    );
+}
+
+#[test]
+fn a_cuda_context_is_current_on_the_calling_thread() {
+    refused(
+        "no-cuda-context",
+        &["deserializeCudaEngine", "no CUDA context is current"],
+    );
+}
+
+#[test]
+fn a_plan_runs_only_on_the_gpu_model_that_built_it() {
+    refused(
+        "plan-other-gpu",
+        &["built for compute capability 9.0", "device (1) has 8.0"],
+    );
+}
+
+#[test]
+fn a_plan_runs_only_on_the_tensorrt_version_that_built_it() {
+    let plan =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("planted-{}.plan", std::process::id()));
+    let plan_arg = plan.to_str().expect("a UTF-8 path");
+    let (output, text) = run("build-plan", &[plan_arg], &[]);
+    assert!(output.status.success(), "{text}");
+    let (output, text) = run("deserialize-plan", &[plan_arg], &[]);
+    assert!(output.status.success(), "the same version runs it:\n{text}");
+    let (output, text) = run(
+        "deserialize-plan",
+        &[plan_arg],
+        &[("CELER_TRT_STANDIN_VERSION", "10.17.0")],
+    );
+    assert_eq!(output.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("built by TensorRT 10.16.0 and this is TensorRT 10.17.0"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&plan);
+}
+
+#[test]
+fn the_runtime_outlives_its_engines() {
+    aborted(
+        "runtime-before-engine",
+        &["IRuntime destroyed while 1 engine(s)"],
+    );
+}
+
+#[test]
+fn an_engine_outlives_its_contexts() {
+    aborted(
+        "engine-before-context",
+        &["ICudaEngine `seg3` destroyed while 1 execution context(s)"],
+    );
+}
+
+#[test]
+fn the_parser_is_destroyed_before_its_network() {
+    aborted(
+        "network-before-parser",
+        &["INetworkDefinition `seg3` destroyed while its ONNX parser is alive"],
+    );
+}
+
+#[test]
+fn the_network_is_destroyed_before_its_builder() {
+    aborted(
+        "builder-before-network",
+        &["IBuilder destroyed while 1 network(s)"],
+    );
+}
+
+#[test]
+fn the_timing_cache_outlives_the_builders_that_use_it() {
+    aborted(
+        "cache-before-builder",
+        &["ITimingCache destroyed while 1 builder(s)"],
+    );
+}
+
+#[test]
+fn a_context_is_not_destroyed_with_work_in_flight() {
+    aborted(
+        "context-with-work-in-flight",
+        &["has not completed: synchronise its stream"],
+    );
+}
+
+#[test]
+fn what_the_stand_in_does_not_model_fails_loudly() {
+    let (output, text) = run("unimplemented", &[], &[]);
+    assert_eq!(output.status.signal(), Some(libc_sigabrt()), "{text}");
+    assert!(
+        text.contains("IRuntime::setDLACore is not implemented by the stand-in"),
+        "{text}"
+    );
+}
