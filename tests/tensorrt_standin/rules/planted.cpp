@@ -218,7 +218,15 @@ int main(int argc, char** argv) {
     if (scenario != "no-address") {
         check(context->setTensorAddress(out_name, reinterpret_cast<void*>(output)), "setTensorAddress(output)");
     }
+    // The output holds a sentinel until the stream runs the engine: enqueueV3 only queues.
+    std::vector<float> sentinel(3 * 64 * 64, -7.0f);
+    cu.htod(output, sentinel.data(), sentinel.size() * sizeof(float));
     check(context->enqueueV3(static_cast<cudaStream_t>(stream)), "enqueueV3");
+    if (scenario == "ok") {
+        std::vector<float> early(3 * 64 * 64, 0.0f);
+        cu.dtoh(early.data(), output, early.size() * sizeof(float));
+        check(early[0] == -7.0f, "the engine waits for its stream (it ran at enqueueV3)");
+    }
     if (scenario == "memory-shared") {
         // Planted: a second context on the same memory, enqueued on another stream before
         // the first one's work has run.
