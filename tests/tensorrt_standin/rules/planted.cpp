@@ -19,8 +19,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -72,6 +74,15 @@ bool check(bool ok, char const* call) {
         g_failed = 1;
     }
     return ok;
+}
+
+// Destroys `objects` in the order given (child first, as TensorRT documents), except that
+// the one named `late` goes after the one that follows it: the planted misuse.
+void destroy_in_order(std::vector<std::pair<std::string, std::function<void()>>> objects, std::string const& late) {
+    for (size_t i = 0; i + 1 < objects.size(); ++i) {
+        if (objects[i].first == late) std::swap(objects[i], objects[i + 1]);
+    }
+    for (auto& object : objects) object.second();
 }
 
 nvinfer1::Dims dims4(int64_t n) {
@@ -154,25 +165,17 @@ int main(int argc, char** argv) {
             delete serialized;
         }
         delete config;
-        if (scenario == "network-before-parser") {
-            delete network;  // planted: the parser is still alive
-            delete parser;
-        } else {
-            delete parser;
-        }
-        if (scenario == "builder-before-network") {
-            delete builder;  // planted: the network is still alive
-            delete network;
-        } else if (scenario != "network-before-parser") {
-            delete network;
-        }
-        if (scenario == "cache-before-builder") {
-            delete cache;  // planted: the builder that uses it is still alive
-            delete builder;
-        } else if (scenario != "builder-before-network") {
-            delete builder;
-            delete cache;
-        }
+        // Planted: the network before its parser, the builder before its network, the
+        // timing cache before the builder that uses it.
+        std::string late = scenario == "network-before-parser"    ? "parser"
+                           : scenario == "builder-before-network" ? "network"
+                           : scenario == "cache-before-builder"   ? "builder"
+                                                                  : "";
+        destroy_in_order({{"parser", [&] { delete parser; }},
+                          {"network", [&] { delete network; }},
+                          {"builder", [&] { delete builder; }},
+                          {"cache", [&] { delete cache; }}},
+                         late);
         if (plan.empty()) return 3;
         if (scenario == "build-plan") {
             std::ofstream out(plan_file, std::ios::binary);
@@ -237,7 +240,10 @@ int main(int argc, char** argv) {
         second->setTensorAddress(out_name, reinterpret_cast<void*>(output));
         check(second->enqueueV3(static_cast<cudaStream_t>(other_stream)), "enqueueV3 (second context)");
     }
-    if (scenario == "context-with-work-in-flight") delete context;  // planted: not synchronised
+    if (scenario == "context-with-work-in-flight") {
+        delete context;  // planted: its work has not run yet
+        context = nullptr;
+    }
     check(cu.stream_sync(stream) == 0, "cuStreamSynchronize");
     cu.stream_sync(other_stream);
     std::vector<float> scores(3 * 64 * 64, -1.0f);
@@ -250,21 +256,14 @@ int main(int argc, char** argv) {
               "the engine's output");
     }
     delete second;
-    if (scenario == "engine-before-context") {
-        delete engine;  // planted: the context is still alive
-        delete context;
-    } else if (scenario != "context-with-work-in-flight") {
-        delete context;
-    }
-    if (scenario == "runtime-before-engine") {
-        delete runtime;  // planted: the engine is still alive
-        delete engine;
-    } else if (scenario != "engine-before-context") {
-        delete engine;
-        delete runtime;
-    } else {
-        delete runtime;
-    }
+    // Planted: the engine before its context, the runtime before its engine.
+    std::string late = scenario == "engine-before-context" ? "context"
+                       : scenario == "runtime-before-engine" ? "engine"
+                                                             : "";
+    destroy_in_order({{"context", [&] { delete context; }},
+                      {"engine", [&] { delete engine; }},
+                      {"runtime", [&] { delete runtime; }}},
+                     late);
     cu.mem_free(memory);
     cu.mem_free(input);
     cu.mem_free(output);
