@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrtError {
     #[error(
-        "celer was built without TensorRT (cargo feature `tensorrt`); rebuild with \
-         `TENSORRT_INCLUDE_DIR=<TensorRT include dir> cargo build --release --features tensorrt`"
+        "celer was built without TensorRT (cargo feature `tensorrt`); rebuild with `make build` \
+         (it fetches TensorRT's headers), or `TENSORRT_INCLUDE_DIR=<TensorRT include dir> cargo \
+         build --release --features tensorrt`"
     )]
     NotBuilt,
     /// libnvinfer / libnvonnxparser is not installed where the loader looks.
