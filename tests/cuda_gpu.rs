@@ -672,6 +672,7 @@ fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
 /// alpha within 1 LSB, and the device's cut-out composited from its own alpha.
 #[test]
 fn a_gpu_device_serves_through_the_router_like_the_cpu() {
+    use celer::engines::dirs::EngineDirs;
     use celer::engines::plan::plan_gpus;
     use celer::replica::gpu::gpu_device_setup;
     use celer::replica::PipelineJob;
@@ -680,8 +681,15 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     let dev = gpu_support::gpu();
     let dir = repo("onnx/fixtures/classes-matting");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
-    let plans = plan_gpus(&spec, &dir, std::slice::from_ref(&dev.info), false, None)
-        .expect("a plan for the GPU (engines are built by the TensorRT tests, not here)");
+    let plans = plan_gpus(
+        &spec,
+        &dir,
+        &EngineDirs::resolve(&dir, None, false).unwrap(),
+        std::slice::from_ref(&dev.info),
+        false,
+        None,
+    )
+    .expect("a plan for the GPU (engines are built by the TensorRT tests, not here)");
     let _ = writeln!(std::io::stderr(), "GPU models: {:?}", plans[0].models);
     let setup = gpu_device_setup(
         &spec,

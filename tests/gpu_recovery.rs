@@ -18,6 +18,7 @@ use celer::config::PipelineSpec;
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::probe;
+use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
 use celer::pipeline::StageTimings;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
@@ -94,7 +95,15 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
     let info = probe().gpus().first().cloned().expect("a GPU");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx/fixtures/prob-guided");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
-    let plans = plan_gpus(&spec, &dir, std::slice::from_ref(&info), false, None).expect("plan");
+    let plans = plan_gpus(
+        &spec,
+        &dir,
+        &EngineDirs::resolve(&dir, None, false).unwrap(),
+        std::slice::from_ref(&info),
+        false,
+        None,
+    )
+    .expect("plan");
     let setup = gpu_device_setup(
         &spec,
         plans.into_iter().next().unwrap(),

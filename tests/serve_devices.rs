@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use celer::cuda::GpuInfo;
+use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
 use celer::engines::select::GpuModels;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
@@ -33,6 +34,11 @@ fn h200() -> GpuInfo {
         memory_bus_width_bits: 6144,
         multiprocessors: 132,
     }
+}
+
+/// The model folder's own engines/, as `serve` uses it without --engines-dir.
+fn shipped(model_dir: &Path) -> EngineDirs {
+    EngineDirs::resolve(model_dir, None, false).expect("no folder is written without builds")
 }
 
 fn celer(args: &[&str]) -> (bool, String) {
@@ -92,8 +98,15 @@ fn run_on_a_gpu_that_is_not_there_says_so() {
 fn without_tensorrt_a_gpu_is_planned_onto_onnx_runtime_with_the_reason() {
     let dir = repo("onnx/u2netp");
     let spec = celer::cli::load_pipeline(&dir).unwrap();
-    let plans = plan_gpus(&spec, &dir, &[h200()], false, Some("13.0".into()))
-        .expect("no engine is needed where TensorRT is absent");
+    let plans = plan_gpus(
+        &spec,
+        &dir,
+        &shipped(&dir),
+        &[h200()],
+        false,
+        Some("13.0".into()),
+    )
+    .expect("no engine is needed where TensorRT is absent");
     assert_eq!(plans.len(), 1);
     match &plans[0].models {
         GpuModels::OnnxRuntime { reason } => {
@@ -112,7 +125,7 @@ fn a_gpu_device_that_cannot_open_fails_its_load_and_the_router_says_why() {
     std::env::set_var(HIDE_DRIVER.0, HIDE_DRIVER.1);
     let dir = repo("onnx/u2netp");
     let spec = celer::cli::load_pipeline(&dir).unwrap();
-    let plan = plan_gpus(&spec, &dir, &[h200()], false, None)
+    let plan = plan_gpus(&spec, &dir, &shipped(&dir), &[h200()], false, None)
         .unwrap()
         .pop()
         .unwrap();

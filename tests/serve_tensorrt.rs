@@ -328,6 +328,98 @@ fn build_engines_builds_a_missing_plan_at_start_up_and_serves_it() {
     assert!(server.stop().success());
 }
 
+/// A model folder that `celer serve` cannot write, as on SageMaker, where the archive is
+/// unpacked as root and celer runs as another user: run as root here, the server drops to
+/// uid 10001 (and the folder stays root's); run as another user, the folder loses its
+/// write permission.
+fn read_only_model_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = model_dir_copy();
+    let mode = if running_as_root() { 0o755 } else { 0o555 };
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    dir
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `serve` as the user SageMaker's container runs celer as, with its own temporary folder.
+fn serve_as_container_user(dir: &Path, args: &[&str], tmp: &Path) -> Server {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let mut command = Server::command(dir, args, &SERVE_MACHINE);
+    command
+        .env("CELER_CUDA_STANDIN_QUIET", "1")
+        .env("TMPDIR", tmp);
+    trt_support::use_tensorrt(&mut command);
+    if running_as_root() {
+        command.uid(10001).gid(10001);
+    }
+    Server::spawn(command, Duration::from_secs(300))
+}
+
+#[test]
+fn engines_built_at_start_up_go_to_a_temporary_folder_when_the_model_folder_is_read_only() {
+    require_standins();
+    let dir = read_only_model_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve_as_container_user(
+        dir.path(),
+        &["--devices", "0", "--build-engines"],
+        tmp.path(),
+    );
+    let log = server.log();
+    assert!(log.contains("cannot be written"), "{log}");
+    assert!(log.contains("engine built"), "{log}");
+    let (status, image) = cutout(&server, &common::fetched("astronaut.png"));
+    assert_eq!(status, 200, "{}", server.log());
+    assert!(image.is_some());
+    assert!(server.stop().success());
+    assert!(
+        !dir.path().join("engines").exists(),
+        "nothing was written into the model folder"
+    );
+    // <temporary dir>/celer-engines/<the model folder's own>/<model>/<gpu>/manifest.json
+    let built: usize = std::fs::read_dir(tmp.path().join("celer-engines"))
+        .unwrap()
+        .map(|d| list_manifests(&d.unwrap().path()).len())
+        .sum();
+    assert_eq!(built, 1, "the engine is in the temporary folder");
+
+    // --engines-dir names a folder of the operator's for both reading and building; a
+    // second start finds the engine there and builds nothing.
+    let engines = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        engines.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let args = [
+        "--devices",
+        "0",
+        "--build-engines",
+        "--engines-dir",
+        engines.path().to_str().unwrap(),
+    ];
+    let first = serve_as_container_user(dir.path(), &args, tmp.path());
+    assert!(first.log().contains("engine built"), "{}", first.log());
+    assert!(first.stop().success());
+    let second = serve_as_container_user(dir.path(), &args, tmp.path());
+    assert!(!second.log().contains("engine built"), "{}", second.log());
+    assert_eq!(cutout(&second, &common::fetched("astronaut.png")).0, 200);
+    assert!(second.stop().success());
+    assert_eq!(list_manifests(engines.path()).len(), 1);
+}
+
 #[test]
 fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses() {
     require_standins();

@@ -6,6 +6,7 @@ use anyhow::Context;
 
 use crate::config::{DeviceArgs, PipelineSpec, RuntimeArgs};
 use crate::cuda::Probe;
+use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::plan_gpus;
 use crate::replica::cpu::cpu_device_setup;
 use crate::replica::gpu::{gpu_device_setup, GpuLimits};
@@ -54,9 +55,23 @@ pub fn device_setups(
         )]);
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
+    let engines = EngineDirs::resolve(
+        &runtime.model_dir,
+        device.engines_dir.as_deref(),
+        device.build_engines,
+    )?;
+    if engines.built != engines.shipped {
+        tracing::warn!(
+            shipped = %engines.shipped.display(),
+            built = %engines.built.display(),
+            "the model folder's engines/ cannot be written: engines built at start-up go to a \
+             temporary folder (lost with the container; --engines-dir names a lasting one)"
+        );
+    }
     let plans = plan_gpus(
         spec,
         &runtime.model_dir,
+        &engines,
         &gpus,
         device.build_engines,
         probe.driver_cuda_version(),

@@ -55,6 +55,13 @@ pub struct DeviceArgs {
     /// `celer build` ahead of time is the faster start.
     #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false)]
     pub build_engines: bool,
+
+    /// Where engines are (and where --build-engines writes them). Default: the model
+    /// folder's engines/, and, when --build-engines cannot write there (SageMaker unpacks
+    /// the model archive as root; celer runs as another user), a folder under the
+    /// temporary directory for the engines built at start-up.
+    #[arg(long, env = "CELER_ENGINES_DIR")]
+    pub engines_dir: Option<PathBuf>,
 }
 
 impl RuntimeArgs {

@@ -6,6 +6,7 @@
 //! TensorRT itself is `crate::tensorrt`; this module knows the pipeline description and
 //! the model directory, not pixels. See docs/architecture.md.
 
+pub mod dirs;
 pub mod manifest;
 pub mod plan;
 pub mod profile;

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::dirs::EngineDirs;
 use super::manifest::{CheckedEngine, GpuIdentity};
 use super::select::{choose_engines, EngineChoice, GpuModels, ModelRef};
 use super::store::{
@@ -78,13 +79,15 @@ pub struct GpuEngines {
     pub matting: Option<Arc<Engine>>,
 }
 
-/// Decides, for each of `gpus`, where the models of `spec` run from. TensorRT is loaded
-/// once (with its ONNX parser when `build_engines`); when it cannot be, every GPU runs
-/// the models with ONNX Runtime, and the log says why, once. Every plan that does not fit
-/// is reported together, each with the `celer build` command that fixes it.
+/// Decides, for each of `gpus`, where the models of `spec` run from, with the engines in
+/// `engines` (built ones written to `engines.built`). TensorRT is loaded once (with its
+/// ONNX parser when `build_engines`); when it cannot be, every GPU runs the models with
+/// ONNX Runtime, and the log says why, once. Every plan that does not fit is reported
+/// together, each with the `celer build` command that fixes it.
 pub fn plan_gpus(
     spec: &PipelineSpec,
     model_dir: &Path,
+    engines: &EngineDirs,
     gpus: &[GpuInfo],
     build_engines: bool,
     driver_cuda_version: Option<String>,
@@ -120,7 +123,7 @@ pub fn plan_gpus(
     let shared = Arc::new(SharedEngines {
         tensorrt: tensorrt.as_ref().ok().cloned(),
         model_files,
-        store: EngineStore::new(model_dir, None),
+        store: EngineStore::new(model_dir, Some(engines.built.clone())),
         build,
         one_build: Mutex::new(()),
         driver_cuda_version,
@@ -138,7 +141,14 @@ pub fn plan_gpus(
     let mut refused = Vec::new();
     for info in gpus {
         let version = tensorrt.as_ref().map(TensorRt::version);
-        match choose_engines(version, &info.identity(), model_dir, &refs, build_engines) {
+        match choose_engines(
+            version,
+            &info.identity(),
+            model_dir,
+            &engines.search_order(),
+            &refs,
+            build_engines,
+        ) {
             Ok(models) => plans.push(GpuPlan {
                 info: info.clone(),
                 models,

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::manifest::GpuIdentity;
-use super::manifest::{find_engine, CheckedEngine, EngineCheckError, EngineRequirements};
+use super::manifest::{find_engine_in, CheckedEngine, EngineCheckError, EngineRequirements};
 use crate::tensorrt::{TrtError, TrtVersion};
 
 /// One ONNX model of the pipeline, as the choice needs it.
@@ -52,13 +52,15 @@ impl GpuModels {
 }
 
 /// Chooses, for the GPU `gpu`, where each of `models` (of the pipeline in `model_dir`)
-/// runs from. `tensorrt` is the version of the TensorRT library this process loaded, or
-/// why it could not load one. With `build_missing`, a missing or unfit plan is built at
-/// start-up; without it, every unfit plan is an error, each naming `celer build`.
+/// runs from, looking in the engine folders `engine_dirs` in order. `tensorrt` is the version
+/// of the TensorRT library this process loaded, or why it could not load one. With
+/// `build_missing`, a missing or unfit plan is built at start-up; without it, every unfit
+/// plan is an error (the first folder's reason), each naming `celer build`.
 pub fn choose_engines(
     tensorrt: Result<TrtVersion, &TrtError>,
     gpu: &GpuIdentity,
     model_dir: &Path,
+    engine_dirs: &[&Path],
     models: &[ModelRef<'_>],
     build_missing: bool,
 ) -> Result<GpuModels, Vec<EngineCheckError>> {
@@ -77,8 +79,23 @@ pub fn choose_engines(
     };
     let mut engines = Vec::with_capacity(models.len());
     let mut refused = Vec::new();
+    let find = |model: &ModelRef<'_>| {
+        let mut first_error = None;
+        for dir in engine_dirs {
+            match find_engine_in(model_dir, dir, model.onnx, &have(model.sha256)) {
+                Ok(checked) => return Ok(checked),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_error.unwrap_or_else(|| EngineCheckError::Io {
+            path: model_dir.to_path_buf(),
+            reason: "no engine folder to look in".into(),
+        }))
+    };
     for model in models {
-        match find_engine(model_dir, model.onnx, &have(model.sha256)) {
+        match find(model) {
             Ok(checked) => engines.push((
                 model.key.to_string(),
                 EngineChoice::Stored(Box::new(checked)),
@@ -187,7 +204,15 @@ mod tests {
         }
 
         fn choose(&self, build: bool) -> Result<GpuModels, Vec<EngineCheckError>> {
-            choose_engines(Ok(TRT), &gpu(H200), self.dir.path(), &self.models(), build)
+            let engines = self.dir.path().join(ENGINES_DIR);
+            choose_engines(
+                Ok(TRT),
+                &gpu(H200),
+                self.dir.path(),
+                &[&engines],
+                &self.models(),
+                build,
+            )
         }
     }
 
@@ -199,6 +224,7 @@ mod tests {
             Err(&absent),
             &gpu(H200),
             dir.dir.path(),
+            &[&dir.dir.path().join(ENGINES_DIR)],
             &dir.models(),
             false,
         )
