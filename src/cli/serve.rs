@@ -86,6 +86,18 @@ async fn trim_when_idle(state: Arc<AppState>) {
 }
 
 pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // Caught from the first moment, before any device loads: NVRTC 12 puts handlers of its
+    // own on SIGINT and SIGTERM while it compiles and then restores the ones it found, so
+    // a handler installed during a compile (at start-up, on a replica's thread) was undone
+    // and SIGTERM killed celer instead of draining it.
+    let signals = {
+        let _entered = runtime.enter();
+        StopSignals::register().context("catching SIGTERM and SIGINT")?
+    };
     let plan = args.hosting_plan().map_err(anyhow::Error::msg)?;
     tracing::info!(cores = %CpuBudget::get().describe(), "{}", plan.describe());
     for note in &plan.notes {
@@ -135,14 +147,40 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         max_wait_us: spec.batching.max_wait_us,
     };
     let state = Arc::new(state);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(run_server(args, state))
+    runtime.block_on(run_server(args, state, signals))
 }
 
-async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()> {
+/// SIGTERM (SageMaker's and Kubernetes' stop) and SIGINT (Ctrl-C), registered with the
+/// runtime as soon as it exists.
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers now; needs the runtime entered.
+    fn register() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The first of them to arrive.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+}
+
+async fn run_server(
+    args: ServeArgs,
+    state: Arc<AppState>,
+    signals: StopSignals,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((args.bind.as_str(), args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.bind, args.port))?;
@@ -165,8 +203,12 @@ async fn run_server(args: ServeArgs, state: Arc<AppState>) -> anyhow::Result<()>
         .conn
         .limits()
         .fit_to_bodies(state.limits.max_body_bytes, state.limits.deadline);
-    let server =
-        crate::http::server::serve(listener, routes(state), conn_limits, shutdown_signal(stop));
+    let server = crate::http::server::serve(
+        listener,
+        routes(state),
+        conn_limits,
+        shutdown_signal(signals, stop),
+    );
     tokio::select! {
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),
@@ -205,25 +247,13 @@ async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> 
 }
 
 /// Resolves on SIGTERM, Ctrl-C, or an internal stop; starts the grace timer.
-async fn shutdown_signal(stop: Arc<watch::Sender<bool>>) {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+async fn shutdown_signal(mut signals: StopSignals, stop: Arc<watch::Sender<bool>>) {
     let mut stopping = stop.subscribe();
     let stopped = async move {
         let _ = stopping.wait_for(|s| *s).await;
     };
     tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        () = signals.recv() => {}
         () = stopped => {}
     }
     tracing::info!("shutting down: no new connections, finishing in-flight requests");
