@@ -51,7 +51,7 @@ fn run(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, String)
     let mut command = Command::new(harness());
     command
         .arg(scenario)
-        .arg(celer_cuda_standin::LIBRARY)
+        .arg(celer_cuda_standin::library())
         .arg(dir.join("libnvinfer.so.10"))
         .arg(dir.join("libnvonnxparser.so.10"))
         .arg(trt_support::repo("onnx/fixtures/seg3.onnx"))

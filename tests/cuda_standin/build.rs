@@ -1,5 +1,6 @@
-//! Builds the stand-in CUDA driver, `libcuda.so.1`, into OUT_DIR: the driver (driver/),
-//! and every `.cu` file of celer (src/cuda/kernels) and of the stand-in's own tests
+//! Builds the stand-in CUDA driver, `libcuda.so.1`, into OUT_DIR/drivers/<version>/, once
+//! per CUDA version it can be (the same code; what differs is the version it reports and
+//! the entry points it exports): the driver (driver/), and every `.cu` file of celer (src/cuda/kernels) and of the stand-in's own tests
 //! (kernels/) compiled as host C++ through driver/kernel.h. The kernels to register are
 //! found in each file's preprocessed text (every `__global__` function, macro-made ones
 //! included); their parameter types come from the compiler (registry.h), not from here.
@@ -20,9 +21,9 @@ fn build() -> Result<(), String> {
     let here = PathBuf::from(env("CARGO_MANIFEST_DIR")?);
     let out = PathBuf::from(env("OUT_DIR")?);
     let celer_kernels = here.join("../../src/cuda/kernels");
-    let driver = here.join("driver");
+    let driver_dir = here.join("driver");
     let test_kernels = here.join("kernels");
-    for dir in [&celer_kernels, &driver, &test_kernels] {
+    for dir in [&celer_kernels, &driver_dir, &test_kernels] {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
     println!("cargo:rerun-if-changed=build.rs");
@@ -43,7 +44,7 @@ fn build() -> Result<(), String> {
         "registry.cpp",
     ]
     .iter()
-    .map(|f| (driver.join(f), false))
+    .map(|f| (driver_dir.join(f), false))
     .collect();
     for source in &sources {
         let kernels = kernels_of(&cxx, source, &celer_kernels)?;
@@ -85,7 +86,7 @@ fn build() -> Result<(), String> {
         command
             .args(flags)
             .arg("-I")
-            .arg(&driver)
+            .arg(&driver_dir)
             .arg("-I")
             .arg(&celer_kernels)
             .arg("-c")
@@ -93,7 +94,7 @@ fn build() -> Result<(), String> {
             .arg("-o")
             .arg(&object);
         if *is_kernels {
-            command.arg("-include").arg(driver.join("kernel.h"));
+            command.arg("-include").arg(driver_dir.join("kernel.h"));
         }
         let child = command
             .spawn()
@@ -111,21 +112,124 @@ fn build() -> Result<(), String> {
     if !failed.is_empty() {
         return Err(format!("{cxx} failed on {}", failed.join(", ")));
     }
-    let lib_dir = out.join("lib");
+    // One library per driver version, each with its version object and export map.
+    let mut version_objects = Vec::new();
+    for driver in &DRIVERS {
+        let object = out.join(format!("version_{}.o", driver.code));
+        let status = Command::new(&cxx)
+            .args(flags)
+            .arg(format!("-DCELER_STANDIN_CUDA_VERSION={}", driver.code))
+            .arg("-I")
+            .arg(&driver_dir)
+            .arg("-c")
+            .arg(driver_dir.join("version.cpp"))
+            .arg("-o")
+            .arg(&object)
+            .status()
+            .map_err(|e| format!("running {cxx}: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "{cxx} failed on version.cpp for CUDA {}",
+                driver.name
+            ));
+        }
+        version_objects.push(object);
+    }
+    let drivers = out.join("drivers");
+    for (driver, version_object) in DRIVERS.iter().zip(&version_objects) {
+        link(&cxx, &out, &drivers, driver, &objects, version_object)?;
+    }
+    println!(
+        "cargo:rustc-env=CELER_CUDA_STANDIN_DRIVERS={}",
+        drivers.display()
+    );
+    println!(
+        "cargo:rustc-env=CELER_CUDA_STANDIN_VERSIONS={}",
+        DRIVERS.map(|d| d.name).join(",")
+    );
+    Ok(())
+}
+
+/// A driver version the stand-in can be: its name, cuDriverGetVersion's value for it.
+struct DriverVersion {
+    name: &'static str,
+    code: u32,
+}
+
+/// The versions built (OUT_DIR/drivers/<name>/libcuda.so.1): 11.8, below celer's floor
+/// (its refusal is tested), the floor (12.2, R535), the versions SageMaker's and the
+/// clouds' images move through, and 13.0, the default.
+const DRIVERS: [DriverVersion; 5] = [
+    DriverVersion {
+        name: "11.8",
+        code: 11080,
+    },
+    DriverVersion {
+        name: "12.2",
+        code: 12020,
+    },
+    DriverVersion {
+        name: "12.4",
+        code: 12040,
+    },
+    DriverVersion {
+        name: "12.8",
+        code: 12080,
+    },
+    DriverVersion {
+        name: "13.0",
+        code: 13000,
+    },
+];
+
+/// The entry points the stand-in exports that are newer than CUDA 11.0, with the version
+/// that introduced each (CUDA's driver API reference); every other one is in all drivers
+/// from 11.0 on. A library for an older version does not export them, as that driver does
+/// not: cudarc's lookup fails (it panics), which is what the floor tests rely on.
+const INTRODUCED: [(&str, u32); 5] = [
+    ("cuMemAllocAsync", 11020),
+    ("cuMemFreeAsync", 11020),
+    ("cuDeviceGetUuid_v2", 11040),
+    ("cuCtxSetFlags", 12010),
+    ("cuEventElapsedTime_v2", 12080),
+];
+
+/// Links `drivers/<name>/libcuda.so.1` (and the `libcuda.so` name cudarc tries first)
+/// from the shared objects and the version's own, exporting only that version's entry
+/// points and the stand-in's controls.
+fn link(
+    cxx: &str,
+    out: &Path,
+    drivers: &Path,
+    driver: &DriverVersion,
+    objects: &[PathBuf],
+    version_object: &Path,
+) -> Result<(), String> {
+    let lib_dir = drivers.join(driver.name);
     std::fs::create_dir_all(&lib_dir).map_err(|e| e.to_string())?;
     let library = lib_dir.join("libcuda.so.1");
-    // Only the driver API and the stand-in's controls leave the library.
-    let exports = out.join("exports.map");
-    std::fs::write(&exports, "{ global: cu*; celer_standin_*; local: *; };\n")
-        .map_err(|e| e.to_string())?;
-    let status = Command::new(&cxx)
+    // An exact name outranks a wildcard in a version script: `local: cuX;` hides cuX from
+    // the `cu*` export.
+    let lacking: String = INTRODUCED
+        .iter()
+        .filter(|(_, since)| *since > driver.code)
+        .map(|(name, _)| format!(" {name};"))
+        .collect();
+    let exports = out.join(format!("exports-{}.map", driver.name));
+    std::fs::write(
+        &exports,
+        format!("{{ global: cu*; celer_standin_*; local:{lacking} *; }};\n"),
+    )
+    .map_err(|e| e.to_string())?;
+    let status = Command::new(cxx)
         .arg("-shared")
         .arg(format!("-Wl,--version-script={}", exports.display()))
         .arg("-o")
         .arg(&library)
         .arg("-Wl,-soname,libcuda.so.1")
         .arg("-Wl,--no-undefined")
-        .args(&objects)
+        .args(objects)
+        .arg(version_object)
         .arg("-lpthread")
         .status()
         .map_err(|e| format!("running {cxx}: {e}"))?;
@@ -136,12 +240,7 @@ fn build() -> Result<(), String> {
     // a real driver for processes started with it on LD_LIBRARY_PATH.
     let dev_name = lib_dir.join("libcuda.so");
     let _ = std::fs::remove_file(&dev_name);
-    std::os::unix::fs::symlink("libcuda.so.1", &dev_name).map_err(|e| e.to_string())?;
-    println!(
-        "cargo:rustc-env=CELER_CUDA_STANDIN_LIBRARY={}",
-        library.display()
-    );
-    Ok(())
+    std::os::unix::fs::symlink("libcuda.so.1", &dev_name).map_err(|e| e.to_string())
 }
 
 fn env(name: &str) -> Result<String, String> {

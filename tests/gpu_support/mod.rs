@@ -5,6 +5,9 @@
 //!
 //! `CELER_TEST_CUDA=real` requires the real driver (a GPU machine's check), `standin`
 //! requires the stand-in; unset, the real driver is used when it is there.
+//! `CELER_TEST_CUDA_DRIVER=12.2` (11.8, 12.4, 12.8, 13.0: the default) runs the stand-in
+//! as that CUDA version's driver: it reports that version and lacks the newer entry
+//! points. It does not apply to the real driver.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -49,8 +52,15 @@ pub fn driver() -> &'static Driver {
             ),
         };
         let which = match &driver {
-            Driver::Real => "the real CUDA driver",
-            Driver::StandIn(_) => "celer's stand-in CUDA driver (kernels on the CPU)",
+            // The stand-in's version, when one is named, does not apply: said, not hidden.
+            Driver::Real => match std::env::var(celer_cuda_standin::VERSION_ENV) {
+                Ok(v) if !v.is_empty() => format!(
+                    "the real CUDA driver ({}={v} names a stand-in's version: not used)",
+                    celer_cuda_standin::VERSION_ENV
+                ),
+                _ => "the real CUDA driver".to_string(),
+            },
+            Driver::StandIn(_) => "celer's stand-in CUDA driver (kernels on the CPU)".to_string(),
         };
         // Straight to the terminal, past libtest's capture: the run says what it proved.
         let _ = writeln!(

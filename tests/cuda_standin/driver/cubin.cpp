@@ -13,6 +13,8 @@ namespace standin {
 namespace {
 
 constexpr uint16_t kEmCuda = 190;
+constexpr uint8_t kOsAbiCuda12 = 0x33;
+constexpr uint8_t kOsAbiCuda13 = 0x41;
 constexpr uint32_t kShtSymtab = 2;
 constexpr uint8_t kSttFunc = 2;
 // .nv.info attributes (EIATTR_*) and value formats (EIFMT_*).
@@ -43,7 +45,7 @@ struct Elf64Symbol {
 
 }  // namespace
 
-bool read_cubin(const void* image, std::string* why, std::string* arch, std::vector<CubinKernel>* kernels) {
+bool read_cubin(const void* image, std::string* why, Cubin* cubin) {
     const unsigned char* bytes = static_cast<const unsigned char*>(image);
     if (memcmp(bytes, "\x7f" "ELF", 4) != 0) {
         if (memcmp(bytes, "//", 2) == 0 || memcmp(bytes, ".version", 8) == 0) {
@@ -60,8 +62,21 @@ bool read_cubin(const void* image, std::string* why, std::string* arch, std::vec
                       header.machine, kEmCuda);
         return false;
     }
-    // The SM is in bits 8-15 of e_flags in the CUBINs of CUDA 12 and 13 (0x5a = sm_90).
-    *arch = format("sm_%u", (header.flags >> 8) & 0xff);
+    // Two ELF ABIs (checked on NVRTC 12.2's and 13.5's output): CUDA 12 writes OS/ABI 0x33,
+    // ABI version 7, the SM in bits 0-7 of e_flags (0x5a055a: sm_90); CUDA 13 writes
+    // OS/ABI 0x41, version 8, the SM in bits 8-15 (0x6005a04: sm_90).
+    uint8_t os_abi = header.ident[7];
+    if (os_abi == kOsAbiCuda12) {
+        cubin->cuda_major = 12;
+        cubin->arch = format("sm_%u", header.flags & 0xff);
+    } else if (os_abi == kOsAbiCuda13) {
+        cubin->cuda_major = 13;
+        cubin->arch = format("sm_%u", (header.flags >> 8) & 0xff);
+    } else {
+        *why = format("a CUBIN of an ELF ABI the stand-in does not know (OS/ABI 0x%x, version %u)", os_abi,
+                      header.ident[8]);
+        return false;
+    }
     auto section = [&](size_t i) {
         Elf64Section s;
         memcpy(&s, bytes + header.shoff + i * header.shentsize, sizeof(s));
@@ -103,7 +118,7 @@ bool read_cubin(const void* image, std::string* why, std::string* arch, std::vec
     }
     for (const std::string& f : functions) {
         auto found = param_bytes.find(f);
-        kernels->push_back(CubinKernel{f, found == param_bytes.end() ? 0 : found->second});
+        cubin->kernels.push_back(CubinKernel{f, found == param_bytes.end() ? 0 : found->second});
     }
     return true;
 }

@@ -855,7 +855,7 @@ using namespace standin;
 
 EXPORT CUresult cuDriverGetVersion(int* version) {
     if (version == nullptr) return INVALID_VALUE;
-    *version = 13000;
+    *version = driver_version();
     return SUCCESS;
 }
 
@@ -1099,9 +1099,17 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
     Lock lock(st.mutex);
     if (int r = check_context(current, "cuModuleLoadData")) return r;
     if (module == nullptr || image == nullptr) return INVALID_VALUE;
-    std::string why, arch;
-    std::vector<CubinKernel> kernels;
-    if (!read_cubin(image, &why, &arch, &kernels)) return fail(INVALID_IMAGE, "cuModuleLoadData: " + why);
+    std::string why;
+    Cubin cubin;
+    if (!read_cubin(image, &why, &cubin)) return fail(INVALID_IMAGE, "cuModuleLoadData: " + why);
+    // A driver runs the CUBINs of its own CUDA major and older ones, never a newer one's
+    // (NVRTC 13's output needs a CUDA 13 driver, R580 or later).
+    if (cubin.cuda_major * 1000 > driver_version()) {
+        return fail(INVALID_IMAGE, format("cuModuleLoadData: a CUBIN written by CUDA %d (its ELF ABI) cannot load on "
+                                          "this CUDA %d.%d driver",
+                                          cubin.cuda_major, driver_version() / 1000, driver_version() % 1000 / 10));
+    }
+    const std::string& arch = cubin.arch;
     int cubin_sm = atoi(arch.c_str() + 3);
     int sm = st.sms[size_t(current->device)];
     // A CUBIN runs on its own major architecture, at its minor version or a later one.
@@ -1109,7 +1117,7 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
         return fail(NO_BINARY_FOR_GPU, format("cuModuleLoadData: a CUBIN for %s cannot run on this sm_%d device",
                                               arch.c_str(), sm));
     }
-    for (const CubinKernel& k : kernels) {
+    for (const CubinKernel& k : cubin.kernels) {
         const KernelEntry* host = find_kernel(k.name.c_str());
         if (host != nullptr && k.param_bytes != host_param_bytes(*host)) {
             return fail(INVALID_IMAGE,
@@ -1121,7 +1129,7 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
     Module* m = new Module();
     m->context = current;
     m->arch = arch;
-    m->kernels = std::move(kernels);
+    m->kernels = std::move(cubin.kernels);
     current->modules.insert(m);
     st.modules.insert(m);
     *module = m;

@@ -125,8 +125,21 @@ struct CubinKernel {
     size_t param_bytes;
 };
 
-// Reads the kernel names (and parameter buffer sizes) of a CUBIN (an ELF of machine
-// EM_CUDA). False, with `why`, when `image` is not one.
-bool read_cubin(const void* image, std::string* why, std::string* arch, std::vector<CubinKernel>* kernels);
+// A CUBIN as cuModuleLoadData needs it: its architecture ("sm_90"), the CUDA major whose
+// ELF ABI it is written in (12: OS/ABI 0x33, ABI version 7; 13: OS/ABI 0x41, version 8),
+// and its kernels' names and parameter buffer sizes.
+struct Cubin {
+    std::string arch;
+    int cuda_major = 0;
+    std::vector<CubinKernel> kernels;
+};
+
+// Reads a CUBIN (an ELF of machine EM_CUDA). False, with `why`, when `image` is not one.
+bool read_cubin(const void* image, std::string* why, Cubin* cubin);
+
+// The CUDA version this build of the stand-in reports (cuDriverGetVersion's encoding,
+// 12020 for 12.2): one library per version, linked with version.cpp compiled for it and
+// exporting only the entry points that version has (build.rs).
+int driver_version();
 
 }  // namespace standin

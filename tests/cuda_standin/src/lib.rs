@@ -9,27 +9,82 @@
 //! - this process: [`StandIn::load`] before the first CUDA call; cudarc's later
 //!   `dlopen("libcuda.so.1")` then finds it already loaded, by its soname.
 //!
+//! The library is built once per CUDA version ([`versions`]: 11.8, below the floor celer
+//! supports, then 12.2, the floor, to 13.0); `CELER_TEST_CUDA_DRIVER` picks the one a test
+//! run loads ([`version`]), and an older one lacks the newer entry points, as the real
+//! driver of that version does.
+//!
 //! [`StandIn::enqueue_work`] queues device work as the stand-in TensorRT does
 //! (driver/celer_standin_work.h), with Rust closures, for the stand-in's own tests.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The built library.
-pub const LIBRARY: &str = env!("CELER_CUDA_STANDIN_LIBRARY");
+/// The folder of the built libraries, one per CUDA version: `<version>/libcuda.so.1`.
+const DRIVERS: &str = env!("CELER_CUDA_STANDIN_DRIVERS");
+
+/// The CUDA versions the stand-in can be, oldest first (build.rs: 11.8, 12.2, 12.4, 12.8,
+/// 13.0).
+/// Each reports its version and exports only the entry points that version has.
+pub fn versions() -> Vec<&'static str> {
+    env!("CELER_CUDA_STANDIN_VERSIONS").split(',').collect()
+}
+
+/// The version used unless `CELER_TEST_CUDA_DRIVER` names another.
+pub const DEFAULT_VERSION: &str = "13.0";
+
+/// Names the version of the stand-in that the tests load, e.g. `12.2`.
+pub const VERSION_ENV: &str = "CELER_TEST_CUDA_DRIVER";
 
 /// The test kernels with planted bugs (tests/standin_catches.rs), as NVRTC compiles them.
 pub const PLANTED_KERNELS: &str = include_str!("../kernels/planted.cu");
 
-/// The directory to put on `LD_LIBRARY_PATH` of a process that should use the stand-in.
-pub fn library_dir() -> &'static Path {
-    Path::new(LIBRARY)
-        .parent()
-        .expect("the library path has a directory")
+/// The stand-in of CUDA `version` (one of [`versions`]).
+pub fn library_of(version: &str) -> Result<PathBuf, String> {
+    if !versions().contains(&version) {
+        return Err(format!(
+            "the stand-in CUDA driver has no version {version:?}; it is built as {}",
+            versions().join(", ")
+        ));
+    }
+    Ok(Path::new(DRIVERS).join(version).join("libcuda.so.1"))
+}
+
+/// The version this process's tests use: `CELER_TEST_CUDA_DRIVER`, else 13.0. Panics on
+/// a version the stand-in is not built as: a test run that asked for one must not quietly
+/// run on another.
+pub fn version() -> &'static str {
+    static VERSION: OnceLock<&'static str> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let wanted = std::env::var(VERSION_ENV).unwrap_or_default();
+        if wanted.is_empty() {
+            return DEFAULT_VERSION;
+        }
+        versions()
+            .into_iter()
+            .find(|v| *v == wanted)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{VERSION_ENV}={wanted}: the stand-in CUDA driver is built as {}",
+                    versions().join(", ")
+                )
+            })
+    })
+}
+
+/// The library of [`version`].
+pub fn library() -> PathBuf {
+    library_of(version()).expect("version() is one of versions()")
+}
+
+/// The directory to put on `LD_LIBRARY_PATH` of a process that should use the stand-in
+/// (of [`version`]).
+pub fn library_dir() -> PathBuf {
+    Path::new(DRIVERS).join(version())
 }
 
 /// A fault to arm for a coming launch.
@@ -215,8 +270,10 @@ impl StandIn {
             .get_or_init(|| {
                 // SAFETY: loading the stand-in runs no initialiser beyond its kernels'
                 // registration (static tables); the library stays loaded for the process.
-                let library = unsafe { libloading::Library::new(LIBRARY) }
-                    .map_err(|e| format!("cannot load the stand-in driver {LIBRARY}: {e}"))?;
+                let path = library();
+                let library = unsafe { libloading::Library::new(&path) }.map_err(|e| {
+                    format!("cannot load the stand-in driver {}: {e}", path.display())
+                })?;
                 // SAFETY: each symbol is one of the stand-in's controls, declared in
                 // driver/driver.cpp with exactly these C signatures.
                 unsafe {
