@@ -139,15 +139,20 @@ fn fit_launch_shapes() -> Vec<serde_json::Value> {
     out
 }
 
-/// Compiles the kernels for every architecture NVRTC supports into the cache folder
-/// `dir`, for a GPU machine without NVRTC (scripts/gpu-check ships it).
+/// Compiles the kernels with every NVRTC found (13, and 12.2 for older drivers) for every
+/// architecture each supports into the cache folder `dir`, for a GPU machine without
+/// NVRTC (scripts/gpu-check ships it); its driver takes the newest it can load.
 fn compile_cache(dir: &std::path::Path) -> Result<(), String> {
     use celer::cuda::kernels::{compile_all, write_cache_to};
-    let nvrtc = celer::cuda::nvrtc::Nvrtc::get().map_err(|e| e.to_string())?;
-    for arch in nvrtc.supported_archs().map_err(|e| e.to_string())? {
-        let cubins = compile_all(nvrtc, arch).map_err(|e| e.to_string())?;
-        write_cache_to(dir, &cubins).map_err(|e| format!("{}: {e}", dir.display()))?;
-        println!("compiled the kernels for {arch}");
+    for nvrtc in celer::cuda::nvrtc::Nvrtc::all().map_err(|e| e.to_string())? {
+        for arch in nvrtc.supported_archs().map_err(|e| e.to_string())? {
+            let cubins = compile_all(nvrtc, arch).map_err(|e| e.to_string())?;
+            write_cache_to(dir, &cubins).map_err(|e| format!("{}: {e}", dir.display()))?;
+            println!(
+                "compiled the kernels for {arch} with NVRTC {}",
+                nvrtc.version()
+            );
+        }
     }
     Ok(())
 }

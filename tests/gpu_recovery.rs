@@ -55,18 +55,19 @@ fn serve(router: &PipelineRouter, image: &Arc<RgbImage>) -> Result<GrayImage, St
 fn lose_the_context() {
     let info = probe().gpus()[0].clone();
     let context = CudaContext::new(0).expect("GPU 0's primary context");
-    let cubin = Nvrtc::get()
-        .expect("NVRTC")
-        .compile_cubin(
-            &Source {
-                name: "planted.cu",
-                text: celer_cuda_standin::PLANTED_KERNELS,
-                headers: &[],
-            },
-            info.arch(),
-            &COMPILE_OPTIONS,
-        )
-        .expect("the test kernels compile");
+    let cubin =
+        Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
+            .expect("NVRTC")
+            .compile_cubin(
+                &Source {
+                    name: "planted.cu",
+                    text: celer_cuda_standin::PLANTED_KERNELS,
+                    headers: &[],
+                },
+                info.arch(),
+                &COMPILE_OPTIONS,
+            )
+            .expect("the test kernels compile");
     let module = context.load_module(Ptx::from_binary(cubin)).unwrap();
     let kernel = module.load_function("write_to_address").unwrap();
     let stream = context.new_stream().unwrap();

@@ -1,8 +1,9 @@
 //! Kernels shipped ahead of time, as the GPU image ships them: `celer kernels --out DIR
-//! --arch sm_90` (the real binary, with the checkout's NVRTC) writes one CUBIN per kernel
-//! file; then a process with NVRTC hidden (`CELER_NVRTC_PATH=/nonexistent`) and
+//! --arch sm_90` (the real binary, with the checkout's NVRTCs, 13 and 12.2) writes one
+//! CUBIN per kernel file and NVRTC; then a process with NVRTC hidden (`CELER_NVRTC_PATH=/nonexistent`) and
 //! `CELER_KERNEL_DIR=DIR` gets them from the kernel loader (`cubins_for`, what every GPU
-//! replica calls) without compiling or writing its cache. The same process with an empty
+//! replica calls) without compiling or writing its cache, those of NVRTC 12.2 for a CUDA
+//! 12.2 driver and NVRTC 13's for a CUDA 13 one. The same process with an empty
 //! folder fails for want of NVRTC, so the load can only have come from the folder. A GPU
 //! of a higher minor revision of the same major is served the folder's code. No GPU
 //! needed; NVRTC is (`make python`), and its absence fails the test.
@@ -13,9 +14,11 @@ use std::process::{Command, Output};
 use celer::cuda::kernels::{
     cache_file_name, cubins_for, read_cache_from, read_compatible_from, FILES,
 };
-use celer::cuda::nvrtc::Arch;
+use celer::cuda::nvrtc::{Arch, Nvrtc};
+use celer::cuda::{CudaVersion, DRIVER_FLOOR};
 
-/// Set in the child process this test starts of itself (see `loader_child`).
+/// Set in the child process this test starts of itself (see `loader_child`): the CUDA
+/// version of the driver it loads kernels for.
 const CHILD: &str = "CELER_TEST_KERNELS_CHILD";
 const SM_90: Arch = Arch::new(9, 0);
 
@@ -39,9 +42,9 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// This test binary again, running only this test in child mode, with NVRTC hidden,
-/// `CELER_KERNEL_DIR=shipped` and an empty writable cache `cache`.
-fn loader_child(shipped: &Path, cache: &Path) -> Output {
+/// This test binary again, running only this test in child mode for a `driver`, with
+/// NVRTC hidden, `CELER_KERNEL_DIR=shipped` and an empty writable cache `cache`.
+fn loader_child(shipped: &Path, cache: &Path, driver: CudaVersion) -> Output {
     Command::new(std::env::current_exe().expect("the test binary's path"))
         .args([
             "shipped_kernels_load_without_nvrtc",
@@ -49,7 +52,7 @@ fn loader_child(shipped: &Path, cache: &Path) -> Output {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD, "1")
+        .env(CHILD, driver.to_string())
         .env("CELER_NVRTC_PATH", "/nonexistent/libnvrtc.so")
         .env("CELER_KERNEL_DIR", shipped)
         .env("CELER_KERNEL_CACHE", cache)
@@ -58,22 +61,39 @@ fn loader_child(shipped: &Path, cache: &Path) -> Output {
 }
 
 /// The child's side: the loader, as a GPU replica calls it.
-fn load_in_child() {
-    let cubins = cubins_for(SM_90).unwrap_or_else(|e| panic!("cubins_for(sm_90): {e}"));
+fn load_in_child(driver: &str) {
+    let (major, minor) = driver.split_once('.').expect("a version");
+    let driver = CudaVersion::new(major.parse().unwrap(), minor.parse().unwrap());
+    let cubins =
+        cubins_for(SM_90, driver).unwrap_or_else(|e| panic!("cubins_for(sm_90, {driver}): {e}"));
     let dir = std::env::var_os("CELER_KERNEL_DIR").expect("CELER_KERNEL_DIR is set");
-    let on_disk = read_cache_from(Path::new(&dir), SM_90).expect("the shipped files");
+    let on_disk = read_cache_from(Path::new(&dir), SM_90, driver).expect("the shipped files");
     assert!(
         cubins.files == on_disk.files,
         "the loaded bytes differ from the shipped files"
     );
-    println!("LOADED {} files for {}", cubins.files.len(), cubins.arch);
+    println!(
+        "LOADED {} files for {} from NVRTC {}",
+        cubins.files.len(),
+        cubins.arch,
+        cubins.nvrtc
+    );
 }
 
 #[test]
 fn shipped_kernels_load_without_nvrtc() {
-    if std::env::var_os(CHILD).is_some() {
-        return load_in_child();
+    if let Ok(driver) = std::env::var(CHILD) {
+        return load_in_child(&driver);
     }
+    let nvrtcs: Vec<CudaVersion> = Nvrtc::all()
+        .unwrap_or_else(|e| panic!("NVRTC comes from `make python`: {e}"))
+        .iter()
+        .map(Nvrtc::version)
+        .collect();
+    assert!(
+        nvrtcs.contains(&DRIVER_FLOOR),
+        "NVRTC {DRIVER_FLOOR} (`make python`): {nvrtcs:?}"
+    );
     let shipped = tempfile::tempdir().unwrap();
     let out = celer(&[
         "kernels",
@@ -92,15 +112,20 @@ fn shipped_kernels_load_without_nvrtc() {
         "{}",
         text(&out)
     );
-    // Exactly one file per kernel file, named as the loader looks for them, each an ELF.
+    // Exactly one file per kernel file and NVRTC, named as the loader looks for them, each
+    // an ELF.
     let mut written: Vec<String> = std::fs::read_dir(shipped.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     written.sort();
-    let mut expected: Vec<String> = FILES
+    let mut expected: Vec<String> = nvrtcs
         .iter()
-        .map(|f| cache_file_name(SM_90, f.name))
+        .flat_map(|&nvrtc| {
+            FILES
+                .iter()
+                .map(move |f| cache_file_name(SM_90, nvrtc, f.name))
+        })
         .collect();
     expected.sort();
     assert_eq!(written, expected);
@@ -110,24 +135,30 @@ fn shipped_kernels_load_without_nvrtc() {
     }
 
     // A GPU of the same major and a higher minor revision runs them; another major not.
-    let newer = read_compatible_from(shipped.path(), Arch::new(9, 1)).expect("sm_91 runs sm_90");
+    let newest = nvrtcs[0];
+    let newer =
+        read_compatible_from(shipped.path(), Arch::new(9, 1), newest).expect("sm_91 runs sm_90");
     assert_eq!(newer.arch, SM_90);
     for other in [Arch::new(8, 9), Arch::new(10, 0)] {
         assert!(
-            read_compatible_from(shipped.path(), other).is_none(),
+            read_compatible_from(shipped.path(), other, newest).is_none(),
             "{other} given sm_90 code"
         );
     }
 
-    // Shipped: loaded with NVRTC hidden, and nothing compiled into the writable cache.
+    // Shipped: loaded with NVRTC hidden, and nothing compiled into the writable cache; a
+    // driver gets the files of the newest NVRTC not newer than itself.
     let cache = tempfile::tempdir().unwrap();
-    let child = loader_child(shipped.path(), cache.path());
-    assert!(child.status.success(), "{}", text(&child));
-    assert!(
-        String::from_utf8_lossy(&child.stdout).contains("LOADED 5 files for sm_90"),
-        "{}",
-        text(&child)
-    );
+    for (driver, nvrtc) in [(DRIVER_FLOOR, DRIVER_FLOOR), (newest, newest)] {
+        let child = loader_child(shipped.path(), cache.path(), driver);
+        assert!(child.status.success(), "{}", text(&child));
+        let loaded = format!("LOADED 5 files for sm_90 from NVRTC {nvrtc}");
+        assert!(
+            String::from_utf8_lossy(&child.stdout).contains(&loaded),
+            "a CUDA {driver} driver: {}",
+            text(&child)
+        );
+    }
     assert_eq!(
         std::fs::read_dir(cache.path()).unwrap().count(),
         0,
@@ -136,7 +167,7 @@ fn shipped_kernels_load_without_nvrtc() {
 
     // Not shipped (an empty folder): the same loader needs NVRTC, which is hidden.
     let empty = tempfile::tempdir().unwrap();
-    let child = loader_child(empty.path(), cache.path());
+    let child = loader_child(empty.path(), cache.path(), newest);
     assert!(
         !child.status.success(),
         "loaded without kernels or NVRTC:\n{}",

@@ -51,18 +51,19 @@ impl Gpu {
     fn new() -> Gpu {
         let standin = standin();
         let context = CudaContext::new(0).expect("the stand-in's GPU 0");
-        let cubin = Nvrtc::get()
-            .expect("NVRTC (make python)")
-            .compile_cubin(
-                &Source {
-                    name: "planted.cu",
-                    text: PLANTED_KERNELS,
-                    headers: &[],
-                },
-                Arch::new(9, 0),
-                &COMPILE_OPTIONS,
-            )
-            .expect("the planted kernels compile");
+        let cubin =
+            Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
+                .expect("NVRTC (make python)")
+                .compile_cubin(
+                    &Source {
+                        name: "planted.cu",
+                        text: PLANTED_KERNELS,
+                        headers: &[],
+                    },
+                    Arch::new(9, 0),
+                    &COMPILE_OPTIONS,
+                )
+                .expect("the planted kernels compile");
         let module = context
             .load_module(Ptx::from_binary(cubin))
             .expect("the stand-in loads NVRTC's CUBIN");

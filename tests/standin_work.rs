@@ -684,10 +684,11 @@ fn each_device_has_its_own_compute_capability() {
             text: PLANTED_KERNELS,
             headers: &[],
         };
-        let bytes = Nvrtc::get()
-            .expect("NVRTC (make python)")
-            .compile_cubin(&source, arch, &COMPILE_OPTIONS)
-            .expect("the planted kernels compile");
+        let bytes =
+            Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
+                .expect("NVRTC (make python)")
+                .compile_cubin(&source, arch, &COMPILE_OPTIONS)
+                .expect("the planted kernels compile");
         Ptx::from_binary(bytes)
     };
     gpus[0]

@@ -36,8 +36,13 @@ pub fn device_setups(
         .cloned()
         .collect();
     if gpus.is_empty() {
-        if !matches!(probe, Probe::NoDriver) {
-            tracing::info!(cuda = %probe.summary(), "serving on the CPU");
+        match &probe {
+            Probe::NoDriver => {}
+            // A driver that does not work, or is older than celer's floor, is worth a look.
+            Probe::DriverError { .. } => {
+                tracing::warn!(cuda = %probe.summary(), "serving on the CPU")
+            }
+            Probe::Ready { .. } => tracing::info!(cuda = %probe.summary(), "serving on the CPU"),
         }
         let (replicas, threads) = runtime.replicas_and_threads();
         let solo_threads = runtime.solo_threads(threads);

@@ -1,7 +1,8 @@
 //! `celer kernels`: the CUDA kernels compiled ahead of time into a folder, so that a
 //! machine or image without NVRTC (or that should not compile at start-up) loads them
 //! with `CELER_KERNEL_DIR=DIR`. The GPU image runs it at build time into
-//! `/opt/celer/kernels`. Needs NVRTC, not a GPU.
+//! `/opt/celer/kernels`. Needs NVRTC, not a GPU; compiles with every NVRTC it finds
+//! (`CELER_NVRTC_PATH` names one), each file named after its NVRTC's version.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,15 +20,26 @@ pub struct KernelsArgs {
     #[arg(long)]
     pub out: PathBuf,
 
-    /// GPU architectures, e.g. `sm_80,sm_90`. Default: every architecture the loaded
-    /// NVRTC can compile for.
+    /// GPU architectures, e.g. `sm_80,sm_90`. Default: every architecture each NVRTC
+    /// found can compile for.
     #[arg(long, value_delimiter = ',')]
     pub arch: Vec<Arch>,
 }
 
 pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
-    let nvrtc = Nvrtc::get()?;
-    let (major, minor) = nvrtc.version()?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    // Every NVRTC found: a driver loads the files of the newest NVRTC not newer than it,
+    // so a folder made by NVRTC 12.2 and 13 serves every driver from celer's floor up.
+    for nvrtc in Nvrtc::all()? {
+        compile_into(nvrtc, &args)?;
+    }
+    println!("load them with CELER_KERNEL_DIR={}", args.out.display());
+    Ok(())
+}
+
+fn compile_into(nvrtc: &Nvrtc, args: &KernelsArgs) -> anyhow::Result<()> {
+    let version = nvrtc.version();
     let supported = nvrtc.supported_archs()?;
     let archs = if args.arch.is_empty() {
         supported.clone()
@@ -41,7 +53,7 @@ pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
         .collect();
     if !unsupported.is_empty() {
         anyhow::bail!(
-            "NVRTC {major}.{minor} ({}) cannot compile for {}; it supports {}",
+            "NVRTC {version} ({}) cannot compile for {}; it supports {}",
             nvrtc.path(),
             unsupported.join(", "),
             supported
@@ -51,10 +63,8 @@ pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
                 .join(", ")
         );
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
     println!(
-        "compiling {} kernel files with NVRTC {major}.{minor} ({})",
+        "compiling {} kernel files with NVRTC {version} ({})",
         FILES.len(),
         nvrtc.path()
     );
@@ -71,9 +81,8 @@ pub fn kernels(args: KernelsArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{} architectures in {}: load them with CELER_KERNEL_DIR={}",
+        "NVRTC {version}: {} architectures in {}",
         archs.len(),
-        args.out.display(),
         args.out.display()
     );
     Ok(())

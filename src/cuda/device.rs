@@ -12,7 +12,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::kernels::{cubins_for, FILES};
-use super::probe::{driver_present, GpuInfo};
+use super::probe::{driver_present, driver_version, GpuInfo};
 use super::CudaError;
 
 /// The kernels of every `.cu` file, by name, loaded in one context.
@@ -53,7 +53,8 @@ impl GpuDevice {
         // that replica's stream, so the cross-stream event tracking that cudarc would
         // record on each use is never needed. Set before any allocation in the context.
         unsafe { context.disable_event_tracking() };
-        let cubins = cubins_for(info.arch())?;
+        let driver = driver_version()?;
+        let cubins = cubins_for(info.arch(), driver)?;
         let mut functions = HashMap::new();
         for (file, (name, cubin)) in FILES.iter().zip(&cubins.files) {
             let module = context
@@ -61,8 +62,9 @@ impl GpuDevice {
                 .map_err(|error| CudaError::Driver {
                     error,
                     context: format!(
-                        "loading {name} for {} into GPU {} ({}; CUBINs from NVRTC 13 need a CUDA 13 driver, R580 or later): ",
+                        "loading {name} for {} (NVRTC {}) into GPU {} ({}, CUDA {driver} driver): ",
                         info.arch(),
+                        cubins.nvrtc,
                         info.ordinal,
                         info.name
                     ),

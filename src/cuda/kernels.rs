@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use super::nvrtc::{Arch, Nvrtc, Source};
+use super::probe::CudaVersion;
 use super::CudaError;
 
 /// One `.cu` file and the kernels it defines.
@@ -108,10 +109,12 @@ pub const TESTED_ARCHS: [Arch; 5] = [
     Arch::new(9, 0),
 ];
 
-/// The compiled files for one architecture, in [`FILES`] order.
+/// The compiled files for one architecture, in [`FILES`] order, and the NVRTC version
+/// that made them (a driver of that CUDA version or newer loads them).
 #[derive(Debug)]
 pub struct Cubins {
     pub arch: Arch,
+    pub nvrtc: CudaVersion,
     pub files: Vec<(&'static str, Vec<u8>)>,
 }
 
@@ -130,30 +133,38 @@ pub fn compile_all(nvrtc: &Nvrtc, arch: Arch) -> Result<Cubins, CudaError> {
                 .map(|cubin| (file.name, cubin))
         })
         .collect::<Result<_, _>>()?;
-    Ok(Cubins { arch, files })
+    Ok(Cubins {
+        arch,
+        nvrtc: nvrtc.version(),
+        files,
+    })
 }
 
-/// The CUBINs for `arch`: from this process's cache, else the shipped folder
-/// (`CELER_KERNEL_DIR`), else the disk cache, else NVRTC (which then fills the process's
-/// and the disk cache). Compiles at most once per architecture per process; with the
-/// architecture shipped, NVRTC is never loaded.
-pub fn cubins_for(arch: Arch) -> Result<Arc<Cubins>, CudaError> {
-    static CACHE: Mutex<Option<HashMap<Arch, Arc<Cubins>>>> = Mutex::new(None);
+/// The CUBINs for `arch` that a CUDA `driver` loads: from this process's cache, else the
+/// shipped folder (`CELER_KERNEL_DIR`), else the disk cache, else NVRTC (the newest not
+/// newer than the driver, which then fills the process's and the disk cache). Compiles at
+/// most once per architecture and driver per process; with the architecture shipped,
+/// NVRTC is never loaded.
+pub fn cubins_for(arch: Arch, driver: CudaVersion) -> Result<Arc<Cubins>, CudaError> {
+    type Loaded = HashMap<(Arch, CudaVersion), Arc<Cubins>>;
+    static CACHE: Mutex<Option<Loaded>> = Mutex::new(None);
     // A poisoned lock only means another thread panicked mid-compile; the map is intact.
     let mut guard = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
-    if let Some(found) = map.get(&arch) {
+    if let Some(found) = map.get(&(arch, driver)) {
         return Ok(found.clone());
     }
-    let cubins = Arc::new(match read_shipped(arch).or_else(|| read_disk_cache(arch)) {
-        Some(cubins) => cubins,
-        None => {
-            let cubins = compile_all(Nvrtc::get()?, arch)?;
-            write_disk_cache(&cubins);
-            cubins
-        }
-    });
-    map.insert(arch, cubins.clone());
+    let cubins = Arc::new(
+        match read_shipped(arch, driver).or_else(|| read_disk_cache(arch, driver)) {
+            Some(cubins) => cubins,
+            None => {
+                let cubins = compile_all(Nvrtc::for_driver(driver)?, arch)?;
+                write_disk_cache(&cubins);
+                cubins
+            }
+        },
+    );
+    map.insert((arch, driver), cubins.clone());
     Ok(cubins)
 }
 
@@ -169,9 +180,20 @@ pub fn disk_cache_dir() -> Option<PathBuf> {
     Some(base.join("celer").join("kernels"))
 }
 
-/// A cached file's name: the architecture and a hash of everything that shapes the
-/// output (every source, the header, the options), so edited kernels never load stale.
-pub fn cache_file_name(arch: Arch, file: &str) -> String {
+/// A cached file's name: a hash of everything that shapes the output (every source, the
+/// header, the options), so edited kernels never load stale, the architecture, and the
+/// NVRTC version (a driver older than it cannot load the file), e.g.
+/// `0123456789abcdef-sm_90-nvrtc12.2-trimap.cubin`.
+pub fn cache_file_name(arch: Arch, nvrtc: CudaVersion, file: &str) -> String {
+    format!(
+        "{}nvrtc{nvrtc}-{}.cubin",
+        cache_prefix(arch),
+        file.trim_end_matches(".cu")
+    )
+}
+
+/// What every cached file of `arch` made by this celer's sources begins with.
+fn cache_prefix(arch: Arch) -> String {
     let mut hash = Fnv64::new();
     hash.write(COMMON_HEADER.1.as_bytes());
     for f in &FILES {
@@ -181,12 +203,7 @@ pub fn cache_file_name(arch: Arch, file: &str) -> String {
     for option in COMPILE_OPTIONS {
         hash.write(option.as_bytes());
     }
-    format!(
-        "{:016x}-{}-{}.cubin",
-        hash.finish(),
-        arch.sm(),
-        file.trim_end_matches(".cu")
-    )
+    format!("{:016x}-{}-", hash.finish(), arch.sm())
 }
 
 /// `CELER_KERNEL_DIR`: a read-only folder of CUBINs made ahead of time by `celer kernels`
@@ -197,13 +214,14 @@ pub fn shipped_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-fn read_shipped(arch: Arch) -> Option<Cubins> {
+fn read_shipped(arch: Arch, driver: CudaVersion) -> Option<Cubins> {
     let dir = shipped_dir()?;
-    match read_compatible_from(&dir, arch) {
+    match read_compatible_from(&dir, arch, driver) {
         Some(cubins) => {
             tracing::info!(
                 gpu = %arch,
                 kernels = %cubins.arch,
+                nvrtc = %cubins.nvrtc,
                 dir = %dir.display(),
                 "kernels loaded from CELER_KERNEL_DIR"
             );
@@ -214,43 +232,68 @@ fn read_shipped(arch: Arch) -> Option<Cubins> {
             // a compile at start-up (or NVRTC missing) is explained.
             tracing::warn!(
                 %arch,
+                %driver,
                 dir = %dir.display(),
-                "CELER_KERNEL_DIR has no kernels for this GPU's architecture built by this \
-                 celer; trying the kernel cache, then NVRTC"
+                "CELER_KERNEL_DIR has no kernels built by this celer for this GPU's \
+                 architecture by an NVRTC this driver loads; trying the kernel cache, then NVRTC"
             );
             None
         }
     }
 }
 
-/// The CUBINs in `dir` that run on a GPU of architecture `arch`: its own, else those of
-/// the nearest lower minor revision of the same major (a CUBIN runs on every GPU of its
-/// major revision and an equal or higher minor one), so that a folder made by an older
-/// NVRTC still serves, say, an sm_103 GPU with sm_100 code.
-pub fn read_compatible_from(dir: &std::path::Path, arch: Arch) -> Option<Cubins> {
+/// The CUBINs in `dir` that run on a GPU of architecture `arch` under a CUDA `driver`:
+/// its own, else those of the nearest lower minor revision of the same major (a CUBIN
+/// runs on every GPU of its major revision and an equal or higher minor one), so that a
+/// folder made by an older NVRTC still serves, say, an sm_103 GPU with sm_100 code.
+pub fn read_compatible_from(
+    dir: &std::path::Path,
+    arch: Arch,
+    driver: CudaVersion,
+) -> Option<Cubins> {
     (0..=arch.minor)
         .rev()
-        .find_map(|minor| read_cache_from(dir, Arch::new(arch.major, minor)))
+        .find_map(|minor| read_cache_from(dir, Arch::new(arch.major, minor), driver))
 }
 
-fn read_disk_cache(arch: Arch) -> Option<Cubins> {
+fn read_disk_cache(arch: Arch, driver: CudaVersion) -> Option<Cubins> {
     let dir = disk_cache_dir()?;
-    let cubins = read_cache_from(&dir, arch)?;
-    tracing::debug!(%arch, dir = %dir.display(), "kernels loaded from the disk cache");
+    let cubins = read_cache_from(&dir, arch, driver)?;
+    tracing::debug!(%arch, nvrtc = %cubins.nvrtc, dir = %dir.display(), "kernels loaded from the disk cache");
     Some(cubins)
 }
 
-/// The CUBINs for `arch` from the cache folder `dir`, if every file is there.
-pub fn read_cache_from(dir: &std::path::Path, arch: Arch) -> Option<Cubins> {
-    let files = FILES
-        .iter()
-        .map(|f| {
-            std::fs::read(dir.join(cache_file_name(arch, f.name)))
-                .ok()
-                .map(|bytes| (f.name, bytes))
+/// The CUBINs for `arch` from the cache folder `dir` that a CUDA `driver` loads: of the
+/// NVRTC versions not newer than the driver with every file there, the newest.
+pub fn read_cache_from(dir: &std::path::Path, arch: Arch, driver: CudaVersion) -> Option<Cubins> {
+    let prefix = format!("{}nvrtc", cache_prefix(arch));
+    let mut versions: Vec<CudaVersion> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let (major, minor) = name
+                .strip_prefix(&prefix)?
+                .split_once('-')?
+                .0
+                .split_once('.')?;
+            Some(CudaVersion::new(major.parse().ok()?, minor.parse().ok()?))
         })
-        .collect::<Option<Vec<_>>>()?;
-    Some(Cubins { arch, files })
+        .filter(|nvrtc| *nvrtc <= driver)
+        .collect();
+    versions.sort_unstable_by_key(|v| std::cmp::Reverse(*v));
+    versions.dedup();
+    versions.into_iter().find_map(|nvrtc| {
+        let files = FILES
+            .iter()
+            .map(|f| {
+                std::fs::read(dir.join(cache_file_name(arch, nvrtc, f.name)))
+                    .ok()
+                    .map(|bytes| (f.name, bytes))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Cubins { arch, nvrtc, files })
+    })
 }
 
 /// Best effort: a cache that cannot be written only costs a compile next time.
@@ -267,7 +310,7 @@ pub fn write_cache_to(dir: &std::path::Path, cubins: &Cubins) -> std::io::Result
     for (name, bytes) in &cubins.files {
         // Atomically, so that a concurrent reader never sees half a file.
         crate::atomic_write::write_atomically(
-            &dir.join(cache_file_name(cubins.arch, name)),
+            &dir.join(cache_file_name(cubins.arch, cubins.nvrtc, name)),
             bytes,
         )?;
     }

@@ -21,7 +21,7 @@ pub mod trt_model;
 
 pub use device::{pinned, GpuDevice};
 pub use nvrtc::Arch;
-pub use probe::{probe, GpuIdentity, GpuInfo, Probe};
+pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 
 /// An image's or plane's `(width, height)` in pixels.
 pub type Size = (u32, u32);

@@ -1,22 +1,31 @@
-//! NVRTC, the run-time CUDA C compiler, loaded from a file path (the `nvidia-cuda-nvrtc`
-//! wheel in `.venv`, `CELER_NVRTC_PATH`, or the system's `libnvrtc.so.13`, else
-//! `libnvrtc.so.12`: CUDA 12 runtime images ship that one, and the entry points used here
-//! are the same in NVRTC 12 and 13). celer loads
-//! it itself rather than through cudarc, whose search is by name only and panics when the
-//! library is absent; here a missing library is an error value. Compiles to CUBIN for one
-//! real architecture (`sm_XY`), so the driver never JIT-compiles PTX.
+//! NVRTC, the run-time CUDA C compiler, loaded from a file path rather than through
+//! cudarc, whose search is by name only and panics when the library is absent; here a
+//! missing library is an error value. Compiles to CUBIN for one real architecture
+//! (`sm_XY`), so the driver never JIT-compiles PTX.
+//!
+//! A CUBIN loads on a driver of its NVRTC's CUDA version or a newer one, so a process may
+//! hold several NVRTCs and use, for each driver, the newest that is not newer than it
+//! ([`Nvrtc::for_driver`]): the `nvidia-cuda-nvrtc` (13) and `nvidia-cuda-nvrtc-cu12`
+//! (12.2, celer's floor) wheels in `.venv`, or `CELER_NVRTC_PATH`, else the system's
+//! `libnvrtc.so.13` and `libnvrtc.so.12`. The entry points used here are the same in
+//! NVRTC 12 and 13.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::probe::{CudaVersion, DRIVER_FLOOR};
 use super::CudaError;
 
-/// The wheel's layout under a virtual environment's `site-packages`.
-const VENV_NVRTC: &str = "site-packages/nvidia/cu13/lib/libnvrtc.so.13";
-/// Names tried through the dynamic loader's own search when no file is found, newest
-/// first. NVRTC 12 has every entry point of [`Api`] with the same signatures.
-const SYSTEM_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+/// The wheels' layouts under a virtual environment's `site-packages`: NVRTC 13
+/// (`nvidia-cuda-nvrtc`) and NVRTC 12 (`nvidia-cuda-nvrtc-cu12`).
+const VENV_NVRTCS: [&str; 2] = [
+    "site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+    "site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+];
+/// Names tried through the dynamic loader's own search when no wheel has that major.
+/// NVRTC 12 has every entry point of [`Api`] with the same signatures.
+const SYSTEM_NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so.12"];
 
 /// A real GPU architecture, `sm_{major}{minor}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,10 +94,11 @@ struct Api {
     error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
 }
 
-/// A loaded NVRTC. Process-wide: [`Nvrtc::get`] loads it once.
+/// A loaded NVRTC. Process-wide: [`Nvrtc::all`] loads every one found, once.
 pub struct Nvrtc {
     api: Api,
     path: String,
+    version: CudaVersion,
     // Keeps the code behind `api` mapped; never unloaded (NVRTC keeps global state).
     _library: libloading::Library,
 }
@@ -102,39 +112,85 @@ pub struct Source<'a> {
 }
 
 impl Nvrtc {
-    /// The process-wide NVRTC, loaded on first use; the error says where it looked.
-    pub fn get() -> Result<&'static Nvrtc, CudaError> {
-        static NVRTC: OnceLock<Result<Nvrtc, String>> = OnceLock::new();
-        NVRTC
-            .get_or_init(Self::load)
-            .as_ref()
+    /// Every NVRTC found, newest first, loaded on first use; the error says where it
+    /// looked.
+    pub fn all() -> Result<&'static [Nvrtc], CudaError> {
+        static NVRTCS: OnceLock<Result<Vec<Nvrtc>, String>> = OnceLock::new();
+        NVRTCS
+            .get_or_init(Self::load_all)
+            .as_deref()
             .map_err(|e| CudaError::NvrtcMissing(e.clone()))
     }
 
-    fn load() -> Result<Nvrtc, String> {
-        let candidates = library_candidates();
+    /// The newest NVRTC found: for compiling ahead of time and for tests, where no driver
+    /// decides.
+    pub fn get() -> Result<&'static Nvrtc, CudaError> {
+        Self::all().map(|all| &all[0])
+    }
+
+    /// The NVRTC whose CUBINs `driver` loads: the newest found that is not newer than the
+    /// driver. The error names what was found and what to install.
+    pub fn for_driver(driver: CudaVersion) -> Result<&'static Nvrtc, CudaError> {
+        let all = Self::all()?;
+        all.iter().find(|n| n.version <= driver).ok_or_else(|| {
+            let found: Vec<String> = all
+                .iter()
+                .map(|n| format!("NVRTC {} ({})", n.version, n.path))
+                .collect();
+            CudaError::NvrtcMissing(format!(
+                "no NVRTC for this CUDA {driver} driver: a CUBIN loads on a driver of its \
+                 NVRTC's version or newer, and only {} was found. Install NVRTC \
+                 {DRIVER_FLOOR} (`make python` puts the nvidia-cuda-nvrtc-cu12 wheel in \
+                 .venv), set CELER_NVRTC_PATH to an NVRTC no newer than the driver, or ship \
+                 kernels compiled by one (CELER_KERNEL_DIR, `celer kernels`)",
+                found.join(" and ")
+            ))
+        })
+    }
+
+    fn load_all() -> Result<Vec<Nvrtc>, String> {
         let mut tried = Vec::new();
-        for candidate in &candidates {
+        let mut loaded: Vec<Nvrtc> = Vec::new();
+        for candidate in library_candidates() {
             // SAFETY: loading a shared library runs its initialisers; libnvrtc's only set
             // up its own state. The library stays loaded for the life of the process.
-            match unsafe { libloading::Library::new(candidate) } {
+            match unsafe { libloading::Library::new(&candidate) } {
                 Ok(library) => {
-                    let api =
-                        resolve(&library).map_err(|e| format!("{}: {e}", candidate.display()))?;
-                    return Ok(Nvrtc {
-                        api,
-                        path: candidate.display().to_string(),
-                        _library: library,
-                    });
+                    let nvrtc = Self::from_library(library, &candidate)
+                        .map_err(|e| format!("{}: {e}", candidate.display()))?;
+                    // One per version: a system name may find the wheel's library again.
+                    if !loaded.iter().any(|n| n.version == nvrtc.version) {
+                        loaded.push(nvrtc);
+                    }
                 }
                 Err(e) => tried.push(format!("{} ({e})", candidate.display())),
             }
         }
-        Err(format!(
-            "libnvrtc not found; tried {}. Run `make python` (installs the nvidia-cuda-nvrtc \
-             wheel into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13 or libnvrtc.so.12",
-            tried.join(", ")
-        ))
+        if loaded.is_empty() {
+            return Err(format!(
+                "libnvrtc not found; tried {}. Run `make python` (installs the nvidia-cuda-nvrtc \
+                 wheels into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13 or libnvrtc.so.12",
+                tried.join(", ")
+            ));
+        }
+        loaded.sort_by_key(|n| std::cmp::Reverse(n.version));
+        Ok(loaded)
+    }
+
+    fn from_library(library: libloading::Library, path: &Path) -> Result<Nvrtc, String> {
+        let api = resolve(&library)?;
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: both pointers are valid for writes of one c_int.
+        let status = unsafe { (api.version)(&mut major, &mut minor) };
+        if status != 0 {
+            return Err(format!("nvrtcVersion failed ({status})"));
+        }
+        Ok(Nvrtc {
+            api,
+            path: path.display().to_string(),
+            version: CudaVersion::new(major.max(0) as u32, minor.max(0) as u32),
+            _library: library,
+        })
     }
 
     /// The file or name the library was loaded from.
@@ -142,12 +198,9 @@ impl Nvrtc {
         &self.path
     }
 
-    /// NVRTC's (major, minor) version.
-    pub fn version(&self) -> Result<(i32, i32), CudaError> {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: both pointers are valid for writes of one c_int.
-        self.check(unsafe { (self.api.version)(&mut major, &mut minor) })?;
-        Ok((major, minor))
+    /// NVRTC's CUDA version: its CUBINs need a driver of this version or newer.
+    pub fn version(&self) -> CudaVersion {
+        self.version
     }
 
     /// The real architectures this NVRTC can compile for, ascending.
@@ -328,26 +381,35 @@ unsafe fn symbol<'l, T>(
     })
 }
 
-/// Where to look, in order: `CELER_NVRTC_PATH`, the `.venv` of the checkout holding the
-/// working directory or the executable, then the loader's search by name.
+/// Where to look: `CELER_NVRTC_PATH` alone when set; else the wheels in the first `.venv`
+/// (of the checkout holding the working directory or the executable) that has any, then
+/// the loader's search by name.
 fn library_candidates() -> Vec<PathBuf> {
     if let Some(path) = std::env::var_os("CELER_NVRTC_PATH") {
         return vec![PathBuf::from(path)];
     }
     let mut candidates: Vec<PathBuf> = crate::backend::ort::venvs()
-        .filter_map(|venv| find_in_venv(&venv))
-        .take(1)
-        .collect();
+        .map(|venv| find_in_venv(&venv))
+        .find(|found| !found.is_empty())
+        .unwrap_or_default();
     candidates.extend(SYSTEM_NAMES.iter().map(PathBuf::from));
     candidates
 }
 
-fn find_in_venv(venv: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(venv.join("lib"))
-        .ok()?
-        .flatten()
-        .map(|python| python.path().join(VENV_NVRTC))
-        .find(|p| p.is_file())
+fn find_in_venv(venv: &Path) -> Vec<PathBuf> {
+    let Ok(pythons) = std::fs::read_dir(venv.join("lib")) else {
+        return Vec::new();
+    };
+    let pythons: Vec<PathBuf> = pythons.flatten().map(|p| p.path()).collect();
+    VENV_NVRTCS
+        .iter()
+        .filter_map(|wheel| {
+            pythons
+                .iter()
+                .map(|python| python.join(wheel))
+                .find(|p| p.is_file())
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -13,6 +13,52 @@ use super::nvrtc::Arch;
 /// by its soname).
 pub const LIBCUDA_ENV: &str = "CELER_LIBCUDA_PATH";
 
+/// A CUDA version, as the driver (`cuDriverGetVersion`) and NVRTC report theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CudaVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl CudaVersion {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+
+    /// From `cuDriverGetVersion`'s encoding: 12020 is 12.2.
+    pub fn from_driver(code: i32) -> Self {
+        let code = code.max(0) as u32;
+        Self::new(code / 1000, (code % 1000) / 10)
+    }
+}
+
+impl std::fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The oldest CUDA driver celer runs on: CUDA 12.2, NVIDIA's R535 branch, what SageMaker's
+/// inference AMIs of today offer. Everything celer calls exists there: cudarc is built for
+/// 12.2 (`cuda-12020`, so it resolves no newer entry point, `cuEventElapsedTime_v2` of
+/// 12.8 among them), kernels come from an NVRTC no newer than the driver
+/// ([`crate::cuda::nvrtc::Nvrtc::for_driver`]), and the GPU image's TensorRT is its CUDA 12
+/// build. An older driver is refused by the probe, before any other call.
+pub const DRIVER_FLOOR: CudaVersion = CudaVersion::new(12, 2);
+
+/// The NVIDIA driver branch of [`DRIVER_FLOOR`].
+pub const DRIVER_FLOOR_BRANCH: &str = "R535";
+
+/// Why a driver older than the floor is not used; what `celer serve` says.
+pub fn below_floor(driver: CudaVersion) -> String {
+    format!(
+        "the CUDA driver is version {driver}, older than celer's floor, CUDA {DRIVER_FLOOR} \
+         (NVIDIA driver {DRIVER_FLOOR_BRANCH} or newer): its GPUs are not used. Update the \
+         driver; on SageMaker, set the endpoint's InferenceAmiVersion to one with driver \
+         {DRIVER_FLOOR_BRANCH} or newer (README, \"GPU drivers\")"
+    )
+}
+
 /// A GPU model as far as a plan cares: TensorRT picks kernels per model, so a plan is
 /// tied to the name and compute capability of the GPU that built it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -107,12 +153,13 @@ impl Probe {
 
     /// The driver's CUDA version, e.g. "13.0".
     pub fn driver_cuda_version(&self) -> Option<String> {
+        self.driver_version().map(|v| v.to_string())
+    }
+
+    /// The driver's CUDA version.
+    pub fn driver_version(&self) -> Option<CudaVersion> {
         match self {
-            Probe::Ready { driver_version, .. } => Some(format!(
-                "{}.{}",
-                driver_version / 1000,
-                (driver_version % 1000) / 10
-            )),
+            Probe::Ready { driver_version, .. } => Some(CudaVersion::from_driver(*driver_version)),
             _ => None,
         }
     }
@@ -177,7 +224,8 @@ pub fn driver_present() -> bool {
 }
 
 /// Probes the driver and every GPU. Never panics: a machine without a driver is
-/// `Probe::NoDriver`.
+/// `Probe::NoDriver`, a driver older than [`DRIVER_FLOOR`] a `Probe::DriverError` saying
+/// so (and nothing but its version is asked of it).
 pub fn probe() -> Probe {
     if !driver_present() {
         return Probe::NoDriver;
@@ -187,23 +235,36 @@ pub fn probe() -> Probe {
             driver_version,
             gpus,
         },
-        Err(e) => Probe::DriverError {
-            reason: format!("{e:?}"),
-        },
+        Err(reason) => Probe::DriverError { reason },
     }
 }
 
-fn enumerate() -> Result<(i32, Vec<GpuInfo>), result::DriverError> {
-    let mut driver_version = 0;
-    // SAFETY: the driver library is present (checked by the caller); the pointer is
-    // valid for one write. cuDriverGetVersion may be called before cuInit.
-    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result()?;
+/// The driver's CUDA version; the driver must be present ([`driver_present`]).
+pub fn driver_version() -> Result<CudaVersion, result::DriverError> {
+    let mut code = 0;
+    // SAFETY: callers check that the driver library is present; the pointer is valid for
+    // one write. cuDriverGetVersion may be called before cuInit, and every driver has it.
+    unsafe { sys::cuDriverGetVersion(&mut code) }.result()?;
+    Ok(CudaVersion::from_driver(code))
+}
+
+fn enumerate() -> Result<(i32, Vec<GpuInfo>), String> {
+    let version = driver_version().map_err(|e| format!("{e:?}"))?;
+    if version < DRIVER_FLOOR {
+        return Err(below_floor(version));
+    }
+    let driver_version = (version.major * 1000 + version.minor * 10) as i32;
+    list_gpus()
+        .map(|gpus| (driver_version, gpus))
+        .map_err(|e| format!("{e:?}"))
+}
+
+fn list_gpus() -> Result<Vec<GpuInfo>, result::DriverError> {
     result::init()?;
     let count = result::device::get_count()?;
-    let gpus = (0..count)
+    (0..count)
         .map(|ordinal| describe(ordinal as usize))
-        .collect::<Result<_, _>>()?;
-    Ok((driver_version, gpus))
+        .collect()
 }
 
 fn describe(ordinal: usize) -> Result<GpuInfo, result::DriverError> {
@@ -245,6 +306,18 @@ pub fn format_uuid(bytes: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn driver_versions_read_and_compare_as_cuda_writes_them() {
+        assert_eq!(CudaVersion::from_driver(12020), CudaVersion::new(12, 2));
+        assert_eq!(CudaVersion::from_driver(13000).to_string(), "13.0");
+        assert_eq!(CudaVersion::from_driver(12080).to_string(), "12.8");
+        assert!(CudaVersion::from_driver(11080) < DRIVER_FLOOR);
+        assert!(CudaVersion::new(12, 10) > CudaVersion::new(12, 9));
+        assert!(CudaVersion::new(13, 0) > CudaVersion::new(12, 9));
+        let refusal = below_floor(CudaVersion::new(11, 8));
+        assert!(refusal.contains("11.8") && refusal.contains("12.2") && refusal.contains("R535"));
+    }
 
     #[test]
     fn uuid_prints_like_nvidia_smi() {
