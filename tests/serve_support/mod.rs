@@ -147,6 +147,12 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log, readable after `stop` consumed the server: what it said while stopping.
+    pub fn log_handle(&self) -> impl Fn() -> String {
+        let log = self.log.clone();
+        move || log.lock().unwrap().clone()
+    }
+
     fn exited(&mut self) -> Option<ExitStatus> {
         self.child
             .as_mut()
@@ -202,6 +208,17 @@ impl Server {
         }
         let a = read_answer(&mut stream);
         (a.status, a.body)
+    }
+
+    /// SIGTERM; the test fails, with the exit status and the log, unless celer exits 0.
+    pub fn stop_cleanly(self) {
+        let log = self.log_handle();
+        let status = self.stop();
+        assert!(
+            status.success(),
+            "exit status after SIGTERM: {status}\n{}",
+            log()
+        );
     }
 
     /// SIGTERM, then waits for the exit (at most 30 s, as SageMaker).
@@ -322,6 +339,48 @@ pub fn request(
         }
     }
     answer
+}
+
+/// A request the server has begun: its handler asked for the body (`Expect:
+/// 100-continue` answered `100 Continue`), and the body has been sent. From then on it is
+/// in flight, exactly: a drain must answer it. `finish` reads the final answer.
+pub struct Begun {
+    stream: TcpStream,
+}
+
+impl Begun {
+    /// POSTs `body` to `path` on a connection of its own; `None` when the server did not
+    /// ask for the body (closed, or answered at once: that answer is not waited for).
+    pub fn post(address: SocketAddr, path: &str, content_type: &str, body: &[u8]) -> Option<Begun> {
+        let mut stream = TcpStream::connect(address).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(600)))
+            .ok()?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+             Content-Type: {content_type}\r\nContent-Length: {}\r\n\
+             Expect: 100-continue\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).ok()?;
+        // The interim answer, a byte at a time so that nothing after it is consumed.
+        let mut interim = Vec::new();
+        let mut byte = [0u8];
+        while !interim.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).ok()?;
+            interim.push(byte[0]);
+        }
+        if !interim.starts_with(b"HTTP/1.1 100") {
+            return None;
+        }
+        stream.write_all(body).ok()?;
+        stream.flush().ok()?;
+        Some(Begun { stream })
+    }
+
+    pub fn finish(mut self) -> Answer {
+        read_answer(&mut self.stream)
+    }
 }
 
 /// Reads one answer until the server closes (`Connection: close`), decoding a chunked
