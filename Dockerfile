@@ -10,7 +10,9 @@
 #   docker build --target cpu -t celer:cpu .  ONNX Runtime on the CPU only, no CUDA at all
 #
 # The NVIDIA driver is not in the image: on GPU instances the NVIDIA container toolkit
-# mounts the host's driver (libcuda.so.1) at run time. Engines are specific to the GPU
+# mounts the host's driver (libcuda.so.1) at run time. It must be CUDA 12.2 (R535) or
+# newer, celer's floor; on SageMaker choose it with InferenceAmiVersion (README, "GPU
+# drivers"). Engines are specific to the GPU
 # model and the TensorRT version, so build them with this image on the instance type you
 # deploy to: `docker run --gpus all --user "$(id -u):$(id -g)" -v $PWD/model:/opt/ml/model
 # celer:gpu build` (the user that owns the folder, so that the engines can be written).
@@ -87,15 +89,27 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --features tensorrt \
  && mkdir -p /opt/celer/bin \
  && strip --strip-debug -o /opt/celer/bin/celer target/release/celer
-# The kernels precompiled with this image's NVRTC 12 for every architecture it supports
-# (sm_50 to sm_120 for 12.8), so that a GPU replica loads them (CELER_KERNEL_DIR) without
-# NVRTC or a compile at start-up; a newer minor revision (sm_103) runs its major's code
-# (sm_100). NVRTC loads its builtins library from its own folder, hence the library path.
+# The kernels precompiled, so that a GPU replica loads them (CELER_KERNEL_DIR) without
+# NVRTC or a compile at start-up. A CUBIN loads on a driver of its NVRTC's version or
+# newer, and celer takes the newest files not newer than the driver: NVRTC 12.2 (the
+# nvidia-cuda-nvrtc-cu12 wheel scripts/requirements.txt pins) makes them for every driver
+# from celer's floor, CUDA 12.2 / R535, up (sm_50 to sm_90); this image's own NVRTC 12.8
+# adds Blackwell (sm_100, sm_120), whose drivers are newer anyway. A newer minor revision
+# (sm_103) runs its major's code (sm_100). NVRTC loads its builtins library from its own
+# folder, hence the library path.
+ARG NVRTC_FLOOR_WHEEL=nvidia-cuda-nvrtc-cu12==12.2.140
 RUN set -eu; \
+    python3 -m pip download --no-deps --only-binary=:all: --dest /tmp/nvrtc-floor "${NVRTC_FLOOR_WHEEL}"; \
+    python3 -m zipfile -e /tmp/nvrtc-floor/*.whl /tmp/nvrtc-floor/x; \
+    floor="/tmp/nvrtc-floor/x/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"; \
     nvrtc="$(find /usr/local/cuda/ /usr/lib/ -name 'libnvrtc.so.12' -print -quit 2>/dev/null || true)"; \
     [ -n "$nvrtc" ] || { echo "libnvrtc.so.12 not found" >&2; exit 1; }; \
-    LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    CELER_NVRTC_PATH="$nvrtc" /opt/celer/bin/celer kernels --out /opt/celer/kernels
+    for lib in "$floor" "$nvrtc"; do \
+        LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        CELER_NVRTC_PATH="$lib" /opt/celer/bin/celer kernels --out /opt/celer/kernels; \
+    done; \
+    ls /opt/celer/kernels | grep -q -- '-nvrtc12.2-' || { echo "no kernels from NVRTC 12.2" >&2; exit 1; }; \
+    rm -rf /tmp/nvrtc-floor
 
 # ---- CPU build: the default features, for a plain Debian runtime --------------------
 FROM rust:${RUST_VERSION}-slim-bookworm AS build-cpu
@@ -130,9 +144,14 @@ RUN set -e; \
 # Not root: a user of its own, the same uid in both images. The model folder must be
 # readable by it (files in a model archive are usually 0644); `celer build` writes
 # engines into a mounted folder, so run that with `--user "$(id -u):$(id -g)"`.
+# USER by number, not name: Kubernetes' runAsNonRoot can only verify a numeric user
+# (a pod without runAsUser is refused otherwise).
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin celer
-USER celer
-LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+USER 10001:10001
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true \
+      org.opencontainers.image.title="celer (CPU)" \
+      org.opencontainers.image.description="celer: image segmentation and matting served as a SageMaker container and KServe v2, on the CPU with ONNX Runtime" \
+      org.opencontainers.image.licenses="Apache-2.0"
 EXPOSE 8080
 ENTRYPOINT ["celer"]
 CMD ["serve"]
@@ -164,8 +183,11 @@ RUN set -e; \
 # Not root (see the CPU stage). Ubuntu's images already have uid 1000 (ubuntu): 10001 is
 # free in both.
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin celer
-USER celer
-LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+USER 10001:10001
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true \
+      org.opencontainers.image.title="celer (GPU)" \
+      org.opencontainers.image.description="celer: image segmentation and matting served as a SageMaker container and KServe v2, TensorRT and CUDA kernels on NVIDIA GPUs (driver R535 / CUDA 12.2 or newer)" \
+      org.opencontainers.image.licenses="Apache-2.0"
 EXPOSE 8080
 ENTRYPOINT ["celer"]
 CMD ["serve"]
