@@ -4,27 +4,33 @@
 # transform). SageMaker runs the image as `docker run IMAGE serve`, mounts the model
 # archive at /opt/ml/model and sends traffic to port 8080 (or SAGEMAKER_BIND_TO_PORT).
 #
-# Two targets:
-#   docker build -t celer:gpu .               TensorRT engines on NVIDIA GPUs, ONNX Runtime
-#                                             on the CPU as fallback (the default target)
+# Three targets:
+#   docker build -t celer:gpu .               serving from TensorRT engines on NVIDIA GPUs,
+#                                             ONNX Runtime on the CPU as fallback (default)
+#   docker build --target gpu-build -t celer:gpu-build .
+#                                             the same plus TensorRT's builder, for `celer
+#                                             build` and `serve --build-engines`
 #   docker build --target cpu -t celer:cpu .  ONNX Runtime on the CPU only, no CUDA at all
 #
 # The NVIDIA driver is not in the image: on GPU instances the NVIDIA container toolkit
 # mounts the host's driver (libcuda.so.1) at run time. It must be CUDA 12.2 (R535) or
 # newer, celer's floor; on SageMaker choose it with InferenceAmiVersion (README, "GPU
-# drivers"). Engines are specific to the GPU
-# model and the TensorRT version, so build them with this image on the instance type you
-# deploy to: `docker run --gpus all --user "$(id -u):$(id -g)" -v $PWD/model:/opt/ml/model
-# celer:gpu build` (the user that owns the folder, so that the engines can be written).
+# drivers"). Engines are specific to the GPU model and the TensorRT version, so build them
+# with the gpu-build image on the instance type you deploy to: `docker run --gpus all
+# --user "$(id -u):$(id -g)" -v $PWD/model:/opt/ml/model celer:gpu-build build` (the user
+# that owns the folder, so that the engines can be written).
 #
 # celer is PID 1 on purpose (exec-form ENTRYPOINT, no init wrapper): it receives
 # SageMaker's SIGTERM itself and drains in-flight requests before exiting. It runs as the
 # user `celer` (uid 10001), not root.
 #
-# `make image-test` (scripts/image-test) builds the `cpu` target on a machine that cannot
-# reach the base images' registries: a debootstrapped debian:bookworm-slim, and the
-# `build-cpu` and `onnxruntime` stages supplied as build contexts (the binary built on the
-# host, the pinned wheel's library); the `cpu` stage itself is built as written here.
+# `make image-test` (scripts/image-test) builds the `cpu` and `gpu` targets on a machine
+# that cannot reach the base images' registries: a debootstrapped debian:bookworm-slim
+# (as the GPU images' CUDA base too, whose driver is then the stand-in), and the
+# `build-cpu`, `build-gpu` and `onnxruntime` stages supplied as build contexts (the binary
+# built on the host; for the GPU, the stand-in TensorRT's libraries and kernels compiled
+# on the host; the pinned wheel's library); the `cpu` and `gpu` stages themselves are built
+# as written here.
 
 # ---- pinned versions --------------------------------------------------------------
 # NGC TensorRT image: TensorRT 10.8 with CUDA 12.8 on Ubuntu 24.04. The shim is compiled
@@ -32,8 +38,12 @@
 # runtime stage copies its libraries, so the two always agree; celer refuses a libnvinfer
 # of another major version or an older minor than its headers at start.
 ARG TENSORRT_IMAGE=nvcr.io/nvidia/tensorrt:25.01-py3
-# CUDA runtime (cudart, NVRTC for celer's kernels) of the same CUDA and Ubuntu release.
-ARG CUDA_RUNTIME_IMAGE=nvcr.io/nvidia/cuda:12.8.0-runtime-ubuntu24.04
+# The GPU images' base: CUDA's *base* flavour of the same CUDA and Ubuntu release (the
+# CUDA runtime library and the forward-compatibility package; none of cuBLAS, cuFFT,
+# cuSPARSE, NPP, nvJPEG, which celer does not use). celer calls the driver API and loads
+# precompiled kernels; TensorRT brings its own. `make image-test` builds the `gpu` target
+# on a debootstrapped Debian given as CUDA_BASE_IMAGE, with the stand-in CUDA driver.
+ARG CUDA_BASE_IMAGE=nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04
 ARG RUST_VERSION=1.95.0
 # The ONNX Runtime wheel whose libonnxruntime.so celer loads (the one scripts/
 # requirements.txt pins for development).
@@ -70,11 +80,11 @@ RUN set -eu; \
     [ -n "$header" ] && [ -n "$lib" ] || { echo "TensorRT headers or libraries not found" >&2; exit 1; }; \
     incdir="$(dirname "$header")"; libdir="$(dirname "$lib")"; \
     [ -f "$incdir/NvOnnxParser.h" ] || { echo "NvOnnxParser.h not next to $header" >&2; exit 1; }; \
-    mkdir -p /opt/celer/tensorrt/lib; \
+    mkdir -p /opt/celer/tensorrt/lib /opt/celer/tensorrt/builder; \
     echo "$incdir" > /opt/celer/tensorrt/include-dir; \
     cp -a "$libdir"/libnvinfer.so.[0-9]* "$libdir"/libnvonnxparser.so.[0-9]* /opt/celer/tensorrt/lib/; \
-    cp -a "$libdir"/libnvinfer_builder_resource* /opt/celer/tensorrt/lib/ 2>/dev/null || true; \
-    ls -l /opt/celer/tensorrt/lib
+    cp -a "$libdir"/libnvinfer_builder_resource* /opt/celer/tensorrt/builder/ 2>/dev/null || true; \
+    ls -l /opt/celer/tensorrt/lib /opt/celer/tensorrt/builder
 # The pinned toolchain, not rust-toolchain.toml's moving "stable".
 ENV RUSTUP_TOOLCHAIN=${RUST_VERSION}
 WORKDIR /src
@@ -156,21 +166,31 @@ EXPOSE 8080
 ENTRYPOINT ["celer"]
 CMD ["serve"]
 
-# ---- GPU runtime (default target) ----------------------------------------------------
-# The CPU stage's pattern, plus TensorRT's libraries and the precompiled kernels. Not
-# built or run by any test here: NVIDIA's base images are out of these machines' reach.
-FROM ${CUDA_RUNTIME_IMAGE} AS gpu
+# ---- GPU runtime: `gpu` (the default target) and `gpu-build` --------------------------
+# The CPU stage's pattern, plus TensorRT's runtime libraries and the precompiled kernels:
+# what serving from engines needs. `gpu-build` adds TensorRT's builder resource (most of
+# TensorRT's size), for `celer build` and `serve --build-engines`. scripts/image-test builds
+# `gpu` from a supplied base and starts it with the stand-in CUDA driver and TensorRT.
+FROM ${CUDA_BASE_IMAGE} AS gpu-runtime
 COPY --from=build-gpu /opt/celer/bin/celer /usr/local/bin/celer
 COPY --from=onnxruntime /opt/celer/onnxruntime /opt/celer/onnxruntime
 COPY --from=build-gpu /opt/celer/tensorrt/lib /opt/celer/tensorrt/lib
 COPY --from=build-gpu /opt/celer/kernels /opt/celer/kernels
+# NVIDIA_REQUIRE_CUDA: the NVIDIA container toolkit refuses to start a container whose
+# requirement the host's driver does not meet, and the base image asks for its own CUDA;
+# celer's floor is 12.2 (README, "GPU drivers"), and TensorRT's CUDA 12 build runs on R525
+# and newer through CUDA's minor version compatibility.
 ENV ORT_DYLIB_PATH=/opt/celer/onnxruntime/libonnxruntime.so \
     CELER_MODEL_DIR=/opt/ml/model \
     CELER_LOG=info,ort=warn \
-    CELER_KERNEL_DIR=/opt/celer/kernels
+    CELER_KERNEL_DIR=/opt/celer/kernels \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.2" \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # celer opens libnvinfer.so.<major> / libnvonnxparser.so.<major> by soname at run time;
-# the loader cache finds them (and the builder resource library next to them).
+# the loader cache finds them (and, in gpu-build, the builder resource next to them).
 RUN echo /opt/celer/tensorrt/lib > /etc/ld.so.conf.d/celer-tensorrt.conf && ldconfig
+# Fail the image build if a library celer opens is not found by the loader: celer itself,
+# ONNX Runtime, and TensorRT's runtime and parser by the sonames celer dlopens.
 RUN set -e; \
     for f in /usr/local/bin/celer "$ORT_DYLIB_PATH" \
              /opt/celer/tensorrt/lib/libnvinfer.so.[0-9]* /opt/celer/tensorrt/lib/libnvonnxparser.so.[0-9]*; do \
@@ -178,6 +198,9 @@ RUN set -e; \
         if grep "not found" /tmp/ldd; then echo "$f: shared libraries missing" >&2; exit 1; fi; \
     done; \
     rm /tmp/ldd; \
+    for soname in libnvinfer.so.10 libnvonnxparser.so.10; do \
+        ldconfig -p | grep -q "$soname" || { echo "$soname is not in the loader cache" >&2; exit 1; }; \
+    done; \
     ls /opt/celer/kernels/*.cubin > /dev/null; \
     celer --version
 # Not root (see the CPU stage). Ubuntu's images already have uid 1000 (ubuntu): 10001 is
@@ -191,3 +214,14 @@ LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true \
 EXPOSE 8080
 ENTRYPOINT ["celer"]
 CMD ["serve"]
+
+# TensorRT's builder resource too: `docker build --target gpu-build -t celer:gpu-build .`
+FROM gpu-runtime AS gpu-build
+USER root
+COPY --from=build-gpu /opt/celer/tensorrt/builder /opt/celer/tensorrt/lib
+RUN ldconfig
+USER 10001:10001
+
+# The default target: serving from engines built ahead of time (`celer build` with
+# gpu-build on the instance type).
+FROM gpu-runtime AS gpu

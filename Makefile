@@ -100,9 +100,12 @@ tensorrt-test: models tensorrt-headers
 
 # The SageMaker container: the Dockerfile's cpu target built (base debootstrapped once into
 # target/image-base, build stages supplied from this checkout) and run as SageMaker runs
-# it, then checked; broken variants of it must fail. Installs podman, runc and
-# debootstrap when missing (root or sudo). See scripts/image-test.
+# it, then checked; broken variants of it must fail. Then the gpu target, on the same base
+# with the stand-in TensorRT, run with the stand-in CUDA driver (both built with the
+# tests: the cargo line below). Installs podman, runc and debootstrap when missing (root
+# or sudo). See scripts/image-test.
 image-test: models build
+	$(ORT_ENV) cargo test --release --quiet $(CARGO_FEATURES) --no-run --test serve_tensorrt
 	scripts/image-test
 
 # Criterion benches of the CPU stages (1920x1080 and 4032x3024).
