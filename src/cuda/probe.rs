@@ -241,21 +241,26 @@ pub fn probe() -> Probe {
 
 /// The driver's CUDA version; the driver must be present ([`driver_present`]).
 pub fn driver_version() -> Result<CudaVersion, result::DriverError> {
+    driver_code().map(CudaVersion::from_driver)
+}
+
+/// `cuDriverGetVersion`'s value, e.g. 12020.
+fn driver_code() -> Result<i32, result::DriverError> {
     let mut code = 0;
     // SAFETY: callers check that the driver library is present; the pointer is valid for
     // one write. cuDriverGetVersion may be called before cuInit, and every driver has it.
     unsafe { sys::cuDriverGetVersion(&mut code) }.result()?;
-    Ok(CudaVersion::from_driver(code))
+    Ok(code)
 }
 
 fn enumerate() -> Result<(i32, Vec<GpuInfo>), String> {
-    let version = driver_version().map_err(|e| format!("{e:?}"))?;
+    let code = driver_code().map_err(|e| format!("{e:?}"))?;
+    let version = CudaVersion::from_driver(code);
     if version < DRIVER_FLOOR {
         return Err(below_floor(version));
     }
-    let driver_version = (version.major * 1000 + version.minor * 10) as i32;
     list_gpus()
-        .map(|gpus| (driver_version, gpus))
+        .map(|gpus| (code, gpus))
         .map_err(|e| format!("{e:?}"))
 }
 
