@@ -13,15 +13,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use celer::config::{Normalize, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{
     guided_fit_launches, taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput,
 };
 use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
-use celer::pipeline::lanes::Lanes;
-use celer::pipeline::plane::Plane;
-use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use celer::spec::{Normalize, Scale};
+use celer::stages::lanes::Lanes;
+use celer::stages::plane::Plane;
+use celer::stages::{composite, guided_filter, preprocess, resample, trimap};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{Rgb, RgbImage};

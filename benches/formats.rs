@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::codec::encode;
-use celer::config::PipelineSpec;
-use celer::pipeline::{composite, StageTimings};
+use celer::matte::StageTimings;
 use celer::replica::cpu::CpuPipeline;
+use celer::spec::PipelineSpec;
+use celer::stages::composite;
 use image::{ExtendedColorType, RgbaImage};
 
 const PHOTOS: [&str; 5] = [

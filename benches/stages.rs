@@ -6,10 +6,10 @@ use std::path::Path;
 
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::codec::encode;
-use celer::config::{Normalize, Scale};
-use celer::pipeline::lanes::Lanes;
-use celer::pipeline::plane::Plane;
-use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use celer::spec::{Normalize, Scale};
+use celer::stages::lanes::Lanes;
+use celer::stages::plane::Plane;
+use celer::stages::{composite, guided_filter, preprocess, resample, trimap};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use fast_image_resize::Resizer;
 use image::ExtendedColorType;

@@ -1,25 +1,35 @@
 //! celer: a low-latency inference engine for image model graphs (segmentation -> trimap
 //! -> matting), served over the SageMaker container contract. docs/architecture.md maps
-//! the layers; each module's header says what it owns.
+//! the layers (tests/layers.rs holds them); each module's header says what it owns.
 
 #![deny(unsafe_code)]
 
-pub mod atomic_write;
-pub mod backend;
-pub mod bench;
-pub mod cli;
+// The ground floor: imports nothing of celer's.
+pub mod host;
+pub mod matte;
+pub mod spec;
+pub mod stats;
+
+// Bindings and backends.
+pub mod ort;
+// FFI: the TensorRT shim (only compiled with the `tensorrt` feature). Every unsafe block
+// there carries a SAFETY comment.
+#[allow(unsafe_code)]
+pub mod tensorrt;
+
+// The CPU stages, the codec, the GPU and its engines.
 pub mod codec;
-pub mod config;
+pub mod stages;
 // FFI with the CUDA driver and NVRTC: the one module (with src/tensorrt) allowed `unsafe`,
 // each block with a `// SAFETY:` comment.
 #[allow(unsafe_code)]
 pub mod cuda;
 pub mod engines;
+
+// Scheduling, the replicas, the front end and the tools.
+pub mod bench;
+pub mod cli;
+pub mod config;
 pub mod http;
-pub mod pipeline;
 pub mod replica;
 pub mod sched;
-// FFI: the TensorRT shim (only compiled with the `tensorrt` feature) and the CUDA driver
-// probe. Every unsafe block there carries a SAFETY comment.
-#[allow(unsafe_code)]
-pub mod tensorrt;

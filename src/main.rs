@@ -20,6 +20,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// (`cli::set_heap_trim`). glibc reads its tunables only at exec, hence
 /// `exec_with_huge_pages`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
 mod glibc_heap {
     use std::ffi::c_int;
     use std::os::unix::process::CommandExt;

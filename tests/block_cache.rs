@@ -7,9 +7,9 @@
 
 mod common;
 
-use celer::backend::ort::{OpThreads, OrtModel};
-use celer::backend::ort_allocator;
-use celer::config::PipelineSpec;
+use celer::ort::allocator;
+use celer::ort::session::{OpThreads, OrtModel};
+use celer::spec::PipelineSpec;
 
 #[test]
 fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
@@ -42,7 +42,7 @@ fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
     .expect("a session on malloc");
     let expected = plain.run(&inputs, output).expect("plain run");
     assert_eq!(
-        ort_allocator::stats().mapped,
+        allocator::stats().mapped,
         0,
         "an uncached session must not use the cache"
     );
@@ -62,7 +62,7 @@ fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
             got == expected,
             "run {run}: the cached session's output differs from the plain session's"
         );
-        mapped_after.push(ort_allocator::stats());
+        mapped_after.push(allocator::stats());
     }
     let (first, last) = (mapped_after[0], mapped_after[3]);
     assert!(first.mapped > 0 && first.high_water > 0, "{first:?}");
@@ -102,7 +102,7 @@ fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
             });
         }
     });
-    let side_by_side = ort_allocator::stats();
+    let side_by_side = allocator::stats();
     assert!(side_by_side.reused > last.reused, "{side_by_side:?}");
     assert!(side_by_side.high_water >= side_by_side.lone_high_water);
     assert!(
@@ -112,11 +112,11 @@ fn sessions_reuse_the_cached_blocks_and_give_the_same_bits() {
     );
     assert_eq!(side_by_side.runs, 0);
 
-    ort_allocator::release_cached();
-    let released = ort_allocator::stats();
+    allocator::release_cached();
+    let released = allocator::stats();
     assert_eq!(released.cached, 0, "{released:?}");
     // Runs on after the cache was given back, mapping afresh, with the same output.
     let got = alone.run(&inputs, output).expect("run after release");
     assert!(got == expected);
-    assert!(ort_allocator::stats().mapped > released.mapped);
+    assert!(allocator::stats().mapped > released.mapped);
 }

@@ -10,22 +10,25 @@
 //! of fit + apply within 1 LSB. The pipelines agree exactly on the trimap and within
 //! 1 LSB on alpha.
 
+// `unsafe` here: calls the CUDA driver directly; each block says why it is sound.
+#![allow(unsafe_code)]
+
 mod gpu_support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use celer::config::MattingSpec;
-use celer::config::{Normalize, PipelineSpec, Scale};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
-use celer::pipeline::lanes::Lanes;
-use celer::pipeline::plane::Plane;
-use celer::pipeline::StageTimings;
-use celer::pipeline::{composite, guided_filter, preprocess, resample, trimap};
+use celer::matte::StageTimings;
 use celer::replica::cpu::CpuPipeline;
 use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
+use celer::spec::MattingSpec;
+use celer::spec::{Normalize, PipelineSpec, Scale};
+use celer::stages::lanes::Lanes;
+use celer::stages::plane::Plane;
+use celer::stages::{composite, guided_filter, preprocess, resample, trimap};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{GrayImage, Rgb, RgbImage};
@@ -192,7 +195,7 @@ fn probability_and_class_trimaps_are_exact() {
             raw[2] = 0.04;
             raw[3] = f32::NAN;
         }
-        let out = celer::backend::Tensor {
+        let out = celer::ort::Tensor {
             shape: vec![1, 1, h as usize, w as usize],
             data: raw.clone(),
         };
@@ -228,7 +231,7 @@ fn probability_and_class_trimaps_are_exact() {
             .iter()
             .map(|v| (v * 4.0).floor())
             .collect();
-        let out = celer::backend::Tensor {
+        let out = celer::ort::Tensor {
             shape: vec![1, 3, h as usize, w as usize],
             data: scores.clone(),
         };

@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use celer::backend::ort::OrtModel;
-use celer::config::{PipelineSpec, RequestLimits};
+use celer::config::RequestLimits;
 use celer::http::{routes, AppState};
+use celer::ort::session::OrtModel;
 use celer::replica::cpu::{CpuExecutor, CpuPipeline};
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use celer::spec::PipelineSpec;
 use common::{bright_rectangle, fixture_dir, png_bytes, StateOptions};
 use http_body_util::BodyExt;
 use tower::ServiceExt;

@@ -8,23 +8,26 @@
 //! A binary of its own: the other GPU tests hold GPU 0's context for their whole process,
 //! which would keep the failed context alive.
 
+// `unsafe` here: calls the CUDA driver directly; each block says why it is sound.
+#![allow(unsafe_code)]
+
 mod gpu_support;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use celer::config::PipelineSpec;
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::probe;
 use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
-use celer::pipeline::StageTimings;
+use celer::matte::StageTimings;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
 use celer::replica::{PipelineJob, PipelineRouter};
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::{Router, RouterConfig};
+use celer::spec::PipelineSpec;
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;

@@ -9,6 +9,9 @@
 //! on a dark background is cut out exactly. The overload, EXIF and binary tests run
 //! U2NetP (`make models`).
 
+// `unsafe` here: a counting global allocator; each block says why it is sound.
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -51,20 +54,24 @@ static LARGEST_ALLOCATION: AtomicUsize = AtomicUsize::new(0);
 unsafe impl GlobalAlloc for TrackingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LARGEST_ALLOCATION.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds GlobalAlloc's contract.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         LARGEST_ALLOCATION.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds GlobalAlloc's contract.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LARGEST_ALLOCATION.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds GlobalAlloc's contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged; the caller upholds GlobalAlloc's contract.
         unsafe { System.dealloc(ptr, layout) }
     }
 }
@@ -758,7 +765,7 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 }
 
 /// One CPU replica of `spec`, returned before it has loaded.
-fn unloaded_state(spec: &celer::config::PipelineSpec) -> AppState {
+fn unloaded_state(spec: &celer::spec::PipelineSpec) -> AppState {
     use celer::replica::cpu::cpu_device_setup;
     use celer::sched::{Router, RouterConfig};
     let devices = vec![cpu_device_setup(spec, 1, 1, 0)];

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use celer::codec::decode::{decode, DecodeLimits};
-use celer::config::PipelineSpec;
-use celer::pipeline::StageTimings;
+use celer::matte::StageTimings;
 use celer::replica::cpu::{cpu_cores, CpuPipeline};
+use celer::spec::PipelineSpec;
 use image::{GrayImage, Rgb, RgbImage};
 
 fn repo(path: &str) -> PathBuf {

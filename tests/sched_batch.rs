@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use celer::config::{BatchingSpec, PipelineSpec};
-use celer::pipeline::StageTimings;
+use celer::matte::StageTimings;
 use celer::replica::cpu::CpuPipeline;
+use celer::spec::{BatchingSpec, PipelineSpec};
 use image::{Rgb, RgbImage};
 
 fn repo(path: &str) -> PathBuf {

@@ -7,12 +7,12 @@ mod sched_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use celer::config::BatchingSpec;
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime};
 use celer::sched::{
     Done, JobError, QueueBudget, Router, RouterConfig, Routing, SubmitError, Ticket,
 };
+use celer::spec::BatchingSpec;
 use sched_support::{eventually, gated, Gate, GateExecutor};
 
 fn far() -> Instant {

@@ -8,6 +8,9 @@
 //! device memory through its address, as the stand-in TensorRT does (device memory is
 //! this process's memory on the stand-in).
 
+// `unsafe` here: calls the CUDA driver directly; each block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

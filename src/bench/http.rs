@@ -15,7 +15,8 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 
 use super::cpu;
-use super::report::{median, Percentiles, PointReport};
+use super::report::{Percentiles, PointReport};
+use crate::stats::median;
 
 /// One request's body, as sent.
 #[derive(Debug, Clone)]

@@ -6,18 +6,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::ort::OpThreads;
-use crate::backend::BackendError;
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::{render, RenderError};
-use crate::config::{OutputKind, PipelineSpec};
-use crate::pipeline::StageTimings;
+use crate::matte::StageTimings;
+use crate::ort::session::OpThreads;
+use crate::ort::OrtError;
 use crate::replica::cpu::{cpu_cores, timed_cutout, CpuPipeline, PipelineError};
+use crate::spec::{OutputKind, PipelineSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalBenchError {
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(#[from] OrtError),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
     #[error(transparent)]
@@ -77,7 +77,7 @@ impl Layout {
     /// --model-only`: one session on every core (what a lone request gets in `celer
     /// serve`), `replicas` sessions of `threads` each (serve's replicas under load), and
     /// `replicas` sessions on ONNX Runtime's shared pool of `cores` threads (the shared
-    /// pool must be set up first: `crate::backend::ort::share_pool`).
+    /// pool must be set up first: `crate::ort::session::share_pool`).
     pub fn candidates(cores: usize, replicas: usize, threads: usize) -> Vec<Layout> {
         let mut layouts = vec![Layout {
             name: "solo",
@@ -137,14 +137,14 @@ pub fn model_only(
         m.run(&[(seg.image.input.as_str(), shape, &input)], &seg.output)?;
     }
     let stop = AtomicBool::new(false);
-    let mapped_before = crate::backend::ort_allocator::stats().mapped_bytes;
+    let mapped_before = crate::ort::allocator::stats().mapped_bytes;
     let cpu_before = super::cpu::of_self();
     let per_session = std::thread::scope(|scope| {
         let handles: Vec<_> = models
             .iter_mut()
             .map(|m| {
                 let (stop, input) = (&stop, &input);
-                scope.spawn(move || -> Result<Vec<Duration>, BackendError> {
+                scope.spawn(move || -> Result<Vec<Duration>, OrtError> {
                     let mut runs = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
@@ -166,7 +166,7 @@ pub fn model_only(
             .collect::<Result<Vec<_>, _>>()
     })?;
     let cpu_after = super::cpu::of_self();
-    let mapped = crate::backend::ort_allocator::stats().mapped_bytes - mapped_before;
+    let mapped = crate::ort::allocator::stats().mapped_bytes - mapped_before;
     // The rate of each session is its runs over the time they took back to back; the
     // layout's is their sum. (All the runs over the time until the last session's last
     // run ends waits for the slowest: low by a fraction of a run.) The CPU time is

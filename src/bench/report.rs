@@ -7,6 +7,8 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::stats::{median, quantile};
+
 /// One measured point of a sweep (a concurrency or an offered rate).
 #[derive(Debug, Clone, Serialize)]
 pub struct PointReport {
@@ -63,30 +65,17 @@ impl Percentiles {
     }
 }
 
-/// The `q` quantile (0..=1) of `sorted`, the value at index `floor(len x q)`; `None`
-/// when empty. Every percentile the project reports goes through here.
-pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
-    let last = sorted.len().checked_sub(1)?;
-    Some(sorted[((sorted.len() as f64 * q) as usize).min(last)])
-}
-
-/// The median of `values` (sorted in place); 0 when empty.
-pub fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    quantile(values, 0.5).unwrap_or(0.0)
-}
-
 /// `(stage, p50, p90, p99)` in ms of each pipeline stage, with a `total` row.
 pub fn stage_percentiles(
-    timings: &[crate::pipeline::StageTimings],
+    timings: &[crate::matte::StageTimings],
 ) -> Vec<(&'static str, f64, f64, f64)> {
-    let pick = |f: &dyn Fn(&crate::pipeline::StageTimings) -> f64| -> (f64, f64, f64) {
+    let pick = |f: &dyn Fn(&crate::matte::StageTimings) -> f64| -> (f64, f64, f64) {
         let mut v: Vec<f64> = timings.iter().map(f).collect();
         let p50 = median(&mut v);
         let at = |q: f64| quantile(&v, q).unwrap_or(0.0);
         (p50, at(0.9), at(0.99))
     };
-    let names = crate::pipeline::StageTimings::default().stages();
+    let names = crate::matte::StageTimings::default().stages();
     let mut rows: Vec<_> = names
         .iter()
         .enumerate()

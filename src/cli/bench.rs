@@ -14,8 +14,9 @@ use crate::bench::http::{
 };
 use crate::bench::local::Layout;
 use crate::bench::report::{self, stage_percentiles, PointReport};
-use crate::config::cpus::CpuBudget;
-use crate::config::{OutputKind, PipelineSpec, RuntimeArgs};
+use crate::config::RuntimeArgs;
+use crate::host::cpus::CpuBudget;
+use crate::spec::{OutputKind, PipelineSpec};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -325,7 +326,7 @@ fn model_only(
     threads: usize,
 ) -> anyhow::Result<()> {
     let cores = CpuBudget::get().cores;
-    crate::backend::ort::share_pool(cores)?;
+    crate::ort::session::share_pool(cores)?;
     let duration = Duration::from_secs_f64(args.duration_s);
     let mut rates = Vec::new();
     println!(
@@ -364,9 +365,9 @@ fn model_only(
             rate.cpu_ms_per_run
                 .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1}"))
         );
-        println!("  {}", crate::backend::ort_allocator::stats());
+        println!("  {}", crate::ort::allocator::stats());
         // The next layout starts as a busy device would: nothing cached.
-        crate::backend::ort_allocator::release_cached();
+        crate::ort::allocator::release_cached();
         rates.push(rate);
     }
     let best = rates
@@ -423,7 +424,7 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
     for (name, p50, p90, p99) in &rows {
         println!("{name:<11} {p50:>9.2} {p90:>9.2} {p99:>9.2}");
     }
-    println!("{}", crate::backend::ort_allocator::stats());
+    println!("{}", crate::ort::allocator::stats());
     if let Some(path) = &args.json {
         let json: serde_json::Map<String, serde_json::Value> = rows
             .iter()

@@ -18,8 +18,6 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::backend::ort::OrtModel;
-use crate::config::PipelineSpec;
 use crate::cuda::Probe;
 use crate::engines::manifest::GpuIdentity;
 use crate::engines::profile::{resolve_profile, BatchRange, NamedShape, ShapeRequest};
@@ -27,7 +25,9 @@ use crate::engines::store::{
     build_and_store, choose_precision, BuildEvent, BuildOptions, EngineStore, ModelFile,
     StoredEngine,
 };
+use crate::ort::session::OrtModel;
 use crate::replica::cpu::CpuPipeline;
+use crate::spec::PipelineSpec;
 use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
 #[derive(Debug, Clone, Args)]
@@ -102,7 +102,7 @@ fn validate_on_cpu(
     for m in models {
         print_model_header(m);
         let model = OrtModel::load(&m.path, 1)?;
-        let describe = |list: Vec<crate::backend::ort::TensorDescription>, is_input: bool| {
+        let describe = |list: Vec<crate::ort::session::TensorDescription>, is_input: bool| {
             list.into_iter()
                 .map(|t| (t.name, t.element_type, t.shape, is_input))
                 .collect::<Vec<_>>()

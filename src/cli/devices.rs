@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 
-use crate::config::{DeviceArgs, PipelineSpec, RuntimeArgs};
+use crate::config::{DeviceArgs, RuntimeArgs};
 use crate::cuda::Probe;
 use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::plan_gpus;
@@ -12,6 +12,7 @@ use crate::replica::cpu::cpu_device_setup;
 use crate::replica::gpu::{gpu_device_setup, GpuLimits};
 use crate::replica::BoxedPipelineExecutor;
 use crate::sched::{Device, DeviceSetup};
+use crate::spec::PipelineSpec;
 
 /// The device setups for `spec`, images up to `max_pixels`. Fails, before any model is
 /// loaded, when a named GPU is missing or a stored engine does not fit.

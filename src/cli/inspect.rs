@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use crate::backend::ort::OrtModel;
-use crate::config::PIPELINE_FILE;
 use crate::engines::manifest::{list_manifests, short, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
 use crate::engines::profile::shape_string;
+use crate::ort::session::OrtModel;
+use crate::spec::PIPELINE_FILE;
 use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
 #[derive(Debug, Clone, Args)]

@@ -64,11 +64,11 @@ impl Cli {
 
 /// Loads and checks the pipeline description of `dir`, including that each model file
 /// exists (with the command that fetches it when it does not).
-pub fn load_pipeline(dir: &std::path::Path) -> anyhow::Result<crate::config::PipelineSpec> {
-    let spec = crate::config::PipelineSpec::load_dir(dir)?;
+pub fn load_pipeline(dir: &std::path::Path) -> anyhow::Result<crate::spec::PipelineSpec> {
+    let spec = crate::spec::PipelineSpec::load_dir(dir)?;
     for (key, path) in spec.model_keys() {
         if !path.is_file() {
-            return Err(crate::config::ConfigError::MissingModel {
+            return Err(crate::spec::SpecError::MissingModel {
                 file: spec.source.clone(),
                 key: key.into(),
                 model: path.to_path_buf(),

@@ -13,10 +13,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::render;
-use crate::config::{DeviceArgs, OutputKind, RuntimeArgs};
-use crate::pipeline::StageTimings;
+use crate::config::{DeviceArgs, RuntimeArgs};
+use crate::matte::StageTimings;
 use crate::replica::{BoxedPipelineExecutor, PipelineJob, PipelineRouter};
 use crate::sched::{Router, RouterConfig, Ticket};
+use crate::spec::OutputKind;
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -47,7 +48,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let files = collect_inputs(&args.inputs)?;
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
-    crate::backend::ort::environment()?;
+    crate::ort::session::environment()?;
     let devices = super::devices::device_setups(
         &spec,
         &args.runtime,

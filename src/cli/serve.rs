@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::sync::watch;
 
-use crate::config::cpus::CpuBudget;
 use crate::config::ServeArgs;
+use crate::host::cpus::CpuBudget;
 use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Router};
 
@@ -69,7 +69,7 @@ impl IdleTrim {
 /// block cache, then the heap trim.
 async fn trim_when_idle(state: Arc<AppState>) {
     fn trim() {
-        crate::backend::ort_allocator::release_cached();
+        crate::ort::allocator::release_cached();
         if let Some(&heap_trim) = HEAP_TRIM.get() {
             heap_trim();
         }
@@ -106,7 +106,7 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     args.runtime.replicas = plan.replicas;
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
-    crate::backend::ort::environment()?;
+    crate::ort::session::environment()?;
     let setups =
         super::devices::device_setups(&spec, &args.runtime, &args.device, args.max_pixels)?;
     let names: Vec<String> = setups

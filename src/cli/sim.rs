@@ -9,11 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::config::BatchingSpec;
 use crate::sched::sim::{
     drive, parse_sim_devices, sim_devices, Arrivals, LoadReport, LoadSpec, ServiceTime,
 };
 use crate::sched::{Router, RouterConfig, Routing};
+use crate::spec::BatchingSpec;
 
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
@@ -139,7 +139,7 @@ struct Rows {
 impl Rows {
     fn median(&self, f: impl Fn(&LoadReport) -> f64) -> f64 {
         let mut v: Vec<f64> = self.reports.iter().map(f).collect();
-        crate::bench::report::median(&mut v)
+        crate::stats::median(&mut v)
     }
 }
 

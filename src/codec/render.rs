@@ -9,8 +9,8 @@ use std::time::Instant;
 use image::{ExtendedColorType, GrayImage, RgbaImage};
 
 use super::encode;
-use crate::config::OutputKind;
-use crate::pipeline::{Matte, StageTimings};
+use crate::matte::{Matte, StageTimings};
+use crate::spec::OutputKind;
 
 /// How an image answer is encoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

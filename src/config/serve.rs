@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::cpus::CpuBudget;
 use super::hosting::{BatchJob, Explicit, HostingArgs, HostingPlan};
 use crate::codec::decode::DecodeLimits;
+use crate::host::cpus::CpuBudget;
 use crate::sched::{DeviceSelection, QueueBudget, RouterConfig, Routing};
 
 /// How many replicas, with how many ONNX Runtime threads each.

@@ -309,7 +309,7 @@ pub fn write_disk_cache(cubins: &Cubins) {
 pub fn write_cache_to(dir: &std::path::Path, cubins: &Cubins) -> std::io::Result<()> {
     for (name, bytes) in &cubins.files {
         // Atomically, so that a concurrent reader never sees half a file.
-        crate::atomic_write::write_atomically(
+        crate::host::atomic_write::write_atomically(
             &dir.join(cache_file_name(cubins.arch, cubins.nvrtc, name)),
             bytes,
         )?;

@@ -11,7 +11,7 @@ use half::f16;
 use super::device::KernelSet;
 use super::taps::{ConvolutionTaps, FixedTaps, FlatTaps, UpsampleTaps};
 use super::CudaError;
-use crate::config::{Normalize, Scale};
+use crate::spec::{Normalize, Scale};
 
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;

@@ -4,7 +4,7 @@
 //! fast guided filter's buffers and steps (`guided`), model tensors on the device
 //! (`tensor`) and a TensorRT engine with its own buffers (`trt_model`). How a replica
 //! orders these for a request is `crate::replica::gpu`. The CPU stages in
-//! `crate::pipeline` are the reference every kernel is tested against. Nothing here may
+//! `crate::stages` are the reference every kernel is tested against. Nothing here may
 //! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
 //! `unsafe` lives here (FFI, launches, the TensorRT model), each block with its reason.
 
@@ -65,7 +65,7 @@ pub enum CudaError {
     #[error("{stage}: {reason}")]
     Stage { stage: &'static str, reason: String },
     #[error(transparent)]
-    Backend(#[from] crate::backend::BackendError),
+    Backend(#[from] crate::ort::OrtError),
     #[error(transparent)]
     TensorRt(#[from] crate::tensorrt::TrtError),
 }

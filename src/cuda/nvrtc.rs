@@ -388,7 +388,7 @@ fn library_candidates() -> Vec<PathBuf> {
     if let Some(path) = std::env::var_os("CELER_NVRTC_PATH") {
         return vec![PathBuf::from(path)];
     }
-    let mut candidates: Vec<PathBuf> = crate::backend::ort::venvs()
+    let mut candidates: Vec<PathBuf> = crate::host::wheels::venvs()
         .map(|venv| find_in_venv(&venv))
         .find(|found| !found.is_empty())
         .unwrap_or_default();

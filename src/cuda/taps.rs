@@ -6,7 +6,7 @@
 //! flattened to the fixed-stride layout the kernels read: `first[i]`, `count[i]`, then
 //! `stride` weights per output.
 
-use crate::pipeline::preprocess::{bilinear_weights, Taps};
+use crate::stages::preprocess::{bilinear_weights, Taps};
 
 /// One axis of resampling taps in the layout the kernels read: for output sample `i`,
 /// `count[i]` weights from `weights[i * stride]`, applied to the inputs from `first[i]`.
@@ -154,8 +154,8 @@ pub fn nearest_indices(src: u32, dst: u32) -> Vec<u32> {
 /// `guided_alpha`.
 pub mod mirror {
     use super::{ConvolutionTaps, UpsampleTaps};
-    use crate::pipeline::guided_filter::LinearModel;
-    use crate::pipeline::trimap::{BACKGROUND, FOREGROUND};
+    use crate::stages::guided_filter::LinearModel;
+    use crate::stages::trimap::{BACKGROUND, FOREGROUND};
 
     /// `model_alpha` (composite.cu) on the CPU before quantisation: `q` at every pixel
     /// of `rgb` (`w` x `h`). For each horizontal tap the vertical sum of that column,
@@ -276,9 +276,9 @@ pub mod mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::lanes::Lanes;
-    use crate::pipeline::plane::Plane;
-    use crate::pipeline::resample;
+    use crate::stages::lanes::Lanes;
+    use crate::stages::plane::Plane;
+    use crate::stages::resample;
     use fast_image_resize::Resizer;
     use image::GrayImage;
 
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn guided_alpha_mirror_is_linear_model_alpha_bit_for_bit() {
-        use crate::pipeline::guided_filter;
+        use crate::stages::guided_filter;
         for (w, h, mw, mh) in [
             (1, 1, 1, 1),
             (7, 5, 3, 2),

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-pub use crate::atomic_write::write_atomically;
 pub use crate::cuda::GpuIdentity;
+pub use crate::host::atomic_write::write_atomically;
 use crate::tensorrt::{InputProfile, Precision, TensorDesc, TrtVersion};
 
 /// The folder, inside a model directory, that holds the engines.

@@ -13,8 +13,8 @@ use super::select::{choose_engines, EngineChoice, GpuModels, ModelRef};
 use super::store::{
     build_and_store, choose_precision, BuildOptions, EngineStore, ModelFile, StoreError,
 };
-use crate::config::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use crate::cuda::GpuInfo;
+use crate::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use crate::tensorrt::{Engine, TensorRt, TrtError};
 
 /// Why a GPU's engines could not be planned or loaded.

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::config::{MattingSpec, PipelineSpec};
+use crate::spec::{MattingSpec, PipelineSpec};
 
 use crate::tensorrt::InputProfile;
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::config::PipelineSpec;
+use crate::spec::PipelineSpec;
 
 use super::manifest::{
     engine_dir, find_engine_in, model_name, sha256_bytes, sha256_file, write_atomically,

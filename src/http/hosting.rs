@@ -16,8 +16,9 @@ use super::AppState;
 use crate::codec::decode::DecodeLimits;
 use crate::codec::ImageFormat;
 use crate::config::hosting::{BatchJob, BatchStrategy, Explicit};
-use crate::config::{HostingMode, HostingPlan, OutputKind};
+use crate::config::{HostingMode, HostingPlan};
 use crate::sched::DeviceView;
+use crate::spec::OutputKind;
 
 /// The hosting settings the handlers read.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,10 +22,10 @@ use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
-use crate::config::OutputKind;
-use crate::pipeline::StageTimings;
+use crate::matte::StageTimings;
 use crate::replica::{PipelineJob, PipelineOutput};
 use crate::sched::Admission;
+use crate::spec::OutputKind;
 use image::RgbImage;
 
 #[derive(Deserialize)]

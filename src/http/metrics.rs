@@ -17,7 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use super::AppState;
-use crate::pipeline::StageTimings;
+use crate::matte::StageTimings;
 use crate::sched::metrics::{latency_us, us, HistogramFamily};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -21,9 +21,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::config::{OutputKind, RequestLimits};
+use crate::config::RequestLimits;
 use crate::replica::PipelineRouter;
 use crate::sched::Readiness;
+use crate::spec::OutputKind;
 use error::ApiError;
 
 pub use fetch::UrlFetcher;

@@ -6,8 +6,8 @@
 use axum::http::{header, HeaderMap, StatusCode};
 
 use crate::codec::ImageFormat;
-use crate::config::OutputKind;
 use crate::http::error::ApiError;
+use crate::spec::OutputKind;
 
 pub const CUSTOM_ATTRIBUTES: &str = "x-amzn-sagemaker-custom-attributes";
 

@@ -24,8 +24,8 @@ use super::invocations::{admit_and_read, base64_payload, blocking, run_image, ti
 use super::AppState;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::codec::ImageFormat;
-use crate::config::OutputKind;
 use crate::sched::Readiness;
+use crate::spec::OutputKind;
 
 /// The one version this server has of its model.
 pub const MODEL_VERSION: &str = "1";
@@ -622,7 +622,7 @@ fn answer(
     model: &str,
     id: Option<String>,
     asked: &[Asked],
-    matte: &crate::pipeline::Matte,
+    matte: &crate::matte::Matte,
     cutout: Option<&image::RgbaImage>,
 ) -> Result<Answer, ApiError> {
     let (w, h) = matte.alpha.dimensions();
@@ -792,7 +792,7 @@ mod tests {
 
     #[test]
     fn answers_json_and_binary() {
-        let matte = crate::pipeline::Matte {
+        let matte = crate::matte::Matte {
             alpha: image::GrayImage::from_raw(2, 1, vec![0, 255]).unwrap(),
             trimap: image::GrayImage::from_raw(2, 1, vec![0, 128]).unwrap(),
         };

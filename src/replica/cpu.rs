@@ -1,4 +1,4 @@
-//! A CPU replica: the pipeline's stages (`crate::pipeline`) in order around its own ONNX
+//! A CPU replica: the pipeline's stages (`crate::stages`) in order around its own ONNX
 //! Runtime sessions, one request (or one batch) at a time, and the `Executor` the
 //! scheduler runs it through. The CPU path is the embedded default and the reference
 //! every GPU kernel is tested against.
@@ -12,20 +12,20 @@ use image::{GrayImage, RgbImage, RgbaImage};
 use super::cores::CoreShare;
 use super::models::{self, nchw, ModelError};
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use crate::backend::ort::{OpThreads, OrtModel};
-use crate::backend::{BackendError, Tensor};
-use crate::config::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
-use crate::pipeline::lanes::Lanes;
-use crate::pipeline::plane::Plane;
-use crate::pipeline::{composite, guided_filter, preprocess, resample, trimap};
-use crate::pipeline::{Matte, StageTimings};
+use crate::matte::{Matte, StageTimings};
+use crate::ort::session::{OpThreads, OrtModel};
+use crate::ort::{OrtError, Tensor};
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
+use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
+use crate::stages::lanes::Lanes;
+use crate::stages::plane::Plane;
+use crate::stages::{composite, guided_filter, preprocess, resample, trimap};
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("{stage}: {reason}")]
@@ -408,7 +408,7 @@ fn run_matting_model(
 
 /// `[batching]` with more than one request per run needs a dynamic batch dimension on the
 /// segmentation input; a fixed one (U2NetP's is 1) would fail at the first batch.
-fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), BackendError> {
+fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), OrtError> {
     let seg = &spec.segmentation;
     if spec.batching.max_batch <= 1 {
         return Ok(());
@@ -422,7 +422,7 @@ fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), BackendEr
     if shape.first().is_some_and(|&b| b < 0) {
         return Ok(());
     }
-    Err(BackendError::Mismatch {
+    Err(OrtError::Mismatch {
         model: model.label().to_string(),
         reason: format!(
             "{}: [batching] max_batch = {} needs a dynamic batch dimension on input `{}`, whose shape is {:?}; remove [batching] or export the model with a dynamic batch",

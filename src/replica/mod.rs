@@ -3,7 +3,7 @@
 //! TensorRT). It owns the `Executor` implementations for the CPU (`cpu`) and the GPU
 //! (`gpu`), and the model contract that ONNX Runtime and TensorRT models are both checked
 //! against (`contract`). Decoding and encoding are `crate::codec`'s; the CPU stages are
-//! `crate::pipeline`'s. See docs/architecture.md.
+//! `crate::stages`'s. See docs/architecture.md.
 
 pub mod contract;
 pub mod cores;
@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use image::{RgbImage, RgbaImage};
 
-use crate::config::OutputKind;
-use crate::pipeline::{Matte, StageTimings};
+use crate::matte::{Matte, StageTimings};
 use crate::sched::{Executor, Router};
+use crate::spec::OutputKind;
 
 /// The device stages' input: a decoded image, the times of the stages before, and
 /// whether the answer shows the cut-out (decided once, from the output kind).

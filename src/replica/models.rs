@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use super::contract::{ContractError, Declared, Element, ModelContract};
-use crate::backend::ort::{OpThreads, OrtModel, TensorDescription};
-use crate::backend::BackendError;
-use crate::config::{ImageInputSpec, MattingSpec, PipelineSpec};
+use crate::ort::session::{OpThreads, OrtModel, TensorDescription};
+use crate::ort::OrtError;
+use crate::spec::{ImageInputSpec, MattingSpec, PipelineSpec};
 
 /// One model of the pipeline: its file, what the pipeline feeds it and what it reads.
 #[derive(Debug, Clone)]
@@ -23,7 +23,7 @@ pub struct ModelSpec<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(#[from] OrtError),
     #[error(transparent)]
     Contract(#[from] ContractError),
 }

@@ -9,31 +9,7 @@ use crossbeam_channel::Receiver;
 
 use super::worker::{Job, Work};
 use super::Executor;
-
-/// `[batching]`: how a device may group requests into one model run. Allowed only when
-/// the segmentation model's input has a dynamic batch dimension, which only loading the
-/// model can tell: the CPU replica checks it when it loads (`replica::cpu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchingSpec {
-    /// Requests per model run; 1 turns batching off.
-    pub max_batch: usize,
-    /// How long a replica that already holds two or more requests waits for more before
-    /// it runs them. A lone request on an idle device never waits.
-    pub max_wait_us: u64,
-}
-
-impl BatchingSpec {
-    pub const OFF: Self = Self {
-        max_batch: 1,
-        max_wait_us: 0,
-    };
-}
-
-impl Default for BatchingSpec {
-    fn default() -> Self {
-        Self::OFF
-    }
-}
+use crate::spec::BatchingSpec;
 
 /// Builds a batch starting with `first`. `still_wanted` filters each added job (cancelled or
 /// expired ones are answered and dropped there). Returns the batch and a non-job message

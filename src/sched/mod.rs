@@ -19,7 +19,6 @@ mod worker;
 
 use std::time::Duration;
 
-pub use batcher::BatchingSpec;
 pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor, Recovery};
 pub use metrics::SchedMetrics;

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::{oneshot, watch};
 
-use super::batcher::BatchingSpec;
 use super::metrics::{us, ReasonLabel, SchedMetrics};
 use super::state::{DeviceState, Outstanding};
 use super::worker::{self, Job, ReplicaConfig, Work};
 use super::{Done, ExecError, Executor, JobError, Readiness, SubmitError};
+use crate::spec::BatchingSpec;
 
 /// How a request picks its device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::batcher::BatchingSpec;
 use super::router::{DeviceSetup, Router};
 use super::{ExecError, Executor, SubmitError};
+use crate::spec::BatchingSpec;
 
 /// A lognormal service time: `median x exp(sigma x Z)`, Z standard normal.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,7 +185,7 @@ impl Percentiles {
             return Self::default();
         }
         values.sort_unstable();
-        let at = |q: f64| crate::bench::report::quantile(&values, q).unwrap_or_default();
+        let at = |q: f64| crate::stats::quantile(&values, q).unwrap_or_default();
         Self {
             p50: at(0.50),
             p99: at(0.99),

@@ -13,11 +13,11 @@ use crossbeam_channel::Receiver;
 use tokio::sync::oneshot;
 
 use super::batcher::gather;
-use super::batcher::BatchingSpec;
 use super::metrics::us;
 use super::router::LoadFn;
 use super::state::{DeviceState, Outstanding};
 use super::{Done, Executor, JobError, Recovery};
+use crate::spec::BatchingSpec;
 
 /// What a device's queue carries.
 pub(crate) enum Work<E: Executor> {

@@ -20,9 +20,8 @@ pub struct Network {
     _lib: Arc<Library>,
 }
 
-/// # Safety
-/// TensorRT's builder may be used by one thread at a time, from any thread;
-/// `Network` is not Sync and `build` takes `&mut self`, so Rust enforces that.
+// SAFETY: TensorRT's builder may be used by one thread at a time, from any thread;
+// `Network` is not Sync and `build` takes `&mut self`, so Rust enforces that.
 unsafe impl Send for Network {}
 
 impl Drop for Network {
@@ -45,9 +44,9 @@ impl TensorRt {
         }
         let path = result::path_arg(onnx)?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: the library (with its parser) is open; `path` outlives the call; `raw`
-        // is a valid out pointer.
         check(
+            // SAFETY: the library (with its parser) is open; `path` outlives the call; `raw`
+            // is a valid out pointer.
             unsafe { sys::celer_trt_network_parse(lib.raw.as_ptr(), path.as_ptr(), &mut raw) },
             "ONNX parser",
         )?;
@@ -75,8 +74,8 @@ impl Network {
 
     fn tensors(&self, inputs: bool) -> Result<Vec<TensorDesc>, TrtError> {
         let (mut n_in, mut n_out) = (0, 0);
-        // SAFETY: the network is alive; the counts are valid out pointers.
         check(
+            // SAFETY: the network is alive; the counts are valid out pointers.
             unsafe { sys::celer_trt_network_io_count(self.raw.as_ptr(), &mut n_in, &mut n_out) },
             "network I/O",
         )?;
@@ -85,8 +84,8 @@ impl Network {
         for index in 0..count {
             // SAFETY: all-zero is a valid celer_trt_tensor_desc.
             let mut desc: sys::celer_trt_tensor_desc = unsafe { std::mem::zeroed() };
-            // SAFETY: the network is alive; `desc` is a valid out pointer.
             check(
+                // SAFETY: the network is alive; `desc` is a valid out pointer.
                 unsafe {
                     sys::celer_trt_network_io_tensor(
                         self.raw.as_ptr(),
@@ -147,10 +146,10 @@ impl Network {
                 .cast::<c_void>(),
         };
         let (mut plan, mut timing_cache) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: the network is alive and exclusively borrowed; `options`, `entries`
-        // (with the names they point to), the cache bytes and `callback` all outlive the
-        // call, which is synchronous; the out pointers are valid.
         check(
+            // SAFETY: the network is alive and exclusively borrowed; `options`, `entries`
+            // (with the names they point to), the cache bytes and `callback` all outlive the
+            // call, which is synchronous; the out pointers are valid.
             unsafe {
                 sys::celer_trt_network_build(
                     self.raw.as_ptr(),

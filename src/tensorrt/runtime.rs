@@ -33,13 +33,11 @@ pub(super) struct Library {
     pub(super) has_parser: bool,
 }
 
-/// # Safety
-/// The shim's library object is immutable after `celer_trt_library_open(_parser)`
-/// (both done before it is shared) and holds process-wide dlopen handles, usable from
-/// any thread.
+// SAFETY: The shim's library object is immutable after `celer_trt_library_open(_parser)`
+// (both done before it is shared) and holds process-wide dlopen handles, usable from
+// any thread.
 unsafe impl Send for Library {}
-/// # Safety
-/// As for Send; shared access only reads it.
+// SAFETY: As for Send; shared access only reads it.
 unsafe impl Sync for Library {}
 
 impl Drop for Library {
@@ -144,8 +142,8 @@ impl TensorRt {
 
     pub fn runtime(&self) -> Result<Runtime, TrtError> {
         let mut raw = std::ptr::null_mut();
-        // SAFETY: the library is open (we hold it); `raw` is a valid out pointer.
         check(
+            // SAFETY: the library is open (we hold it); `raw` is a valid out pointer.
             unsafe { sys::celer_trt_runtime_create(self.lib.raw.as_ptr(), &mut raw) },
             "createInferRuntime",
         )?;
@@ -192,13 +190,11 @@ struct RuntimeInner {
     _lib: Arc<Library>,
 }
 
-/// # Safety
-/// TensorRT objects are not bound to the thread that created them; the only call
-/// into the IRuntime (`deserialize`) is serialised by the mutex, and engines keep the
-/// runtime alive only through this Arc.
+// SAFETY: TensorRT objects are not bound to the thread that created them; the only call
+// into the IRuntime (`deserialize`) is serialised by the mutex, and engines keep the
+// runtime alive only through this Arc.
 unsafe impl Send for RuntimeInner {}
-/// # Safety
-/// As for Send.
+// SAFETY: As for Send.
 unsafe impl Sync for RuntimeInner {}
 
 impl Drop for RuntimeInner {
@@ -226,9 +222,9 @@ impl Runtime {
                 .deserialize
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            // SAFETY: the runtime is alive; `plan` is readable for `plan.len()` bytes
-            // during the call (TensorRT copies what it keeps); `raw` is a valid out pointer.
             check(
+                // SAFETY: the runtime is alive; `plan` is readable for `plan.len()` bytes
+                // during the call (TensorRT copies what it keeps); `raw` is a valid out pointer.
                 unsafe {
                     sys::celer_trt_engine_deserialize(
                         self.inner.raw.as_ptr(),
@@ -262,14 +258,12 @@ pub struct Engine {
     _runtime: Arc<RuntimeInner>,
 }
 
-/// # Safety
-/// TensorRT objects are not thread-affine, and every call into the ICudaEngine
-/// goes through `calls`; execution contexts, the part TensorRT says must not be shared
-/// between threads, are separate objects (`ExecutionContext`, not Sync).
+// SAFETY: TensorRT objects are not thread-affine, and every call into the ICudaEngine
+// goes through `calls`; execution contexts, the part TensorRT says must not be shared
+// between threads, are separate objects (`ExecutionContext`, not Sync).
 unsafe impl Send for Engine {}
-/// # Safety
-/// As for Send: shared access either reads Rust-side copies (`io`) or takes
-/// the `calls` lock.
+// SAFETY: As for Send: shared access either reads Rust-side copies (`io`) or takes
+// the `calls` lock.
 unsafe impl Sync for Engine {}
 
 impl Drop for Engine {
@@ -294,8 +288,8 @@ impl Engine {
     fn read_io(&self) -> Result<Vec<TensorDesc>, TrtError> {
         let _guard = self.lock();
         let mut count = 0;
-        // SAFETY: the engine is alive; `count` is a valid out pointer.
         check(
+            // SAFETY: the engine is alive; `count` is a valid out pointer.
             unsafe { sys::celer_trt_engine_io_count(self.raw.as_ptr(), &mut count) },
             "getNbIOTensors",
         )?;
@@ -303,8 +297,8 @@ impl Engine {
         for index in 0..count {
             // SAFETY: all-zero is a valid celer_trt_tensor_desc (null name, zero dims).
             let mut desc: sys::celer_trt_tensor_desc = unsafe { std::mem::zeroed() };
-            // SAFETY: the engine is alive; `desc` is a valid out pointer.
             check(
+                // SAFETY: the engine is alive; `desc` is a valid out pointer.
                 unsafe { sys::celer_trt_engine_io_tensor(self.raw.as_ptr(), index, &mut desc) },
                 "getIOTensorName",
             )?;
@@ -330,8 +324,8 @@ impl Engine {
     pub fn profile_count(&self) -> Result<usize, TrtError> {
         let _guard = self.lock();
         let mut count = 0;
-        // SAFETY: the engine is alive; `count` is a valid out pointer.
         check(
+            // SAFETY: the engine is alive; `count` is a valid out pointer.
             unsafe { sys::celer_trt_engine_profile_count(self.raw.as_ptr(), &mut count) },
             "getNbOptimizationProfiles",
         )?;
@@ -344,9 +338,9 @@ impl Engine {
         let empty = result::dims_from(&[])?;
         let (mut min, mut opt, mut max) = (empty, empty, empty);
         let _guard = self.lock();
-        // SAFETY: the engine is alive; `c_name` outlives the call; the dims are valid
-        // out pointers.
         check(
+            // SAFETY: the engine is alive; `c_name` outlives the call; the dims are valid
+            // out pointers.
             unsafe {
                 sys::celer_trt_engine_profile_shape(
                     self.raw.as_ptr(),
@@ -371,8 +365,8 @@ impl Engine {
     pub fn device_memory_bytes(&self) -> Result<u64, TrtError> {
         let _guard = self.lock();
         let mut bytes = 0i64;
-        // SAFETY: the engine is alive; `bytes` is a valid out pointer.
         check(
+            // SAFETY: the engine is alive; `bytes` is a valid out pointer.
             unsafe { sys::celer_trt_engine_device_memory_size(self.raw.as_ptr(), &mut bytes) },
             "getDeviceMemorySize",
         )?;
@@ -402,9 +396,9 @@ impl Engine {
             )));
         }
         let context = self.new_context(true)?;
-        // SAFETY: the context is alive and exclusively ours; the memory contract is the
-        // caller's.
         check(
+            // SAFETY: the context is alive and exclusively ours; the memory contract is the
+            // caller's.
             unsafe {
                 sys::celer_trt_context_set_device_memory(
                     context.raw.as_ptr(),
@@ -424,8 +418,8 @@ impl Engine {
         let mut raw = std::ptr::null_mut();
         {
             let _guard = self.lock();
-            // SAFETY: the engine is alive; `raw` is a valid out pointer.
             check(
+                // SAFETY: the engine is alive; `raw` is a valid out pointer.
                 unsafe {
                     sys::celer_trt_context_create(
                         self.raw.as_ptr(),
@@ -452,11 +446,10 @@ pub struct ExecutionContext {
     engine: Arc<Engine>,
 }
 
-/// # Safety
-/// TensorRT allows a context to be used from any thread as long as no two use it
-/// at once ("the runtime can be used by multiple threads simultaneously, so long as each
-/// object uses a different execution context"); without Sync, and with every mutating
-/// call on `&mut self`, Rust enforces exactly that.
+// SAFETY: TensorRT allows a context to be used from any thread as long as no two use it
+// at once ("the runtime can be used by multiple threads simultaneously, so long as each
+// object uses a different execution context"); without Sync, and with every mutating
+// call on `&mut self`, Rust enforces exactly that.
 unsafe impl Send for ExecutionContext {}
 
 impl Drop for ExecutionContext {
@@ -512,9 +505,9 @@ impl ExecutionContext {
     pub fn tensor_shape(&self, name: &str) -> Result<Vec<i64>, TrtError> {
         let c_name = result::c_name(name)?;
         let mut dims = result::dims_from(&[])?;
-        // SAFETY: the context is alive (shared borrow, and the type is not Sync, so no
-        // other thread uses it); `c_name` and `dims` outlive the call.
         check(
+            // SAFETY: the context is alive (shared borrow, and the type is not Sync, so no
+            // other thread uses it); `c_name` and `dims` outlive the call.
             unsafe {
                 sys::celer_trt_context_tensor_shape(self.raw.as_ptr(), c_name.as_ptr(), &mut dims)
             },

@@ -274,12 +274,10 @@ impl CudaStream {
     }
 }
 
-/// # Safety
-/// A stream handle is an opaque token that the CUDA driver accepts from any host
-/// thread (the driver API is thread-safe); `CudaStream` never dereferences it.
+// SAFETY: A stream handle is an opaque token that the CUDA driver accepts from any host
+// thread (the driver API is thread-safe); `CudaStream` never dereferences it.
 unsafe impl Send for CudaStream {}
-/// # Safety
-/// As for Send; sharing the token gives no access beyond copying it.
+// SAFETY: As for Send; sharing the token gives no access beyond copying it.
 unsafe impl Sync for CudaStream {}
 
 /// An address in device memory (a `CUdeviceptr` as a pointer), owned by the caller.
@@ -301,12 +299,10 @@ impl DevicePtr {
     }
 }
 
-/// # Safety
-/// A device address is a number that host code never dereferences; the CUDA
-/// driver accepts it from any host thread.
+// SAFETY: A device address is a number that host code never dereferences; the CUDA
+// driver accepts it from any host thread.
 unsafe impl Send for DevicePtr {}
-/// # Safety
-/// As for Send.
+// SAFETY: As for Send.
 unsafe impl Sync for DevicePtr {}
 
 /// A build-progress event from TensorRT's builder (IProgressMonitor).

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use celer::codec::decode::DecodeLimits;
-use celer::config::{OutputKind, RequestLimits};
+use celer::config::RequestLimits;
 use celer::http::{AppState, UrlFetcher};
 use celer::replica::cpu::cpu_device_setup;
 use celer::sched::{Router, RouterConfig};
+use celer::spec::OutputKind;
 use image::{ImageEncoder, Rgb, RgbImage};
 
 /// `path` relative to the crate root.
@@ -66,7 +67,7 @@ pub fn fixture_dir(name: &str) -> PathBuf {
 /// when its model files have not been fetched.
 pub fn model_dir(name: &str) -> PathBuf {
     let dir = repo("onnx").join(name);
-    let spec = celer::config::PipelineSpec::load_dir(&dir)
+    let spec = celer::spec::PipelineSpec::load_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for (key, model) in spec.model_keys() {
         assert!(
@@ -199,7 +200,7 @@ pub fn jpeg_bytes(image: &RgbImage, quality: u8) -> Vec<u8> {
 pub fn opaque_output(job: &celer::replica::PipelineJob) -> celer::replica::PipelineOutput {
     let (w, h) = job.image.dimensions();
     celer::replica::PipelineOutput {
-        matte: celer::pipeline::Matte {
+        matte: celer::matte::Matte {
             alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
             trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),
         },

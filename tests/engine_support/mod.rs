@@ -7,11 +7,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use celer::config::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use celer::cuda::GpuDevice;
 use celer::engines::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
-use celer::pipeline::StageTimings;
+use celer::matte::StageTimings;
 use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
+use celer::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use celer::tensorrt::{Precision, TensorRt};
 use image::RgbImage;
 

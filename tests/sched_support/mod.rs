@@ -8,8 +8,8 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use celer::config::BatchingSpec;
 use celer::sched::{DeviceSetup, ExecError, Executor};
+use celer::spec::BatchingSpec;
 
 /// Far beyond anything a passing test needs; a test that waits this long has failed.
 pub const PATIENCE: Duration = Duration::from_secs(20);

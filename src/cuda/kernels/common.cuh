@@ -13,7 +13,7 @@ typedef unsigned int u32;
 typedef int i32;
 typedef unsigned long long u64;
 
-// Trimap values (src/pipeline/trimap.rs).
+// Trimap values (src/stages/trimap.rs).
 #define TRIMAP_BACKGROUND 0
 #define TRIMAP_UNKNOWN 128
 #define TRIMAP_FOREGROUND 255

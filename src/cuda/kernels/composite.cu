@@ -1,4 +1,4 @@
-// Composite (src/pipeline/composite.rs): the refined alpha quantised to u8, with the
+// Composite (src/stages/composite.rs): the refined alpha quantised to u8, with the
 // trimap's certain pixels overriding it, and the straight (not premultiplied) RGBA
 // cut-out. Exact: clamp, one f32 multiply and round-half-away-from-zero. The guided
 // filter's alpha is made here too: its linear model, fitted at low resolution

@@ -1,4 +1,4 @@
-// Guided filter fit (src/pipeline/guided_filter.rs, `coefficients`): luma guide I, mask p
+// Guided filter fit (src/stages/guided_filter.rs, `coefficients`): luma guide I, mask p
 // (clamped to [0, 1] as `fit` does), box means over the (2r+1)^2 window clipped to the
 // image, at the fit's resolution (1/subsample of the source). Each box sum runs in f64 in
 // the CPU's exact order (BoxFilter::mean: a running sum along each row, then along each

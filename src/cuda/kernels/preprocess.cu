@@ -1,5 +1,5 @@
 // Preprocess: interleaved RGB8 at the source size -> the model's planar NCHW input, f32 or
-// f16. The resize is PIL's BILINEAR in 22-bit fixed point (src/pipeline/preprocess.rs):
+// f16. The resize is PIL's BILINEAR in 22-bit fixed point (src/stages/preprocess.rs):
 // a horizontal pass rounded to u8, then a vertical pass rounded to u8, with the taps
 // computed on the host by `Taps::bilinear` and uploaded once per size pair. Then
 // `(v * s - mean[c]) / std[c]`. Integer arithmetic and IEEE f32 make it bit-exact.

@@ -1,5 +1,5 @@
 // Bilinear resize of an f32 plane (a mask or an alpha) as fast_image_resize does it for
-// PIL mode "F" (src/pipeline/resample.rs): f64 coefficients computed on the host, a
+// PIL mode "F" (src/stages/resample.rs): f64 coefficients computed on the host, a
 // horizontal pass over the rows the vertical pass needs, then the vertical pass, each
 // accumulating in f64 and rounding to f32. The horizontal sum follows the four-lane order
 // of fast_image_resize's AVX2 code, the vertical one its sequential order, so the result

@@ -1,6 +1,6 @@
 // Trimap: the segmentation output -> background (0) / unknown (128) / foreground (255) at
-// the output's resolution (src/pipeline/trimap.rs), then the erosion that widens the
-// unknown band, then PIL NEAREST to the source size (src/pipeline/resample.rs). Exact:
+// the output's resolution (src/stages/trimap.rs), then the erosion that widens the
+// unknown band, then PIL NEAREST to the source size (src/stages/resample.rs). Exact:
 // comparisons, min/max and IEEE f32 only.
 #include "common.cuh"
 

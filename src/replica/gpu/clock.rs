@@ -8,7 +8,7 @@ use std::time::Duration;
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::cuda::{CudaError, GpuDevice};
-use crate::pipeline::StageTimings;
+use crate::matte::StageTimings;
 
 /// Where the stream stands between stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

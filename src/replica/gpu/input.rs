@@ -7,9 +7,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::pipeline::GpuLimits;
-use crate::config::ImageInputSpec;
 use crate::cuda::launch::{taps_capacity, GpuTaps, Launcher, ModelInput};
 use crate::cuda::CudaError;
+use crate::spec::ImageInputSpec;
 
 /// The scratch of one input's resize: sized at start-up for the largest image accepted.
 pub struct InputStage {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::config::{MaskKind, PipelineSpec};
 use crate::cuda::launch::{GpuNearest, Launcher};
 use crate::cuda::CudaError;
+use crate::spec::{MaskKind, PipelineSpec};
 
 /// The trimap stage's buffers, at the segmentation output's resolution.
 pub struct MaskStage {

@@ -13,12 +13,12 @@ use super::mask::MaskStage;
 use super::model::{GpuModel, HostRun, ModelSource};
 use super::pipeline::{GpuLimits, SourcePlanes};
 use super::GpuError;
-use crate::config::{MattingSpec, PipelineSpec};
 use crate::cuda::guided::{FastGuidedFilter, GuidedParams};
 use crate::cuda::launch::{GpuNearest, Launcher};
 use crate::cuda::plane_resize::PlaneResize;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::replica::models;
+use crate::spec::{MattingSpec, PipelineSpec};
 
 /// How a GPU replica makes the alpha.
 pub enum Matting {

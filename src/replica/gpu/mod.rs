@@ -19,11 +19,12 @@ pub use model::ModelSource;
 pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
 
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use crate::config::PipelineSpec;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::engines::plan::{GpuEngines, GpuPlan};
 use crate::replica::models::ModelError;
-use crate::sched::{BatchingSpec, Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
+use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
+use crate::spec::BatchingSpec;
+use crate::spec::PipelineSpec;
 
 /// Why a GPU replica's stages failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +41,8 @@ impl From<cudarc::driver::DriverError> for GpuError {
     }
 }
 
-impl From<crate::backend::BackendError> for GpuError {
-    fn from(error: crate::backend::BackendError) -> Self {
+impl From<crate::ort::OrtError> for GpuError {
+    fn from(error: crate::ort::OrtError) -> Self {
         Self::Cuda(error.into())
     }
 }

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::GpuError;
-use crate::backend::ort::OrtModel;
 use crate::cuda::launch::{Launcher, ModelInput};
 use crate::cuda::tensor::TensorElement;
 use crate::cuda::trt_model::{TrtInput, TrtModel};
 use crate::cuda::{CudaError, GpuDevice};
 use crate::engines::manifest::model_name;
+use crate::ort::session::OrtModel;
 use crate::replica::contract::{Declared, Element};
 use crate::replica::models::ModelSpec;
 use crate::tensorrt::{DataType, Engine};

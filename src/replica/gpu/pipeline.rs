@@ -18,11 +18,11 @@ use super::matting::Matting;
 use super::model::{GpuModel, ModelSource};
 use super::transfer::Transfer;
 use super::GpuError;
-use crate::config::PipelineSpec;
 use crate::cuda::launch::Launcher;
 use crate::cuda::{CudaError, GpuDevice};
-use crate::pipeline::{Matte, StageTimings};
+use crate::matte::{Matte, StageTimings};
 use crate::replica::models;
+use crate::spec::PipelineSpec;
 
 /// The largest image the GPU buffers hold. Larger images are refused with
 /// [`CudaError::ImageTooLarge`] (the caller can run them on the CPU path).

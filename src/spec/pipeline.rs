@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::ConfigError;
-pub use crate::sched::BatchingSpec;
+use super::SpecError;
 
 /// The file name looked for in a model directory.
 pub const PIPELINE_FILE: &str = "celer.toml";
@@ -294,12 +293,12 @@ const MAX_MODEL_SIDE: u32 = 8192;
 
 impl PipelineSpec {
     /// Reads `<dir>/celer.toml`.
-    pub fn load_dir(dir: &Path) -> Result<Self, ConfigError> {
+    pub fn load_dir(dir: &Path) -> Result<Self, SpecError> {
         Self::load_file(&dir.join(PIPELINE_FILE))
     }
 
-    pub fn load_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+    pub fn load_file(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Read {
             file: path.to_path_buf(),
             reason: e.to_string(),
         })?;
@@ -308,15 +307,15 @@ impl PipelineSpec {
 
     /// Parses and validates `text` as if read from `path` (model paths resolve against
     /// its folder; the models themselves are not opened here).
-    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let raw: RawPipeline = toml::from_str(text).map_err(|e| ConfigError::Parse {
+    pub fn parse(text: &str, path: &Path) -> Result<Self, SpecError> {
+        let raw: RawPipeline = toml::from_str(text).map_err(|e| SpecError::Parse {
             file: path.to_path_buf(),
             message: e.message().to_string(),
             key: None,
             line: e.span().map(|s| line_of(text, s.start)),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let invalid = |key: &str, expected: String| ConfigError::Invalid {
+        let invalid = |key: &str, expected: String| SpecError::Invalid {
             file: path.to_path_buf(),
             key: key.to_string(),
             expected,
@@ -441,8 +440,8 @@ impl PipelineSpec {
 fn matting(
     m: RawMatting,
     base: &Path,
-    invalid: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<MattingSpec, ConfigError> {
+    invalid: &dyn Fn(&str, String) -> SpecError,
+) -> Result<MattingSpec, SpecError> {
     match m.kind.as_str() {
         "guided-filter" => {
             if m.model.is_some() {
@@ -530,8 +529,8 @@ fn image_input(
     width: u32,
     height: u32,
     normalize: RawNormalize,
-    invalid: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<ImageInputSpec, ConfigError> {
+    invalid: &dyn Fn(&str, String) -> SpecError,
+) -> Result<ImageInputSpec, SpecError> {
     for (key, side) in [("width", width), ("height", height)] {
         if side == 0 || side > MAX_MODEL_SIDE {
             return Err(invalid(
@@ -584,13 +583,38 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
+/// `[batching]`: how a device may group requests into one model run. Allowed only when
+/// the segmentation model's input has a dynamic batch dimension, which only loading the
+/// model can tell: the CPU replica checks it when it loads (`replica::cpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchingSpec {
+    /// Requests per model run; 1 turns batching off.
+    pub max_batch: usize,
+    /// How long a replica that already holds two or more requests waits for more before
+    /// it runs them. A lone request on an idle device never waits.
+    pub max_wait_us: u64,
+}
+
+impl BatchingSpec {
+    pub const OFF: Self = Self {
+        max_batch: 1,
+        max_wait_us: 0,
+    };
+}
+
+impl Default for BatchingSpec {
+    fn default() -> Self {
+        Self::OFF
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const U2NETP: &str = include_str!("../../onnx/u2netp/celer.toml");
 
-    fn parse(text: &str) -> Result<PipelineSpec, ConfigError> {
+    fn parse(text: &str) -> Result<PipelineSpec, SpecError> {
         PipelineSpec::parse(text, Path::new("/models/x/celer.toml"))
     }
 

@@ -10,7 +10,7 @@ use fast_image_resize::{FilterType, ResizeOptions};
 use image::RgbImage;
 
 use super::lanes::Lanes;
-use crate::config::{Normalize, Scale};
+use crate::spec::{Normalize, Scale};
 
 /// Bilinear resampling as PIL does it, for the f32 planes (masks) that `resample` resizes:
 /// a triangle filter widened by the scale factor when shrinking.

@@ -1,18 +1,19 @@
-//! Model execution backends. A backend runs one ONNX model on one device; a replica owns
-//! one instance per model, so `run` takes `&mut self` and needs no lock. ONNX Runtime
-//! (CPU) here; TensorRT engines run on a GPU replica's stream (`crate::cuda::trt_model`,
-//! behind the cargo feature `tensorrt`). Whether a model fits the pipeline is the replica
-//! layer's contract check (`crate::replica::contract`), the same for both.
+//! ONNX Runtime: finding and loading its library, the process-wide environment, one
+//! session per model per replica (`session`: a replica owns its sessions, so `run` takes
+//! `&mut self` and needs no lock), and the allocator and block cache its activations come
+//! from. It knows nothing of images or the pipeline: inputs are NCHW f32. TensorRT
+//! engines are `crate::cuda::trt_model`'s; whether a model fits the pipeline is the
+//! replica layer's contract check, the same for both.
 
 pub mod block_cache;
-pub mod ort;
+pub mod session;
 // FFI: the allocator ONNX Runtime calls back. Every unsafe block carries a SAFETY comment.
 #[allow(unsafe_code)]
-pub mod ort_allocator;
+pub mod allocator;
 
-/// A failure inside a backend: always the server's fault, never the client's.
+/// A failure inside ONNX Runtime: always the server's fault, never the client's.
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub enum OrtError {
     #[error("ONNX Runtime library not found: {0}")]
     LibraryMissing(String),
     #[error("ONNX Runtime environment: {0}")]

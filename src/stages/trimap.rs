@@ -6,7 +6,7 @@
 use image::GrayImage;
 
 use super::plane::Plane;
-use crate::backend::Tensor;
+use crate::ort::Tensor;
 
 pub const BACKGROUND: u8 = 0;
 pub const UNKNOWN: u8 = 128;

@@ -26,7 +26,7 @@
 //! by 8, 48 and 106 MB over no cache (`celer bench local --model-only`,
 //! `hostile_figures.rss_figure`). Until a lone run is seen the margin is nothing.
 //!
-//! This module only keeps the books (addresses and sizes); `ort_allocator` maps and
+//! This module only keeps the books (addresses and sizes); `allocator` maps and
 //! unmaps the memory, and tells it when runs start and end.
 
 use std::collections::BTreeMap;

@@ -11,7 +11,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use super::{BackendError, Tensor};
+use super::{OrtError, Tensor};
 
 /// Where to look for the library when `ORT_DYLIB_PATH` is unset: the project's own
 /// virtual environment, which `make python` fills from the pinned onnxruntime wheel.
@@ -19,45 +19,28 @@ const VENV_CAPI: &str = "site-packages/onnxruntime/capi";
 
 /// The shared library to load: `ORT_DYLIB_PATH`, else the `.venv` of the checkout that
 /// holds the working directory or the executable.
-pub fn library_path() -> Result<PathBuf, BackendError> {
+pub fn library_path() -> Result<PathBuf, OrtError> {
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)
         } else {
-            Err(BackendError::LibraryMissing(format!(
+            Err(OrtError::LibraryMissing(format!(
                 "ORT_DYLIB_PATH={} is not a file; point it at libonnxruntime.so, or unset it and run `make python`",
                 path.display()
             )))
         };
     }
-    venvs().find_map(|venv| find_in_venv(&venv)).ok_or_else(|| {
-        BackendError::LibraryMissing(
-            "set ORT_DYLIB_PATH to libonnxruntime.so (from the onnxruntime wheel, e.g. \
+    crate::host::wheels::venvs()
+        .find_map(|venv| find_in_venv(&venv))
+        .ok_or_else(|| {
+            OrtError::LibraryMissing(
+                "set ORT_DYLIB_PATH to libonnxruntime.so (from the onnxruntime wheel, e.g. \
                  .venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1), \
                  or run `make python` in the celer checkout to install it"
-                .into(),
-        )
-    })
-}
-
-/// The `.venv` folders where `make python` may have installed the wheels celer loads:
-/// one in each folder above the working directory, then above the executable.
-pub fn venvs() -> impl Iterator<Item = PathBuf> {
-    let cwd = std::env::current_dir().ok();
-    let exe = std::env::current_exe().ok();
-    let above_cwd: Vec<PathBuf> = cwd
-        .iter()
-        .flat_map(|d| d.ancestors().map(Path::to_path_buf))
-        .collect();
-    let above_exe: Vec<PathBuf> = exe
-        .iter()
-        .flat_map(|e| e.ancestors().skip(1).map(Path::to_path_buf))
-        .collect();
-    above_cwd
-        .into_iter()
-        .chain(above_exe)
-        .map(|root| root.join(".venv"))
+                    .into(),
+            )
+        })
 }
 
 fn find_in_venv(venv: &Path) -> Option<PathBuf> {
@@ -86,10 +69,10 @@ static SHARED_POOL: OnceLock<usize> = OnceLock::new();
 /// Gives the environment a shared intra-op pool of `threads` threads, which sessions
 /// loaded with `OpThreads::Shared` run on. Must come before the first session; `celer
 /// bench local` uses it to measure that layout against the sessions' own pools.
-pub fn share_pool(threads: usize) -> Result<(), BackendError> {
+pub fn share_pool(threads: usize) -> Result<(), OrtError> {
     let threads = threads.max(1);
     if *SHARED_POOL.get_or_init(|| threads) != threads {
-        return Err(BackendError::Environment(
+        return Err(OrtError::Environment(
             "the shared pool is already sized differently".into(),
         ));
     }
@@ -98,7 +81,7 @@ pub fn share_pool(threads: usize) -> Result<(), BackendError> {
 
 /// The process-wide ONNX Runtime environment. `ort` allows one per process, and loading
 /// the library twice is an error, so the first call decides and later calls share it.
-pub fn environment() -> Result<&'static ort::environment::Environment, BackendError> {
+pub fn environment() -> Result<&'static ort::environment::Environment, OrtError> {
     static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
     ENV.get_or_init(|| {
         let path = library_path().map_err(|e| e.to_string())?;
@@ -119,11 +102,11 @@ pub fn environment() -> Result<&'static ort::environment::Environment, BackendEr
             .build()
             .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
         // Every session takes its activations from it (`OrtModel::load`).
-        super::ort_allocator::register(&env)?;
+        super::allocator::register(&env)?;
         Ok(env)
     })
     .as_ref()
-    .map_err(|e| BackendError::LibraryMissing(e.clone()))
+    .map_err(|e| OrtError::LibraryMissing(e.clone()))
 }
 
 /// Where a session's operators find their threads.
@@ -172,23 +155,23 @@ impl OrtModel {
     /// process's block cache (`block_cache`): a run's freed blocks are kept for the next
     /// run of any session (about 15 % of U2NetP's time at 320x320 on 2 cores, and more
     /// for replicas running side by side, measured), until
-    /// `ort_allocator::release_cached` gives them back when the server goes idle.
-    pub fn load(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, BackendError> {
+    /// `allocator::release_cached` gives them back when the server goes idle.
+    pub fn load(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, OrtError> {
         Self::load_with(path, threads.into(), true)
     }
 
     /// As `load`, its activations from ONNX Runtime's own CPU allocator (malloc, no
     /// arena): the reference the block cache is checked against (tests/block_cache.rs).
-    pub fn load_uncached(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, BackendError> {
+    pub fn load_uncached(path: &Path, threads: impl Into<OpThreads>) -> Result<Self, OrtError> {
         Self::load_with(path, threads.into(), false)
     }
 
-    fn load_with(path: &Path, threads: OpThreads, cached: bool) -> Result<Self, BackendError> {
+    fn load_with(path: &Path, threads: OpThreads, cached: bool) -> Result<Self, OrtError> {
         let label = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        let load_err = |reason: String| BackendError::Load {
+        let load_err = |reason: String| OrtError::Load {
             model: path.display().to_string(),
             reason,
         };
@@ -262,12 +245,12 @@ impl OrtModel {
         &mut self,
         inputs: &[(&str, [usize; 4], &[f32])],
         output: &str,
-    ) -> Result<Tensor, BackendError> {
-        let run_err = |reason: String| BackendError::Run {
+    ) -> Result<Tensor, OrtError> {
+        let run_err = |reason: String| OrtError::Run {
             model: self.label.clone(),
             reason,
         };
-        let _in_flight = self.cached.then(super::ort_allocator::RunInFlight::start);
+        let _in_flight = self.cached.then(super::allocator::RunInFlight::start);
         let mut values = Vec::with_capacity(inputs.len());
         for (name, shape, data) in inputs {
             let tensor = TensorRef::from_array_view((*shape, *data))

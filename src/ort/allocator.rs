@@ -107,9 +107,9 @@ fn check(status: OrtStatusPtr, what: &str) -> Result<(), String> {
 pub fn register(env: &ort::environment::Environment) -> Result<(), String> {
     let registered = REGISTERED.get_or_init(|| {
         let mut info: *mut OrtMemoryInfo = std::ptr::null_mut();
-        // SAFETY: CreateCpuMemoryInfo writes a new memory info to `info`; it is kept for
-        // the process's life (the registered allocator returns it).
         check(
+            // SAFETY: CreateCpuMemoryInfo writes a new memory info to `info`; it is kept for
+            // the process's life (the registered allocator returns it).
             unsafe {
                 (ort::api().CreateCpuMemoryInfo)(
                     OrtAllocatorType::OrtDeviceAllocator,
@@ -128,9 +128,9 @@ pub fn register(env: &ort::environment::Environment) -> Result<(), String> {
         // Leaked: the environment keeps a pointer to it for the process's life. ONNX
         // Runtime calls it from any thread; what it changes is behind `CACHE`'s lock.
         let allocator = Box::into_raw(Box::new(CachingAllocator { table, info }));
-        // SAFETY: `allocator` outlives the environment; its table is its first field
-        // (repr(C)), so the pointer is also an `OrtAllocator` pointer.
         check(
+            // SAFETY: `allocator` outlives the environment; its table is its first field
+            // (repr(C)), so the pointer is also an `OrtAllocator` pointer.
             unsafe { (ort::api().RegisterAllocator)(env.ptr().cast_mut(), allocator.cast()) },
             "cannot register the caching allocator",
         )?;
