@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use celer::config::RequestLimits;
-use celer::http::{routes, AppState};
+use celer::http::{routes, AppState, FrontEnd};
 use celer::ort::session::OrtModel;
 use celer::replica::cpu::{CpuExecutor, CpuPipeline};
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
@@ -104,13 +104,13 @@ fn faulty_app(replicas: usize, deadline: Duration) -> Served {
     let defaults = StateOptions::default();
     let state = Arc::new(AppState::new(
         router,
-        RequestLimits {
-            deadline,
-            ..defaults.limits
-        },
-        spec.default_output,
-        None,
-        false,
+        FrontEnd::new(
+            RequestLimits {
+                deadline,
+                ..defaults.limits
+            },
+            spec.default_output,
+        ),
     ));
     Served {
         app: routes(state.clone()),

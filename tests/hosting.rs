@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use celer::codec::decode::{self, DecodeLimits};
-use celer::http::{routes, AppState};
+use celer::http::{routes, AppState, FrontEnd};
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
 use celer::spec::OutputKind;
@@ -492,10 +492,7 @@ async fn ping_fails_while_no_device_can_serve_and_recovers_with_it() {
     router.wait_ready().unwrap();
     let state = AppState::new(
         router,
-        StateOptions::default().limits,
-        OutputKind::Alpha,
-        None,
-        false,
+        FrontEnd::new(StateOptions::default().limits, OutputKind::Alpha),
     );
     let app = routes(Arc::new(state));
     let ping = || async { send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await };

@@ -29,7 +29,7 @@ use base64::Engine;
 use bytes::Bytes;
 use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
-use celer::http::{routes, AppState, UrlFetcher};
+use celer::http::{routes, AppState, FrontEnd, UrlFetcher};
 use common::{
     app_state, bright_rectangle, fetched, fixture_dir, jpeg_bytes, model_dir, png_bytes,
     StateOptions,
@@ -776,7 +776,7 @@ fn unloaded_state(spec: &celer::spec::PipelineSpec) -> AppState {
             ..Default::default()
         },
     );
-    AppState::new(router, limits(1 << 20), spec.default_output, None, false)
+    AppState::new(router, FrontEnd::new(limits(1 << 20), spec.default_output))
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
-use celer::http::{routes, AppState};
+use celer::http::{routes, AppState, FrontEnd};
 use celer::replica::cpu::cpu_device_setup;
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
@@ -56,10 +56,7 @@ fn limits() -> RequestLimits {
 fn alpha_server(router: Router<BoxedPipelineExecutor>) -> Arc<AppState> {
     Arc::new(AppState::new(
         router,
-        limits(),
-        OutputKind::Alpha,
-        None,
-        false,
+        FrontEnd::new(limits(), OutputKind::Alpha),
     ))
 }
 
@@ -251,10 +248,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
     loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");
     let state = Arc::new(AppState::new(
         pipeline_router,
-        limits(),
-        OutputKind::Cutout,
-        None,
-        false,
+        FrontEnd::new(limits(), OutputKind::Cutout),
     ));
     let app = routes(state.clone());
 

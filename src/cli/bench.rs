@@ -9,12 +9,12 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::args::RuntimeArgs;
 use crate::bench::http::{
     load_inputs, run_point, run_turns, LoadMode, LoadTarget, Payload, Window,
 };
 use crate::bench::local::Layout;
 use crate::bench::report::{self, stage_percentiles, PointReport};
-use crate::config::RuntimeArgs;
 use crate::host::cpus::CpuBudget;
 use crate::spec::{OutputKind, PipelineSpec};
 
@@ -391,7 +391,7 @@ fn model_only(
 
 fn local(args: LocalArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
-    let (replicas, threads) = args.runtime.replicas_and_threads();
+    let (replicas, threads) = args.runtime.replicas().on_cpu();
     if args.model_only {
         return model_only(&spec, &args, replicas, threads);
     }
@@ -402,7 +402,7 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let output = args.output;
     // One replica, the only one running: the latency of a lone request.
-    let solo_threads = args.runtime.solo_threads(threads);
+    let solo_threads = args.runtime.replicas().solo(threads);
     let timings = crate::bench::local::stage_timings(
         &spec,
         &bytes,

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 
-use crate::config::{DeviceArgs, RuntimeArgs};
+use crate::config::{Devices, Replicas};
 use crate::cuda::Probe;
 use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::plan_gpus;
@@ -14,12 +14,14 @@ use crate::replica::BoxedPipelineExecutor;
 use crate::sched::{Device, DeviceSetup};
 use crate::spec::PipelineSpec;
 
-/// The device setups for `spec`, images up to `max_pixels`. Fails, before any model is
-/// loaded, when a named GPU is missing or a stored engine does not fit.
+/// The device setups for `spec` from the model folder `model_dir`, images up to
+/// `max_pixels`. Fails, before any model is loaded, when a named GPU is missing or a
+/// stored engine does not fit.
 pub fn device_setups(
     spec: &PipelineSpec,
-    runtime: &RuntimeArgs,
-    device: &DeviceArgs,
+    model_dir: &std::path::Path,
+    replicas: &Replicas,
+    device: &Devices,
     max_pixels: u64,
 ) -> anyhow::Result<Vec<DeviceSetup<BoxedPipelineExecutor>>> {
     // The probe checks for libcuda before any CUDA call, so this never panics on a
@@ -27,7 +29,7 @@ pub fn device_setups(
     let probe = crate::cuda::probe();
     let found: Vec<u32> = probe.gpus().iter().map(|g| g.ordinal as u32).collect();
     let devices = device
-        .devices
+        .selection
         .resolve(&found)
         .map_err(|e| anyhow::anyhow!("{e} [{}]", probe.summary()))?;
     let gpus: Vec<_> = probe
@@ -45,24 +47,19 @@ pub fn device_setups(
             }
             Probe::Ready { .. } => tracing::info!(cuda = %probe.summary(), "serving on the CPU"),
         }
-        let (replicas, threads) = runtime.replicas_and_threads();
-        let solo_threads = runtime.solo_threads(threads);
+        let (count, threads) = replicas.on_cpu();
+        let solo_threads = replicas.solo(threads);
         tracing::info!(
-            replicas,
+            replicas = count,
             threads_per_replica = threads,
             solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
-        return Ok(vec![cpu_device_setup(
-            spec,
-            replicas,
-            threads,
-            solo_threads,
-        )]);
+        return Ok(vec![cpu_device_setup(spec, count, threads, solo_threads)]);
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
     let engines = EngineDirs::resolve(
-        &runtime.model_dir,
+        model_dir,
         device.engines_dir.as_deref(),
         device.build_engines,
     )?;
@@ -76,14 +73,14 @@ pub fn device_setups(
     }
     let plans = plan_gpus(
         spec,
-        &runtime.model_dir,
+        model_dir,
         &engines,
         &gpus,
         device.build_engines,
         probe.driver_cuda_version(),
     )
     .context("the engines do not fit this machine")?;
-    let (replicas, threads) = runtime.gpu_replicas_and_threads(plans.len());
+    let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
         ..GpuLimits::default()

@@ -2,11 +2,13 @@
 //! lives in its own module and returns `anyhow::Result` (the binary's boundary; the
 //! library uses typed errors).
 
+pub mod args;
 mod bench;
 mod build;
 mod devices;
 mod inspect;
 mod kernels;
+pub mod resolve;
 mod run;
 mod serve;
 mod sim;
@@ -29,7 +31,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// HTTP server speaking the SageMaker container contract (GET /ping, POST /invocations).
-    Serve(crate::config::ServeArgs),
+    Serve(args::ServeArgs),
     /// Offline inference on files or folders.
     Run(run::RunArgs),
     /// TensorRT engines for each GPU model of this machine (on a CPU-only machine:

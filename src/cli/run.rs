@@ -11,9 +11,9 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::args::{DeviceArgs, RuntimeArgs};
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::render;
-use crate::config::{DeviceArgs, RuntimeArgs};
 use crate::matte::StageTimings;
 use crate::replica::{BoxedPipelineExecutor, PipelineJob, PipelineRouter};
 use crate::sched::{Router, RouterConfig, Ticket};
@@ -51,8 +51,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     crate::ort::session::environment()?;
     let devices = super::devices::device_setups(
         &spec,
-        &args.runtime,
-        &args.device,
+        &args.runtime.model_dir,
+        &args.runtime.replicas(),
+        &args.device.devices(),
         DecodeLimits::default().max_pixels,
     )?;
     // Two images per replica in flight: one running, one decoded and waiting.

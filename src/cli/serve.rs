@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::sync::watch;
 
-use crate::config::ServeArgs;
+use super::args::ServeArgs;
+use crate::config::ServerConfig;
 use crate::host::cpus::CpuBudget;
-use crate::http::{routes, AppState, Hosting, ServedModel, UrlFetcher};
+use crate::http::{routes, AppState, FrontEnd, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Router};
 
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
@@ -85,7 +86,7 @@ async fn trim_when_idle(state: Arc<AppState>) {
     }
 }
 
-pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,17 +99,21 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let _entered = runtime.enter();
         StopSignals::register().context("catching SIGTERM and SIGINT")?
     };
-    let plan = args.hosting_plan().map_err(anyhow::Error::msg)?;
-    tracing::info!(cores = %CpuBudget::get().describe(), "{}", plan.describe());
-    for note in &plan.notes {
+    let config = super::resolve::resolve(&args, |name| std::env::var(name).ok())?;
+    tracing::info!(cores = %CpuBudget::get().describe(), "{config}");
+    for note in &config.hosting.notes {
         tracing::warn!("{note}");
     }
-    args.runtime.replicas = plan.replicas;
-    let spec = super::load_pipeline(&args.runtime.model_dir)?;
+    let spec = super::load_pipeline(&config.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::ort::session::environment()?;
-    let setups =
-        super::devices::device_setups(&spec, &args.runtime, &args.device, args.max_pixels)?;
+    let setups = super::devices::device_setups(
+        &spec,
+        &config.model_dir,
+        &config.replicas,
+        &config.devices,
+        config.requests.decode.max_pixels,
+    )?;
     let names: Vec<String> = setups
         .iter()
         .map(|d| format!("{} x{}", d.name, d.replicas))
@@ -116,38 +121,28 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         pipeline = %spec.source.display(),
         devices = %names.join(", "),
-        routing = %args.routing,
         max_batch = spec.batching.max_batch,
         "starting the devices"
     );
-    let router_config = args.router_config(&plan);
-    let admission_limit = router_config.max_in_flight.unwrap_or_else(|| {
-        setups
-            .iter()
-            .map(|d| d.replicas.max(1) + router_config.queue_capacity.max(1))
-            .sum()
-    });
-    let pipeline_router = Router::start(setups, router_config);
-    let fetcher = UrlFetcher::new(
-        &args.fetch_allow_hosts,
-        Duration::from_millis(args.fetch_timeout_ms),
-        plan.max_body_bytes,
-    );
-    let mut state = AppState::new(
-        pipeline_router,
-        args.limits(&plan),
-        spec.default_output,
-        fetcher,
-        args.server_timing,
-    );
-    state.hosting = Hosting::from_plan(&plan, admission_limit);
-    state.model = ServedModel {
-        name: args.model_name.clone(),
-        max_batch: spec.batching.max_batch,
-        max_wait_us: spec.batching.max_wait_us,
+    let router = Router::start(setups, config.router.clone());
+    let front = FrontEnd {
+        limits: config.requests.clone(),
+        default_output: spec.default_output,
+        fetcher: UrlFetcher::new(
+            &config.fetch.allow_hosts,
+            config.fetch.timeout,
+            config.hosting.max_body_bytes,
+        ),
+        server_timing: config.server_timing,
+        hosting: Hosting::from_plan(&config.hosting, router.admission_limit()),
+        model: ServedModel {
+            name: config.model_name.clone(),
+            max_batch: spec.batching.max_batch,
+            max_wait_us: spec.batching.max_wait_us,
+        },
     };
-    let state = Arc::new(state);
-    runtime.block_on(run_server(args, state, signals))
+    let state = Arc::new(AppState::new(router, front));
+    runtime.block_on(run_server(&config, state, signals))
 }
 
 /// SIGTERM (SageMaker's and Kubernetes' stop) and SIGINT (Ctrl-C), registered with the
@@ -177,20 +172,20 @@ impl StopSignals {
 }
 
 async fn run_server(
-    args: ServeArgs,
+    config: &ServerConfig,
     state: Arc<AppState>,
     signals: StopSignals,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind((args.bind.as_str(), args.port))
+    let listener = tokio::net::TcpListener::bind((config.bind.as_str(), config.port))
         .await
-        .with_context(|| format!("cannot listen on {}:{}", args.bind, args.port))?;
+        .with_context(|| format!("cannot listen on {}:{}", config.bind, config.port))?;
     tracing::info!(address = %listener.local_addr()?, "listening");
 
     // `true` once shutdown has begun, whoever began it.
     let stop = Arc::new(watch::channel(false).0);
     let load_failure = tokio::spawn(watch_loading(state.clone(), stop.clone()));
     let trimming = tokio::spawn(trim_when_idle(state.clone()));
-    let grace = Duration::from_secs(args.shutdown_grace_s);
+    let grace = config.shutdown_grace;
     let draining = {
         let mut stopping = stop.subscribe();
         async move {
@@ -198,15 +193,10 @@ async fn run_server(
             tokio::time::sleep(grace).await;
         }
     };
-    // The hosting mode's largest body must fit the limits on bodies in transit.
-    let conn_limits = args
-        .conn
-        .limits()
-        .fit_to_bodies(state.limits.max_body_bytes, state.limits.deadline);
     let server = crate::http::server::serve(
         listener,
         routes(state),
-        conn_limits,
+        config.connections,
         shutdown_signal(signals, stop),
     );
     tokio::select! {

@@ -1,7 +1,7 @@
 //! SageMaker hosting modes as configuration. The same container serves real-time
 //! endpoints, asynchronous inference, serverless endpoints and batch transform jobs, and
 //! each allows different bodies, responses and times (facts and sources in the README's
-//! "Hosting modes"). `--hosting` (`CELER_HOSTING`) picks the mode; batch transform is
+//! "Hosting modes", docs/hosting.md). `--hosting` (`CELER_HOSTING`) picks the mode; batch transform is
 //! recognised by itself from `SAGEMAKER_BATCH=true`, which SageMaker sets for a transform
 //! job together with the job's `SAGEMAKER_MAX_PAYLOAD_IN_MB`, `SAGEMAKER_BATCH_STRATEGY`
 //! and `SAGEMAKER_MAX_CONCURRENT_TRANSFORMS`. A flag or variable set explicitly
@@ -16,7 +16,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
+
+use super::ConfigError;
 
 const MIB: usize = 1024 * 1024;
 /// The longest a batch transform invocation (`InvocationsTimeoutInSeconds`) or an
@@ -63,23 +65,6 @@ impl fmt::Display for HostingMode {
     }
 }
 
-/// `celer serve`'s hosting options.
-#[derive(Debug, Clone, Default, Args)]
-pub struct HostingArgs {
-    /// SageMaker hosting mode: realtime, async, serverless or batch. It sets the body and
-    /// response limits, the deadline and (serverless) the replicas to what the mode
-    /// allows. Default: batch when SAGEMAKER_BATCH=true (a transform job), else realtime.
-    #[arg(long = "hosting", env = "CELER_HOSTING", value_enum)]
-    pub mode: Option<HostingMode>,
-
-    /// Largest response body, bytes, checked before sending: a larger answer is refused
-    /// with 413 `response_too_large` saying what to ask for instead. 0: no limit.
-    /// Default: the hosting mode's (realtime 6 000 000, serverless 4 000 000, async and
-    /// batch none).
-    #[arg(long, env = "CELER_MAX_RESPONSE_BYTES")]
-    pub max_response_bytes: Option<usize>,
-}
-
 /// How a transform job batches records. celer takes one image per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchStrategy {
@@ -114,17 +99,22 @@ pub struct BatchJob {
 impl BatchJob {
     /// Reads the job's variables through `var` (`std::env::var` in the server); a value
     /// that cannot be what SageMaker sets is an error naming the variable.
-    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             var(name)
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
         };
-        let number = |name: &str| -> Result<Option<u64>, String> {
+        let wrong = |name: &str, value: &str, expected: String| ConfigError::Variable {
+            name: name.to_string(),
+            value: value.to_string(),
+            expected,
+        };
+        let number = |name: &str| -> Result<Option<u64>, ConfigError> {
             get(name)
                 .map(|v| {
                     v.parse::<u64>()
-                        .map_err(|_| format!("{name}={v}: expected a whole number"))
+                        .map_err(|_| wrong(name, &v, "a whole number".into()))
                 })
                 .transpose()
         };
@@ -132,12 +122,14 @@ impl BatchJob {
             None => false,
             Some(v) if matches!(v.as_str(), "true" | "1" | "yes") => true,
             Some(v) if matches!(v.as_str(), "false" | "0" | "no") => false,
-            Some(v) => return Err(format!("SAGEMAKER_BATCH={v}: expected true or false")),
+            Some(v) => return Err(wrong("SAGEMAKER_BATCH", &v, "true or false".into())),
         };
         let max_payload_mb = number("SAGEMAKER_MAX_PAYLOAD_IN_MB")?;
         if let Some(mb) = max_payload_mb.filter(|&mb| mb > BATCH_MAX_PAYLOAD_MB) {
-            return Err(format!(
-                "SAGEMAKER_MAX_PAYLOAD_IN_MB={mb}: a transform job allows 0 to {BATCH_MAX_PAYLOAD_MB}"
+            return Err(wrong(
+                "SAGEMAKER_MAX_PAYLOAD_IN_MB",
+                &mb.to_string(),
+                format!("0 to {BATCH_MAX_PAYLOAD_MB} (what a transform job allows)"),
             ));
         }
         let strategy = match get("SAGEMAKER_BATCH_STRATEGY").map(|v| v.to_ascii_uppercase()) {
@@ -149,8 +141,10 @@ impl BatchJob {
                 Some(BatchStrategy::MultiRecord)
             }
             Some(v) => {
-                return Err(format!(
-                    "SAGEMAKER_BATCH_STRATEGY={v}: expected SINGLE_RECORD or MULTI_RECORD"
+                return Err(wrong(
+                    "SAGEMAKER_BATCH_STRATEGY",
+                    &v,
+                    "SINGLE_RECORD or MULTI_RECORD".into(),
                 ))
             }
         };
@@ -262,7 +256,7 @@ impl HostingPlan {
                 Some(n) => Some(n),
                 None => response,
             },
-            deadline: Duration::from_secs(explicit.deadline_s.unwrap_or(deadline_s).max(1)),
+            deadline: Duration::from_secs(explicit.deadline_s.unwrap_or(deadline_s)),
             replicas: explicit.replicas.or(replicas),
             job,
             notes,
@@ -440,7 +434,7 @@ mod tests {
             ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "-1"),
         ] {
             let e = BatchJob::from_env(env(&[(k, v)])).unwrap_err();
-            assert!(e.starts_with(k), "{e}");
+            assert!(e.to_string().starts_with(k), "{e}");
         }
         let zero =
             BatchJob::from_env(env(&[("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "0")])).unwrap();

@@ -364,29 +364,4 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(CpuBudget::read(empty.path(), 6).cores, 6);
     }
-
-    /// The replica and thread defaults of `celer serve` and `celer run` follow the quota
-    /// read from the cgroup files, not the host's 64 cores.
-    #[test]
-    fn replicas_and_threads_follow_the_quota() {
-        let runtime = crate::config::RuntimeArgs {
-            model_dir: "/opt/ml/model".into(),
-            replicas: None,
-            threads_per_replica: None,
-            solo_threads: None,
-        };
-        let on_quota = |cpu_max: &str| {
-            let root = tree(&[
-                ("proc/self/cgroup", "0::/\n"),
-                ("sys/fs/cgroup/cpu.max", cpu_max),
-            ]);
-            runtime.replicas_and_threads_on(CpuBudget::read(root.path(), 64).cores)
-        };
-        // An inference component given 4 cores: 2 replicas x 2 threads, not 2 x 32.
-        assert_eq!(on_quota("400000 100000\n"), (2, 2));
-        // Serverless with 1.5 vCPUs: one replica, one thread.
-        assert_eq!(on_quota("150000 100000\n"), (1, 1));
-        // No quota: the host's cores.
-        assert_eq!(on_quota("max 100000\n"), (2, 32));
-    }
 }

@@ -55,7 +55,7 @@ impl Hosting {
             max_response_bytes: plan.max_response_bytes,
             max_payload_in_mb: plan.max_payload_in_mb(),
             job_concurrency: plan.job.max_concurrent,
-            admission_limit: admission_limit.max(1),
+            admission_limit,
         }
     }
 

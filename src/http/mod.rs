@@ -42,11 +42,36 @@ pub struct AppState {
     pub server_timing: bool,
     /// The registry behind `/metrics`, holding the router's figures too.
     pub metrics: HttpMetrics,
-    /// The hosting mode's response limit and batch transform parameters (real-time's
-    /// unless set after `new`).
+    /// The hosting mode's response limit and batch transform parameters.
     pub hosting: Hosting,
-    /// The model as the Open Inference Protocol names it (`celer` unless set after `new`).
+    /// The model as the Open Inference Protocol names it.
     pub model: ServedModel,
+}
+
+/// How the front end answers, besides the scheduler behind it: what `AppState` is built
+/// from, whole.
+pub struct FrontEnd {
+    pub limits: RequestLimits,
+    pub default_output: OutputKind,
+    pub fetcher: Option<UrlFetcher>,
+    pub server_timing: bool,
+    pub hosting: Hosting,
+    pub model: ServedModel,
+}
+
+impl FrontEnd {
+    /// `limits` and `default_output`; no fetching, no `Server-Timing`, real-time hosting
+    /// and the model named `celer`.
+    pub fn new(limits: RequestLimits, default_output: OutputKind) -> Self {
+        Self {
+            limits,
+            default_output,
+            fetcher: None,
+            server_timing: false,
+            hosting: Hosting::default(),
+            model: ServedModel::default(),
+        }
+    }
 }
 
 /// The model's name and batching, for the v2 metadata and Triton's model configuration.
@@ -69,23 +94,17 @@ impl Default for ServedModel {
 }
 
 impl AppState {
-    pub fn new(
-        router: PipelineRouter,
-        limits: RequestLimits,
-        default_output: OutputKind,
-        fetcher: Option<UrlFetcher>,
-        server_timing: bool,
-    ) -> Self {
+    pub fn new(router: PipelineRouter, front: FrontEnd) -> Self {
         let metrics = HttpMetrics::new(router.metrics());
         Self {
             router,
-            limits,
-            default_output,
-            fetcher,
-            server_timing,
+            limits: front.limits,
+            default_output: front.default_output,
+            fetcher: front.fetcher,
+            server_timing: front.server_timing,
             metrics,
-            hosting: Hosting::default(),
-            model: ServedModel::default(),
+            hosting: front.hosting,
+            model: front.model,
         }
     }
 }

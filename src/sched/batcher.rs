@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use super::worker::{Job, Work};
+use super::job::{Job, Work};
 use super::Executor;
 use crate::spec::BatchingSpec;
 

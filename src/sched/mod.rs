@@ -11,6 +11,7 @@
 mod batcher;
 pub mod device;
 mod executor;
+mod job;
 pub mod metrics;
 mod router;
 pub mod sim;
@@ -23,8 +24,8 @@ pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor, Recovery};
 pub use metrics::SchedMetrics;
 pub use router::{
-    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, QueueBudget, Router,
-    RouterConfig, Routing, Ticket,
+    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, QueueBudget,
+    QueueBudgetError, Router, RouterConfig, Routing, Ticket,
 };
 
 /// A finished request: the executor's output and where and how it ran.

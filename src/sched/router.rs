@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::{oneshot, watch};
 
+use super::job::{Job, Work};
 use super::metrics::{us, ReasonLabel, SchedMetrics};
 use super::state::{DeviceState, Outstanding};
-use super::worker::{self, Job, ReplicaConfig, Work};
+use super::worker::{self, ReplicaConfig};
 use super::{Done, ExecError, Executor, JobError, Readiness, SubmitError};
 use crate::spec::BatchingSpec;
 
@@ -94,6 +95,48 @@ pub enum QueueBudget {
     /// This many service times, as measured: the budget follows the model and the
     /// device (a CPU's second is a GPU's few milliseconds).
     ServiceTimes(f64),
+}
+
+impl fmt::Display for QueueBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Fixed(d) => write!(f, "{}ms", d.as_millis()),
+            Self::ServiceTimes(k) => write!(f, "{k}x"),
+        }
+    }
+}
+
+/// A queue budget that is not `off`, a time (`250ms`, `2s`) or service times (`2x`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}`: expected `off`, a time such as `250ms` or `2s`, or service times such as `2x`")]
+pub struct QueueBudgetError(String);
+
+impl std::str::FromStr for QueueBudget {
+    type Err = QueueBudgetError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let word = text.trim().to_ascii_lowercase();
+        let wrong = || QueueBudgetError(text.to_string());
+        let positive = |n: &str| {
+            n.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(wrong)
+        };
+        if word == "off" {
+            Ok(Self::Off)
+        } else if let Some(k) = word.strip_suffix('x') {
+            Ok(Self::ServiceTimes(positive(k)?))
+        } else if let Some(ms) = word.strip_suffix("ms") {
+            Ok(Self::Fixed(Duration::from_secs_f64(positive(ms)? / 1e3)))
+        } else if let Some(s) = word.strip_suffix('s') {
+            Ok(Self::Fixed(Duration::from_secs_f64(positive(s)?)))
+        } else {
+            Err(wrong())
+        }
+    }
 }
 
 /// The expected time until a new request on a device finishes, in units of
@@ -381,6 +424,13 @@ impl<E: Executor> Router<E> {
     /// Admitted requests not yet answered.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The most requests admitted at once: `RouterConfig::max_in_flight`, or by default
+    /// each device's replicas plus its queue capacity, summed (the one place that
+    /// default is computed).
+    pub fn admission_limit(&self) -> usize {
+        self.shared.max_in_flight
     }
 
     /// Requests admitted since the start (answered or not).
@@ -816,7 +866,29 @@ impl<E: Executor> Drop for Ticket<E> {
 
 #[cfg(test)]
 mod tests {
-    use super::estimated_completion;
+    use std::time::Duration;
+
+    use super::{estimated_completion, QueueBudget};
+
+    #[test]
+    fn a_queue_budget_is_a_time_service_times_or_off() {
+        let parse = |s: &str| s.parse::<QueueBudget>();
+        assert_eq!(parse("off"), Ok(QueueBudget::Off));
+        assert_eq!(parse("2x"), Ok(QueueBudget::ServiceTimes(2.0)));
+        assert_eq!(parse("0.5x"), Ok(QueueBudget::ServiceTimes(0.5)));
+        assert_eq!(
+            parse("250ms"),
+            Ok(QueueBudget::Fixed(Duration::from_millis(250)))
+        );
+        assert_eq!(parse("2s"), Ok(QueueBudget::Fixed(Duration::from_secs(2))));
+        for wrong in ["", "0x", "-1ms", "0ms", "2", "soon", "infx"] {
+            assert!(parse(wrong).is_err(), "{wrong}");
+        }
+        // What the start-up log prints parses back to the same budget.
+        for budget in [QueueBudget::Off, QueueBudget::ServiceTimes(2.0)] {
+            assert_eq!(parse(&budget.to_string()), Ok(budget));
+        }
+    }
 
     #[test]
     fn estimate_counts_the_request_and_the_free_replicas() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
-use celer::http::{AppState, UrlFetcher};
+use celer::http::{AppState, FrontEnd, UrlFetcher};
 use celer::replica::cpu::cpu_device_setup;
 use celer::sched::{Router, RouterConfig};
 use celer::spec::OutputKind;
@@ -148,10 +148,14 @@ pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
         .unwrap_or_else(|e| panic!("{}: the replicas failed to load: {e}", model_dir.display()));
     AppState::new(
         router,
-        options.limits,
-        options.default_output.unwrap_or(spec.default_output),
-        options.fetcher,
-        options.server_timing,
+        FrontEnd {
+            fetcher: options.fetcher,
+            server_timing: options.server_timing,
+            ..FrontEnd::new(
+                options.limits,
+                options.default_output.unwrap_or(spec.default_output),
+            )
+        },
     )
 }
 

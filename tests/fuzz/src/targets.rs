@@ -21,7 +21,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode};
 use celer::codec::decode::{self, DecodeLimits};
 use celer::config::RequestLimits;
 use celer::engines::manifest::{EngineManifest, EngineRequirements, GpuIdentity};
-use celer::http::{routes, AppState};
+use celer::http::{routes, AppState, FrontEnd};
 use celer::matte::Matte;
 use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
@@ -104,7 +104,7 @@ fn served() -> &'static Served {
             decode: LIMITS,
             deadline: Duration::from_secs(30),
         };
-        let state = AppState::new(router, limits, OutputKind::Cutout, None, false);
+        let state = AppState::new(router, FrontEnd::new(limits, OutputKind::Cutout));
         Served {
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -1,0 +1,382 @@
+//! The command line's options, as clap parses them from flags and the environment, and
+//! nothing else: `resolve` turns `celer serve`'s into the server's configuration. A
+//! range that cannot work (0 replicas, a 0 ms timeout) is refused here, with clap's
+//! message, rather than clamped later. SageMaker's own variables are honoured where they
+//! mean the same thing: `SAGEMAKER_BIND_TO_PORT`, `SAGEMAKER_MODEL_SERVER_WORKERS`,
+//! `SAGEMAKER_MODEL_SERVER_TIMEOUT`, and a transform job's (`config::hosting`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::RangedU64ValueParser;
+use clap::Args;
+
+use crate::codec::decode::DecodeLimits;
+use crate::config::{ConnLimits, Devices, HostingMode, Replicas};
+use crate::sched::{DeviceSelection, QueueBudget, Routing};
+
+/// A count that must be at least 1.
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+/// A time or size that must be above 0.
+fn positive_u64() -> RangedU64ValueParser<u64> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+/// How many replicas, with how many ONNX Runtime threads each.
+#[derive(Debug, Clone, Args)]
+pub struct RuntimeArgs {
+    /// Model directory holding celer.toml and the ONNX files (SageMaker unpacks the
+    /// model archive to /opt/ml/model).
+    #[arg(long, env = "CELER_MODEL_DIR", default_value = "/opt/ml/model")]
+    pub model_dir: PathBuf,
+
+    /// Pipeline replicas per device, each on its own thread with its own sessions (or
+    /// execution contexts). Default: on the CPU, as many as keep replicas x threads
+    /// within the cores (the container's CPU quota, not the host's count); on a GPU, 2
+    /// (one copies while the other computes); serverless hosting 1.
+    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_WORKERS", value_parser = at_least_one())]
+    pub replicas: Option<usize>,
+
+    /// ONNX Runtime intra-op threads per replica. Default: cores / replicas, the cores
+    /// being the container's CPU quota.
+    #[arg(long, env = "CELER_THREADS_PER_REPLICA", value_parser = at_least_one())]
+    pub threads_per_replica: Option<usize>,
+
+    /// ONNX Runtime threads for a request that runs while no other replica of the CPU
+    /// does: one more set of sessions with this many threads is lent to it, so that a
+    /// lone request uses every core. Default: the cores (the container's CPU quota); no
+    /// more than --threads-per-replica turns it off.
+    #[arg(long, env = "CELER_SOLO_THREADS", value_parser = at_least_one())]
+    pub solo_threads: Option<usize>,
+}
+
+/// Which devices `celer serve` and `celer run` start, and what a GPU may do at start-up.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Devices to run on: `auto` (every GPU found, else the CPU), `cpu`, or GPU
+    /// ordinals such as `0,1`. A GPU opens once, loads each engine once and runs its
+    /// replicas, each with its own stream and execution contexts.
+    #[arg(long, env = "CELER_DEVICES", default_value = "auto")]
+    pub devices: DeviceSelection,
+
+    /// On a GPU with TensorRT, build a missing or unfit engine at start-up (one log line
+    /// per model; /ping answers 503 until it is ready) instead of refusing to start.
+    /// `celer build` ahead of time is the faster start.
+    #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false)]
+    pub build_engines: bool,
+
+    /// Where engines are (and where --build-engines writes them). Default: the model
+    /// folder's engines/, and, when --build-engines cannot write there (SageMaker unpacks
+    /// the model archive as root; celer runs as another user), a folder under the
+    /// temporary directory for the engines built at start-up.
+    #[arg(long, env = "CELER_ENGINES_DIR")]
+    pub engines_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten, next_help_heading = "Model and replicas")]
+    pub runtime: RuntimeArgs,
+
+    #[command(flatten, next_help_heading = "Devices")]
+    pub device: DeviceArgs,
+
+    #[command(flatten, next_help_heading = "Hosting (SageMaker)")]
+    pub hosting: HostingArgs,
+
+    /// Address to listen on.
+    #[arg(
+        help_heading = "Listening",
+        long,
+        env = "CELER_BIND",
+        default_value = "0.0.0.0"
+    )]
+    pub bind: String,
+
+    /// Port to listen on.
+    #[arg(
+        help_heading = "Listening",
+        long,
+        env = "SAGEMAKER_BIND_TO_PORT",
+        default_value_t = 8080
+    )]
+    pub port: u16,
+
+    /// How a request picks its device: least-busy (earliest estimated completion), or
+    /// the round-robin and random baselines.
+    #[arg(help_heading = "Routing and admission", long, env = "CELER_ROUTING", value_enum, default_value_t = Routing::LeastBusy)]
+    pub routing: Routing,
+
+    /// Requests that may wait per device, beyond those its replicas run; when every
+    /// queue is full the server answers 503 at once.
+    #[arg(help_heading = "Routing and admission", long, env = "CELER_QUEUE_CAPACITY", default_value_t = 16, value_parser = at_least_one())]
+    pub queue_capacity: usize,
+
+    /// Requests admitted and not yet answered, over every device. Default: each device's
+    /// replicas plus its queue capacity, summed.
+    #[arg(help_heading = "Routing and admission", long, env = "CELER_MAX_IN_FLIGHT", value_parser = at_least_one())]
+    pub max_in_flight: Option<usize>,
+
+    /// How long a new request may be expected to wait before a replica starts it (from
+    /// the devices' measured service times and what is ahead of it); beyond it the server
+    /// answers 503 at once, with a `Retry-After` from the same estimate. A time (`250ms`,
+    /// `2s`), a number of measured service times (`2x`: a full queue is a few service
+    /// times, whatever the model and device), or `off` (admission by count only).
+    /// Default: `2x`; in batch and async hosting `off` (their requests wait their turn).
+    #[arg(
+        help_heading = "Routing and admission",
+        long,
+        env = "CELER_MAX_QUEUE_WAIT"
+    )]
+    pub max_queue_wait: Option<QueueBudget>,
+
+    /// Milliseconds between health checks of an unhealthy device (one that failed repeatedly
+    /// or overran a deadline); it gets traffic again once a health check passes.
+    #[arg(help_heading = "Routing and admission", long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000, value_parser = positive_u64())]
+    pub health_check_interval_ms: u64,
+
+    /// Seconds a request may take from arrival; an expired request is not run. Default:
+    /// the hosting mode's (60; async and batch 3600).
+    #[arg(help_heading = "Requests", long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", value_parser = positive_u64())]
+    pub deadline_s: Option<u64>,
+
+    /// Largest request body, bytes. Default: the hosting mode's (realtime 6 MiB,
+    /// serverless 4 MiB, batch the job's MaxPayloadInMB, async any image within
+    /// --max-pixels).
+    #[arg(help_heading = "Requests", long, env = "CELER_MAX_BODY_BYTES", value_parser = at_least_one())]
+    pub max_body_bytes: Option<usize>,
+
+    /// Largest image, in pixels (width x height), checked before decoding.
+    #[arg(help_heading = "Requests", long, env = "CELER_MAX_PIXELS", default_value_t = DecodeLimits::default().max_pixels, value_parser = positive_u64())]
+    pub max_pixels: u64,
+
+    /// Smallest accepted image side, pixels.
+    #[arg(help_heading = "Requests", long, env = "CELER_MIN_SIDE_PX", default_value_t = DecodeLimits::default().min_side_px)]
+    pub min_side_px: u32,
+
+    /// Hosts that JSON bodies may name in `url` for the server to fetch (comma
+    /// separated). Empty: fetching is off, and a `url` is refused.
+    #[arg(
+        help_heading = "Requests",
+        long,
+        env = "CELER_FETCH_ALLOW_HOSTS",
+        value_delimiter = ','
+    )]
+    pub fetch_allow_hosts: Vec<String>,
+
+    /// Time limit for fetching a `url`, milliseconds.
+    #[arg(help_heading = "Requests", long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000, value_parser = positive_u64())]
+    pub fetch_timeout_ms: u64,
+
+    /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
+    /// KServe's InferenceService passes its own name.
+    #[arg(
+        help_heading = "Listening",
+        long,
+        env = "CELER_MODEL_NAME",
+        default_value = "celer"
+    )]
+    pub model_name: String,
+
+    /// Send a `Server-Timing` header with the per-stage times of each request.
+    #[arg(
+        help_heading = "Listening",
+        long,
+        env = "CELER_SERVER_TIMING",
+        default_value_t = false
+    )]
+    pub server_timing: bool,
+
+    #[command(flatten, next_help_heading = "Connections and uploads")]
+    pub conn: ConnArgs,
+
+    /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
+    /// container 30 s after it).
+    #[arg(
+        help_heading = "Listening",
+        long,
+        env = "CELER_SHUTDOWN_GRACE_S",
+        default_value_t = 25
+    )]
+    pub shutdown_grace_s: u64,
+}
+
+/// `celer serve`'s hosting options.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HostingArgs {
+    /// SageMaker hosting mode: realtime, async, serverless or batch. It sets the body and
+    /// response limits, the deadline and (serverless) the replicas to what the mode
+    /// allows. Default: batch when SAGEMAKER_BATCH=true (a transform job), else realtime.
+    #[arg(long = "hosting", env = "CELER_HOSTING", value_enum)]
+    pub mode: Option<HostingMode>,
+
+    /// Largest response body, bytes, checked before sending: a larger answer is refused
+    /// with 413 `response_too_large` saying what to ask for instead. 0: no limit.
+    /// Default: the hosting mode's (realtime 6 000 000, serverless 4 000 000, async and
+    /// batch none).
+    #[arg(long, env = "CELER_MAX_RESPONSE_BYTES")]
+    pub max_response_bytes: Option<usize>,
+}
+
+/// `celer serve`'s connection and upload limits.
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// Open connections at once; at the cap the server stops accepting (the kernel's
+    /// backlog holds new ones) until one closes.
+    #[arg(long, env = "CELER_MAX_CONNECTIONS", default_value_t = 1024, value_parser = at_least_one())]
+    pub max_connections: usize,
+
+    /// Milliseconds to receive a whole request head, from the connection's start or from
+    /// the head's first byte; then the connection is closed.
+    #[arg(long, env = "CELER_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = positive_u64())]
+    pub header_timeout_ms: u64,
+
+    /// Milliseconds to receive a whole request body, from its head; then 408
+    /// `body_timeout`. No inference slot is held while a body arrives.
+    #[arg(long, env = "CELER_BODY_TIMEOUT_MS", default_value_t = 30_000, value_parser = positive_u64())]
+    pub body_timeout_ms: u64,
+
+    /// Milliseconds a body may go without a byte arriving; then 408 `body_timeout`.
+    #[arg(long, env = "CELER_BODY_IDLE_TIMEOUT_MS", default_value_t = 5_000, value_parser = positive_u64())]
+    pub body_idle_timeout_ms: u64,
+
+    /// Milliseconds an idle keep-alive connection is kept open between requests (above
+    /// the 60 s idle timeout of AWS load balancers, so that they close first).
+    #[arg(long, env = "CELER_KEEP_ALIVE_TIMEOUT_MS", default_value_t = 75_000, value_parser = positive_u64())]
+    pub keep_alive_timeout_ms: u64,
+
+    /// Milliseconds a response may wait for the client to read any of it (a client that
+    /// stops reading cannot hold the connection); then the connection is closed.
+    #[arg(long, env = "CELER_SEND_TIMEOUT_MS", default_value_t = 30_000, value_parser = positive_u64())]
+    pub send_timeout_ms: u64,
+
+    /// Bytes of request bodies held in memory at once over every connection; a body that
+    /// would go over is refused with 503 `overloaded`.
+    #[arg(long, env = "CELER_BODY_BUFFER_BYTES", default_value_t = 256 * 1024 * 1024, value_parser = at_least_one())]
+    pub body_buffer_bytes: usize,
+
+    /// After answering before a body was read (413, 415, 503, ...), the server reads and
+    /// discards at most this many bytes of it, so that a client that sends its whole
+    /// body before reading (Python's http.client, requests) reads the answer instead of
+    /// a reset connection.
+    #[arg(long, env = "CELER_LINGER_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub linger_bytes: u64,
+
+    /// ... and for at most this many milliseconds.
+    #[arg(long, env = "CELER_LINGER_MS", default_value_t = 5_000)]
+    pub linger_ms: u64,
+}
+
+impl Default for ConnArgs {
+    fn default() -> Self {
+        ConnLimits::default().into()
+    }
+}
+
+impl From<ConnLimits> for ConnArgs {
+    fn from(l: ConnLimits) -> Self {
+        let ms = |d: Duration| d.as_millis() as u64;
+        Self {
+            max_connections: l.max_connections,
+            header_timeout_ms: ms(l.header_timeout),
+            body_timeout_ms: ms(l.body_timeout),
+            body_idle_timeout_ms: ms(l.body_idle_timeout),
+            keep_alive_timeout_ms: ms(l.keep_alive_timeout),
+            send_timeout_ms: ms(l.send_timeout),
+            body_buffer_bytes: l.body_buffer_bytes,
+            linger_bytes: l.linger_bytes,
+            linger_ms: ms(l.linger),
+        }
+    }
+}
+
+impl ConnArgs {
+    /// The limits as durations, as the HTTP layer applies them.
+    pub fn limits(&self) -> ConnLimits {
+        let ms = Duration::from_millis;
+        ConnLimits {
+            max_connections: self.max_connections,
+            header_timeout: ms(self.header_timeout_ms),
+            body_timeout: ms(self.body_timeout_ms),
+            body_idle_timeout: ms(self.body_idle_timeout_ms),
+            keep_alive_timeout: ms(self.keep_alive_timeout_ms),
+            send_timeout: ms(self.send_timeout_ms),
+            body_buffer_bytes: self.body_buffer_bytes,
+            linger_bytes: self.linger_bytes,
+            linger: ms(self.linger_ms),
+        }
+    }
+}
+
+impl DeviceArgs {
+    /// The devices as asked.
+    pub fn devices(&self) -> Devices {
+        Devices {
+            selection: self.devices.clone(),
+            build_engines: self.build_engines,
+            engines_dir: self.engines_dir.clone(),
+        }
+    }
+}
+
+impl RuntimeArgs {
+    /// The replicas and threads as asked.
+    pub fn replicas(&self) -> Replicas {
+        Replicas {
+            replicas: self.replicas,
+            threads_per_replica: self.threads_per_replica,
+            solo_threads: self.solo_threads,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn defaults_round_trip_through_the_flags() {
+        assert_eq!(ConnArgs::default().limits(), ConnLimits::default());
+    }
+
+    #[test]
+    fn ranges_that_cannot_work_are_refused_by_the_command_line() {
+        for flag in [
+            "--replicas=0",
+            "--threads-per-replica=0",
+            "--queue-capacity=0",
+            "--max-in-flight=0",
+            "--health-check-interval-ms=0",
+            "--deadline-s=0",
+            "--max-connections=0",
+            "--header-timeout-ms=0",
+            "--max-queue-wait=-1ms",
+        ] {
+            let e = Serve::try_parse_from(["serve", flag]).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag}: {e}"
+            );
+        }
+        let ok = Serve::try_parse_from(["serve", "--replicas=3", "--max-queue-wait=250ms"])
+            .unwrap()
+            .args;
+        assert_eq!(ok.runtime.replicas, Some(3));
+        assert_eq!(
+            ok.max_queue_wait,
+            Some(QueueBudget::Fixed(Duration::from_millis(250)))
+        );
+    }
+}
