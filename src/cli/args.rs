@@ -76,6 +76,7 @@ pub struct DeviceArgs {
     pub engines_dir: Option<PathBuf>,
 }
 
+/// `celer serve`'s options, in groups (each a heading of `--help`).
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     #[command(flatten, next_help_heading = "Model and replicas")]
@@ -87,37 +88,61 @@ pub struct ServeArgs {
     #[command(flatten, next_help_heading = "Hosting (SageMaker)")]
     pub hosting: HostingArgs,
 
+    #[command(flatten, next_help_heading = "Listening")]
+    pub listen: ListenArgs,
+
+    #[command(flatten, next_help_heading = "Routing and admission")]
+    pub admission: AdmissionArgs,
+
+    #[command(flatten, next_help_heading = "Requests")]
+    pub requests: RequestArgs,
+
+    #[command(flatten, next_help_heading = "Connections and uploads")]
+    pub conn: ConnArgs,
+}
+
+/// Where `celer serve` listens, how it names its model, and how it stops.
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
     /// Address to listen on.
-    #[arg(
-        help_heading = "Listening",
-        long,
-        env = "CELER_BIND",
-        default_value = "0.0.0.0"
-    )]
+    #[arg(long, env = "CELER_BIND", default_value = "0.0.0.0")]
     pub bind: String,
 
     /// Port to listen on.
-    #[arg(
-        help_heading = "Listening",
-        long,
-        env = "SAGEMAKER_BIND_TO_PORT",
-        default_value_t = 8080
-    )]
+    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", default_value_t = 8080)]
     pub port: u16,
 
+    /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
+    /// KServe's InferenceService passes its own name.
+    #[arg(long, env = "CELER_MODEL_NAME", default_value = "celer")]
+    pub model_name: String,
+
+    /// Send a `Server-Timing` header with the per-stage times of each request.
+    #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
+    pub server_timing: bool,
+
+    /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
+    /// container 30 s after it).
+    #[arg(long, env = "CELER_SHUTDOWN_GRACE_S", default_value_t = 25)]
+    pub shutdown_grace_s: u64,
+}
+
+/// How requests are placed on devices and when they are refused at once.
+#[derive(Debug, Clone, Args)]
+pub struct AdmissionArgs {
     /// How a request picks its device: least-busy (earliest estimated completion), or
     /// the round-robin and random baselines.
-    #[arg(help_heading = "Routing and admission", long, env = "CELER_ROUTING", value_enum, default_value_t = Routing::LeastBusy)]
+    #[arg(long, env = "CELER_ROUTING", value_enum, default_value_t = Routing::LeastBusy)]
     pub routing: Routing,
 
     /// Requests that may wait per device, beyond those its replicas run; when every
     /// queue is full the server answers 503 at once.
-    #[arg(help_heading = "Routing and admission", long, env = "CELER_QUEUE_CAPACITY", default_value_t = 16, value_parser = at_least_one())]
+    #[arg(long, env = "CELER_QUEUE_CAPACITY", default_value_t = 16, value_parser = at_least_one())]
     pub queue_capacity: usize,
 
     /// Requests admitted and not yet answered, over every device. Default: each device's
     /// replicas plus its queue capacity, summed.
-    #[arg(help_heading = "Routing and admission", long, env = "CELER_MAX_IN_FLIGHT", value_parser = at_least_one())]
+    #[arg(long, env = "CELER_MAX_IN_FLIGHT", value_parser = at_least_one())]
     pub max_in_flight: Option<usize>,
 
     /// How long a new request may be expected to wait before a replica starts it (from
@@ -126,82 +151,45 @@ pub struct ServeArgs {
     /// `2s`), a number of measured service times (`2x`: a full queue is a few service
     /// times, whatever the model and device), or `off` (admission by count only).
     /// Default: `2x`; in batch and async hosting `off` (their requests wait their turn).
-    #[arg(
-        help_heading = "Routing and admission",
-        long,
-        env = "CELER_MAX_QUEUE_WAIT"
-    )]
+    #[arg(long, env = "CELER_MAX_QUEUE_WAIT")]
     pub max_queue_wait: Option<QueueBudget>,
 
     /// Milliseconds between health checks of an unhealthy device (one that failed repeatedly
     /// or overran a deadline); it gets traffic again once a health check passes.
-    #[arg(help_heading = "Routing and admission", long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000, value_parser = positive_u64())]
+    #[arg(long, env = "CELER_HEALTH_CHECK_INTERVAL_MS", default_value_t = 1000, value_parser = positive_u64())]
     pub health_check_interval_ms: u64,
+}
 
+/// What a request may be.
+#[derive(Debug, Clone, Args)]
+pub struct RequestArgs {
     /// Seconds a request may take from arrival; an expired request is not run. Default:
     /// the hosting mode's (60; async and batch 3600).
-    #[arg(help_heading = "Requests", long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", value_parser = positive_u64())]
+    #[arg(long, env = "SAGEMAKER_MODEL_SERVER_TIMEOUT", value_parser = positive_u64())]
     pub deadline_s: Option<u64>,
 
     /// Largest request body, bytes. Default: the hosting mode's (realtime 6 MiB,
     /// serverless 4 MiB, batch the job's MaxPayloadInMB, async any image within
     /// --max-pixels).
-    #[arg(help_heading = "Requests", long, env = "CELER_MAX_BODY_BYTES", value_parser = at_least_one())]
+    #[arg(long, env = "CELER_MAX_BODY_BYTES", value_parser = at_least_one())]
     pub max_body_bytes: Option<usize>,
 
     /// Largest image, in pixels (width x height), checked before decoding.
-    #[arg(help_heading = "Requests", long, env = "CELER_MAX_PIXELS", default_value_t = DecodeLimits::default().max_pixels, value_parser = positive_u64())]
+    #[arg(long, env = "CELER_MAX_PIXELS", default_value_t = DecodeLimits::default().max_pixels, value_parser = positive_u64())]
     pub max_pixels: u64,
 
     /// Smallest accepted image side, pixels.
-    #[arg(help_heading = "Requests", long, env = "CELER_MIN_SIDE_PX", default_value_t = DecodeLimits::default().min_side_px)]
+    #[arg(long, env = "CELER_MIN_SIDE_PX", default_value_t = DecodeLimits::default().min_side_px)]
     pub min_side_px: u32,
 
     /// Hosts that JSON bodies may name in `url` for the server to fetch (comma
     /// separated). Empty: fetching is off, and a `url` is refused.
-    #[arg(
-        help_heading = "Requests",
-        long,
-        env = "CELER_FETCH_ALLOW_HOSTS",
-        value_delimiter = ','
-    )]
+    #[arg(long, env = "CELER_FETCH_ALLOW_HOSTS", value_delimiter = ',')]
     pub fetch_allow_hosts: Vec<String>,
 
     /// Time limit for fetching a `url`, milliseconds.
-    #[arg(help_heading = "Requests", long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000, value_parser = positive_u64())]
+    #[arg(long, env = "CELER_FETCH_TIMEOUT_MS", default_value_t = 5000, value_parser = positive_u64())]
     pub fetch_timeout_ms: u64,
-
-    /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
-    /// KServe's InferenceService passes its own name.
-    #[arg(
-        help_heading = "Listening",
-        long,
-        env = "CELER_MODEL_NAME",
-        default_value = "celer"
-    )]
-    pub model_name: String,
-
-    /// Send a `Server-Timing` header with the per-stage times of each request.
-    #[arg(
-        help_heading = "Listening",
-        long,
-        env = "CELER_SERVER_TIMING",
-        default_value_t = false
-    )]
-    pub server_timing: bool,
-
-    #[command(flatten, next_help_heading = "Connections and uploads")]
-    pub conn: ConnArgs,
-
-    /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
-    /// container 30 s after it).
-    #[arg(
-        help_heading = "Listening",
-        long,
-        env = "CELER_SHUTDOWN_GRACE_S",
-        default_value_t = 25
-    )]
-    pub shutdown_grace_s: u64,
 }
 
 /// `celer serve`'s hosting options.
@@ -334,7 +322,7 @@ impl RuntimeArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use clap::Parser;
 
     use super::*;
@@ -343,6 +331,11 @@ mod tests {
     struct Serve {
         #[command(flatten)]
         args: ServeArgs,
+    }
+
+    /// `celer serve`'s options from `flags`, as clap parses them.
+    pub(crate) fn parse(flags: &[&str]) -> Result<ServeArgs, clap::Error> {
+        Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).map(|s| s.args)
     }
 
     #[test]
@@ -363,19 +356,17 @@ mod tests {
             "--header-timeout-ms=0",
             "--max-queue-wait=-1ms",
         ] {
-            let e = Serve::try_parse_from(["serve", flag]).unwrap_err();
+            let e = parse(&[flag]).unwrap_err();
             assert_eq!(
                 e.kind(),
                 clap::error::ErrorKind::ValueValidation,
                 "{flag}: {e}"
             );
         }
-        let ok = Serve::try_parse_from(["serve", "--replicas=3", "--max-queue-wait=250ms"])
-            .unwrap()
-            .args;
+        let ok = parse(&["--replicas=3", "--max-queue-wait=250ms"]).unwrap();
         assert_eq!(ok.runtime.replicas, Some(3));
         assert_eq!(
-            ok.max_queue_wait,
+            ok.admission.max_queue_wait,
             Some(QueueBudget::Fixed(Duration::from_millis(250)))
         );
     }

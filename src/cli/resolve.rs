@@ -19,50 +19,51 @@ pub fn resolve(
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<ServerConfig, ConfigError> {
     let explicit = Explicit {
-        max_body_bytes: args.max_body_bytes,
+        max_body_bytes: args.requests.max_body_bytes,
         max_response_bytes: args.hosting.max_response_bytes,
-        deadline_s: args.deadline_s,
+        deadline_s: args.requests.deadline_s,
         replicas: args.runtime.replicas,
     };
     let hosting = HostingPlan::resolve(
         args.hosting.mode,
         explicit,
         BatchJob::from_env(var)?,
-        args.max_pixels,
+        args.requests.max_pixels,
     );
     let requests = RequestLimits {
         max_body_bytes: hosting.max_body_bytes,
         decode: DecodeLimits {
-            max_pixels: args.max_pixels,
-            min_side_px: args.min_side_px,
+            max_pixels: args.requests.max_pixels,
+            min_side_px: args.requests.min_side_px,
             max_side_px: DecodeLimits::default().max_side_px,
         },
         deadline: hosting.deadline,
     };
     // The modes whose requests wait their turn (batch, async) have no wait budget unless
     // one is given.
-    let max_queue_wait = args
-        .max_queue_wait
-        .unwrap_or(if hosting.mode.waits_its_turn() {
-            QueueBudget::Off
-        } else {
-            QueueBudget::ServiceTimes(2.0)
-        });
+    let max_queue_wait =
+        args.admission
+            .max_queue_wait
+            .unwrap_or(if hosting.mode.waits_its_turn() {
+                QueueBudget::Off
+            } else {
+                QueueBudget::ServiceTimes(2.0)
+            });
     let router = RouterConfig {
-        routing: args.routing,
-        queue_capacity: hosting.queue_capacity(args.queue_capacity),
-        max_in_flight: args.max_in_flight,
+        routing: args.admission.routing,
+        queue_capacity: hosting.queue_capacity(args.admission.queue_capacity),
+        max_in_flight: args.admission.max_in_flight,
         max_queue_wait,
-        health_check_interval: Duration::from_millis(args.health_check_interval_ms),
+        health_check_interval: Duration::from_millis(args.admission.health_check_interval_ms),
         ..RouterConfig::default()
     };
     let mut replicas = args.runtime.replicas();
     replicas.replicas = hosting.replicas;
     Ok(ServerConfig {
         model_dir: args.runtime.model_dir.clone(),
-        model_name: args.model_name.clone(),
-        bind: args.bind.clone(),
-        port: args.port,
+        model_name: args.listen.model_name.clone(),
+        bind: args.listen.bind.clone(),
+        port: args.listen.port,
         connections: args
             .conn
             .limits()
@@ -72,32 +73,23 @@ pub fn resolve(
         replicas,
         devices: args.device.devices(),
         fetch: Fetch {
-            allow_hosts: args.fetch_allow_hosts.clone(),
-            timeout: Duration::from_millis(args.fetch_timeout_ms),
+            allow_hosts: args.requests.fetch_allow_hosts.clone(),
+            timeout: Duration::from_millis(args.requests.fetch_timeout_ms),
         },
-        server_timing: args.server_timing,
-        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+        server_timing: args.listen.server_timing,
+        shutdown_grace: Duration::from_secs(args.listen.shutdown_grace_s),
         hosting,
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
+    use crate::cli::args::tests::parse;
     use crate::config::HostingMode;
 
-    #[derive(Debug, Parser)]
-    struct Serve {
-        #[command(flatten)]
-        args: ServeArgs,
-    }
-
     fn resolved(flags: &[&str], vars: &[(&str, &str)]) -> ServerConfig {
-        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
-            .unwrap()
-            .args;
+        let args = parse(flags).unwrap();
         resolve(&args, |name| {
             vars.iter()
                 .find(|(k, _)| *k == name)
@@ -146,7 +138,7 @@ mod tests {
 
     #[test]
     fn a_variable_sagemaker_cannot_have_set_is_refused() {
-        let args = Serve::try_parse_from(["serve"]).unwrap().args;
+        let args = parse(&[]).unwrap();
         let e = resolve(&args, |name| {
             (name == "SAGEMAKER_BATCH").then(|| "maybe".to_string())
         })

@@ -293,15 +293,18 @@ mod tests {
         // The CPU stage picks AVX2 on x86-64 when it can; the mirror follows that order,
         // so it is exact there. Elsewhere the sum order differs: 1 ulp is allowed.
         let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
-        for (w, h, dw, dh) in [
-            (320, 320, 1021, 767),
-            (320, 320, 97, 51),
-            (7, 5, 3, 2),
-            (1, 1, 13, 9),
-            (33, 17, 1, 1),
-            (64, 64, 64, 64),
-            (320, 320, 320, 1000),
-            (1000, 9, 31, 9),
+        for [w, h, dw, dh] in [
+            // Up and down by uneven ratios.
+            [320, 320, 1021, 767],
+            [320, 320, 97, 51],
+            [7, 5, 3, 2],
+            // One-pixel sides, then the identity.
+            [1, 1, 13, 9],
+            [33, 17, 1, 1],
+            [64, 64, 64, 64],
+            // One axis only.
+            [320, 320, 320, 1000],
+            [1000, 9, 31, 9],
         ] {
             let src = pattern(w, h);
             let cpu =

@@ -518,10 +518,12 @@ mod tests {
             seed
         };
         for (sw, sh, w, h) in [
+            // Power-of-two ratios on both axes (or none on one).
             (1920, 1080, 480, 270),
             (400, 300, 100, 75),
             (256, 64, 128, 64),
             (96, 800, 96, 100),
+            // Not a power of two on either axis, or on one of them.
             (1001, 403, 250, 100),
             (640, 480, 320, 320),
         ] {

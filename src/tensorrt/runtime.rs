@@ -5,7 +5,7 @@
 //! device memory come from the caller (the cuda module); this module never allocates
 //! device memory or synchronises a stream.
 
-use std::ffi::c_void;
+use std::ffi::{c_void, OsString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -23,6 +23,33 @@ pub fn compiled_version() -> Option<TrtVersion> {
     Some(TrtVersion::from_encoded(unsafe {
         sys::celer_trt_compiled_version()
     }))
+}
+
+/// Where the libraries are looked for: defined here, beside the only code that opens them,
+/// because the default names follow the compiled version.
+impl LibraryPaths {
+    /// `CELER_NVINFER_PATH` / `CELER_NVONNXPARSER_PATH`, else the sonames of the major
+    /// version the shim was compiled for (`libnvinfer.so.10`, `libnvonnxparser.so.10`).
+    pub fn from_env() -> Self {
+        Self::with_env(|key| std::env::var_os(key))
+    }
+
+    /// As `from_env`, reading variables through `var` (for tests).
+    pub fn with_env(var: impl Fn(&str) -> Option<OsString>) -> Self {
+        let suffix = compiled_version()
+            .map(|v| format!(".{}", v.major))
+            .unwrap_or_default();
+        let pick = |key: &str, library: &str| {
+            var(key).filter(|v| !v.is_empty()).map_or_else(
+                || PathBuf::from(format!("{library}{suffix}")),
+                PathBuf::from,
+            )
+        };
+        Self {
+            nvinfer: pick("CELER_NVINFER_PATH", "libnvinfer.so"),
+            nvonnxparser: pick("CELER_NVONNXPARSER_PATH", "libnvonnxparser.so"),
+        }
+    }
 }
 
 /// The opened libraries. Closing them comes last: every other handle keeps an `Arc`.

@@ -3,7 +3,7 @@
 //! two raw CUDA handles that cross the boundary (streams and device pointers). Compiled
 //! with or without the `tensorrt` feature; nothing here calls TensorRT.
 
-use std::ffi::{c_void, OsString};
+use std::ffi::c_void;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -223,32 +223,6 @@ impl FromStr for Precision {
 pub struct LibraryPaths {
     pub nvinfer: PathBuf,
     pub nvonnxparser: PathBuf,
-}
-
-impl LibraryPaths {
-    /// `CELER_NVINFER_PATH` / `CELER_NVONNXPARSER_PATH`, else the sonames of the major
-    /// version the shim was compiled for (`libnvinfer.so.10`, `libnvonnxparser.so.10`;
-    /// unversioned without the `tensorrt` feature).
-    pub fn from_env() -> Self {
-        Self::with_env(|key| std::env::var_os(key))
-    }
-
-    /// As `from_env`, reading variables through `var` (for tests).
-    pub fn with_env(var: impl Fn(&str) -> Option<OsString>) -> Self {
-        let suffix = super::TensorRt::compiled_version()
-            .map(|v| format!(".{}", v.major))
-            .unwrap_or_default();
-        let pick = |key: &str, library: &str| {
-            var(key).filter(|v| !v.is_empty()).map_or_else(
-                || PathBuf::from(format!("{library}{suffix}")),
-                PathBuf::from,
-            )
-        };
-        Self {
-            nvinfer: pick("CELER_NVINFER_PATH", "libnvinfer.so"),
-            nvonnxparser: pick("CELER_NVONNXPARSER_PATH", "libnvonnxparser.so"),
-        }
-    }
 }
 
 /// A CUDA stream (`cudaStream_t` / `CUstream`) owned by the caller, typically a
