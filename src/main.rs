@@ -12,10 +12,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// glibc's malloc, which ONNX Runtime (C++) allocates its activations from, set for a
 /// model run's large blocks: they are mapped (mmap threshold 4 MiB) with transparent huge
 /// pages (`glibc.malloc.hugetlb=1`), so each is faulted in 2 MiB at a time and unmapped
-/// when freed. Measured on `celer serve`, U2NetP, c=1 at 320x320 against the default
-/// heap (README, "CPU threads"): 7.5-8.8 k page faults a request instead of 46-50 k, CPU
-/// time a request 0.80-0.94x, and peak RSS at 4 clients on 1080p 681-735 MB against
-/// 745-802 MB, since freed blocks no longer sit in each thread's heap. What smaller
+/// when freed: far fewer page faults and less CPU time a request than the default heap,
+/// and a lower peak RSS, since freed blocks no longer sit in each thread's heap (figures
+/// in docs/decisions.md, "glibc's malloc: huge pages, mapped from 4 MiB"). What smaller
 /// blocks a burst left in the heaps goes back to the system when the server goes idle
 /// (`cli::set_heap_trim`). glibc reads its tunables only at exec, hence
 /// `exec_with_huge_pages`.

@@ -24,11 +24,9 @@ pub fn set_heap_trim(trim: fn()) {
 /// How long the server stays idle (nothing admitted, nothing in flight) before it gives
 /// memory back. A lone client's next request within this finds the block cache as the
 /// last run left it; given back, the next model run maps and faults its activations
-/// afresh (about 15 % of U2NetP's run at 320x320). Given back at the first idle moment
-/// (a 500 ms tick that saw none in flight after one that saw some), a client taking turns
-/// with another server, 0.4 s idle between its requests, had its model run at 1.15-1.17x
-/// ONNX Runtime's solo run (`make compare` of 2026-12-02 04:19 UTC). A burst's memory
-/// still goes back within 5 s of its end.
+/// afresh. Given back at the first idle moment instead, a client that takes turns with
+/// another server paid that on every request (docs/decisions.md, "The block cache"). A
+/// burst's memory still goes back within 5 s of its end.
 const IDLE_BEFORE_TRIM: Duration = Duration::from_secs(3);
 
 /// When to give memory back: after `IDLE_BEFORE_TRIM` without a request, once per spell

@@ -1,8 +1,8 @@
 //! Encode: PNG with the fast compression level, or lossless WebP. A PNG of a 2 MP cut-out
 //! at the default level costs more than the model; the fast level trades ~20 % size for
 //! ~5x speed. Lossless WebP (VP8L, the `image` crate's encoder: alpha included) is the
-//! compact answer: smaller than that PNG on photographs' cut-outs (README, "Response
-//! formats and sizes").
+//! compact answer: smaller than that PNG on photographs' cut-outs (docs/hosting.md,
+//! "Response formats and sizes").
 
 use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::codecs::webp::WebPEncoder;

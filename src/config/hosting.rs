@@ -1,7 +1,7 @@
 //! SageMaker hosting modes as configuration. The same container serves real-time
 //! endpoints, asynchronous inference, serverless endpoints and batch transform jobs, and
-//! each allows different bodies, responses and times (facts and sources in the README's
-//! "Hosting modes", docs/hosting.md). `--hosting` (`CELER_HOSTING`) picks the mode; batch transform is
+//! each allows different bodies, responses and times (facts and sources in
+//! docs/hosting.md). `--hosting` (`CELER_HOSTING`) picks the mode; batch transform is
 //! recognised by itself from `SAGEMAKER_BATCH=true`, which SageMaker sets for a transform
 //! job together with the job's `SAGEMAKER_MAX_PAYLOAD_IN_MB`, `SAGEMAKER_BATCH_STRATEGY`
 //! and `SAGEMAKER_MAX_CONCURRENT_TRANSFORMS`. A flag or variable set explicitly

@@ -4,11 +4,11 @@
 //! replica while it is the only one running, so that a lone request's model runs use
 //! every core. The choice is made per run, so parallelism follows the load.
 //!
-//! Why this layout (U2NetP, 2 cores, `celer bench local --model-only`, medians of 3
-//! rounds; README "CPU threads"): a session of 2 threads runs the model 1.7-1.8x as fast as
-//! one of 1, but two sessions of 1 thread each, running together, do 1.11x the work of
-//! that one session of 2 under load, and two sessions on ONNX Runtime's shared pool of 2
-//! threads 0.93-1.03x (the last two `make compare` runs).
+//! Why this layout: a session with every core's thread runs a lone model faster than one
+//! with its share, but under load sessions of a share each, running together, do more
+//! work than one session of every core, and more than sessions on ONNX Runtime's shared
+//! pool (`celer bench local --model-only`; figures in docs/decisions.md, "CPU threads:
+//! replicas and a solo set").
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
