@@ -21,6 +21,7 @@ cores' time over the CPU per request, so the ratio of the two CPU figures is the
 the throughput ratio that the work around the model sets.
 """
 import json
+import os
 import math
 import platform
 import statistics
@@ -28,6 +29,11 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+# The server celer is compared with: the Python handler, or (`BASELINE=...` in
+# scripts/compare) another celer binary, named `before`.
+REF = os.environ.get("COMPARE_REFERENCE", "python")
+TITLE = "the Python reference handler" if REF == "python" else f"another build ({REF})"
 
 out = Path(sys.argv[1])
 rounds = sorted(p for p in out.glob("round-*") if p.is_dir())
@@ -150,7 +156,7 @@ def ort_limit(rnd: Path) -> dict:
 
 ort = [ort_limit(r) for r in rounds]
 cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-print(f"# celer vs the Python reference handler ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
+print(f"# celer vs {TITLE} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
 print(
     f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
     f"Load: `celer bench http`, closed loop: at concurrency 1 one client taking turns "
@@ -177,9 +183,9 @@ print(f"\nBest layout under load, by round: {', '.join(bests)}.\n")
 summary = {}
 for stem in STEMS:
     # Each round's c=4 slices per server, and its figures.
-    slices = [{n: c4_slices(r, n, stem) for n in ["python", "celer"]} for r in rounds]
+    slices = [{n: c4_slices(r, n, stem) for n in [REF, "celer"]} for r in rounds]
     per_round = [
-        {n: figures(r, n, stem, sl[n]) for n in ["python", "celer"]}
+        {n: figures(r, n, stem, sl[n]) for n in [REF, "celer"]}
         for r, sl in zip(rounds, slices)
     ]
     print(f"## {stem}.jpg\n")
@@ -189,7 +195,7 @@ for stem in STEMS:
         "| client CPU ms/req (c=4) | errors |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name in ["python", "celer"]:
+    for name in [REF, "celer"]:
         f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
         print(
             f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
@@ -222,11 +228,11 @@ for stem in STEMS:
         return med(values), values
 
     ratios = {
-        "c=1 p50, celer / python (target <= 0.8)": ratio(
-            lambda pr, o: pr["celer"]["c1_p50"] / pr["python"]["c1_p50"]
+        f"c=1 p50, celer / {REF}" + (" (target <= 0.8)" if REF == "python" else ""): ratio(
+            lambda pr, o: pr["celer"]["c1_p50"] / pr[REF]["c1_p50"]
         ),
-        "c=4 throughput, celer / python": sliced(
-            lambda sl, b, i: sl["celer"][i]["throughput_rps"] / sl["python"][i]["throughput_rps"]
+        f"c=4 throughput, celer / {REF}": sliced(
+            lambda sl, b, i: sl["celer"][i]["throughput_rps"] / sl[REF][i]["throughput_rps"]
         ),
         "c=4 throughput, celer / ONNX Runtime alone, best layout (target >= 0.9)": sliced(
             lambda sl, b, i: sl["celer"][i]["throughput_rps"] / b[i][0]
@@ -238,8 +244,8 @@ for stem in STEMS:
         "c=4 CPU per request, celer server / ONNX Runtime alone per run, best layout": sliced(
             lambda sl, b, i: server_cpu(sl["celer"][i]) / b[i][1]
         ),
-        "time outside the model at c=1, celer / python": ratio(
-            lambda pr, o: pr["celer"]["outside"] / pr["python"]["outside"]
+        f"time outside the model at c=1, celer / {REF}": ratio(
+            lambda pr, o: pr["celer"]["outside"] / pr[REF]["outside"]
         ),
     }
     print()
