@@ -16,7 +16,7 @@ use crate::config::{ConnLimits, Devices, HostingMode, Replicas};
 use crate::sched::{DeviceSelection, QueueBudget, Routing};
 
 /// A count that must be at least 1.
-fn at_least_one() -> RangedU64ValueParser<usize> {
+pub(super) fn at_least_one() -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::new().range(1..)
 }
 

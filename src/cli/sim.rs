@@ -30,15 +30,15 @@ pub struct SimArgs {
     pub sigma: f64,
 
     /// Replicas per simulated device.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::args::at_least_one())]
     pub replicas: usize,
 
     /// Requests per point.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = super::args::at_least_one())]
     pub requests: usize,
 
     /// Runs of every point; the summary gives their medians.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::args::at_least_one())]
     pub repeats: usize,
 
     /// Offered load of the placement check, as a share of total capacity.
@@ -51,11 +51,11 @@ pub struct SimArgs {
 
     /// Queue capacity per device in the placement check: large, so that the baselines'
     /// queues show their latency rather than refusals.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::args::at_least_one())]
     pub placement_queue: usize,
 
     /// Queue capacity per device in the overload check: what bounds admitted latency.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::args::at_least_one())]
     pub overload_queue: usize,
 
     /// Which checks to run.
@@ -198,7 +198,7 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
         service,
         runtime,
     };
-    let repeats = args.repeats.max(1);
+    let repeats = args.repeats;
     println!(
         "celer sim: lognormal service time, median {} ms, sigma {}, {} replica(s) per device, {} requests per point, median of {repeats} run(s); wall time, real router threads and queues",
         args.median_ms, args.sigma, args.replicas, args.requests
