@@ -19,18 +19,27 @@ pub use model::ModelSource;
 pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
 
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use crate::cuda::trt_model::TrtModelError;
 use crate::cuda::{CudaError, GpuDevice};
 use crate::engines::plan::{GpuEngines, GpuPlan};
+use crate::ort::OrtError;
 use crate::replica::models::ModelError;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
 use crate::spec::BatchingSpec;
 use crate::spec::PipelineSpec;
+use crate::tensorrt::TrtError;
 
-/// Why a GPU replica's stages failed.
+/// Why a GPU replica's stages failed: CUDA (the driver, the kernels, their buffers),
+/// TensorRT (its engines' contexts and enqueues), ONNX Runtime (the models' sessions where
+/// TensorRT is absent), or a model that does not fit its contract.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error(transparent)]
     Cuda(#[from] CudaError),
+    #[error(transparent)]
+    TensorRt(#[from] TrtError),
+    #[error(transparent)]
+    Ort(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
 }
@@ -41,9 +50,12 @@ impl From<cudarc::driver::DriverError> for GpuError {
     }
 }
 
-impl From<crate::ort::OrtError> for GpuError {
-    fn from(error: crate::ort::OrtError) -> Self {
-        Self::Cuda(error.into())
+impl From<TrtModelError> for GpuError {
+    fn from(error: TrtModelError) -> Self {
+        match error {
+            TrtModelError::Cuda(e) => Self::Cuda(e),
+            TrtModelError::TensorRt(e) => Self::TensorRt(e),
+        }
     }
 }
 
