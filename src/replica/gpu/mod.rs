@@ -1,11 +1,13 @@
 //! A GPU replica: the GPU stages of a request on one stream (`pipeline`, with one file
-//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`), and the
-//! `Executor` the scheduler runs it through. Whichever replica of a GPU starts first
+//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`; the leaves they
+//! share: `buffers`, `error`), and the `Executor` the scheduler runs it through. Whichever replica of a GPU starts first
 //! opens the device (context, kernels) and loads its engines (`crate::engines::plan`);
 //! every replica then makes its own stream, buffers and execution contexts. A GPU whose
 //! context is lost is reopened here, for all its replicas at once (`GpuReplicas`).
 
+mod buffers;
 mod clock;
+mod error;
 mod input;
 mod mask;
 mod matting;
@@ -15,56 +17,17 @@ mod transfer;
 
 use std::sync::{Arc, Mutex};
 
+pub use buffers::GpuLimits;
+pub use error::GpuError;
 pub use model::ModelSource;
-pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
+pub use pipeline::{GpuMatte, GpuPipeline};
 
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use crate::cuda::trt_model::TrtModelError;
-use crate::cuda::{CudaError, GpuDevice};
+use crate::cuda::GpuDevice;
 use crate::engines::plan::{GpuEngines, GpuPlan};
-use crate::ort::OrtError;
-use crate::replica::models::ModelError;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
 use crate::spec::BatchingSpec;
 use crate::spec::PipelineSpec;
-use crate::tensorrt::TrtError;
-
-/// Why a GPU replica's stages failed: CUDA (the driver, the kernels, their buffers),
-/// TensorRT (its engines' contexts and enqueues), ONNX Runtime (the models' sessions where
-/// TensorRT is absent), or a model that does not fit its contract.
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    #[error(transparent)]
-    TensorRt(#[from] TrtError),
-    #[error(transparent)]
-    Ort(#[from] OrtError),
-    #[error(transparent)]
-    Model(#[from] ModelError),
-}
-
-impl From<cudarc::driver::DriverError> for GpuError {
-    fn from(error: cudarc::driver::DriverError) -> Self {
-        Self::Cuda(error.into())
-    }
-}
-
-impl From<TrtModelError> for GpuError {
-    fn from(error: TrtModelError) -> Self {
-        match error {
-            TrtModelError::Cuda(e) => Self::Cuda(e),
-            TrtModelError::TensorRt(e) => Self::TensorRt(e),
-        }
-    }
-}
-
-impl GpuError {
-    /// Whether the GPU's context is lost (see `CudaError::is_device_lost`).
-    pub fn is_device_lost(&self) -> bool {
-        matches!(self, Self::Cuda(e) if e.is_device_lost())
-    }
-}
 
 /// A GPU opened, with its engines deserialised: shared by its replicas.
 struct LoadedGpu {
