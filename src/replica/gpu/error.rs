@@ -21,6 +21,9 @@ pub enum GpuError {
     Ort(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The replica's pipeline is gone: the GPU is being reopened, or its reopening failed.
+    #[error("{device} replica {replica}: not loaded (the GPU is being reopened)")]
+    NotLoaded { device: String, replica: usize },
 }
 
 impl From<cudarc::driver::DriverError> for GpuError {

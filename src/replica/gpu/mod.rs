@@ -240,12 +240,14 @@ impl GpuExecutor {
     fn run_one(&mut self, job: &PipelineJob) -> Result<PipelineOutput, ExecError> {
         let mut slot = lock(&self.shared.pipelines[self.replica]);
         let generation = self.shared.generation();
-        let pipeline = slot.as_mut().ok_or_else(|| {
-            format!(
-                "{} replica {}: not loaded (the GPU is being reopened)",
-                self.shared.name, self.replica
-            )
-        })?;
+        // Emptied by a recovery, which left it so when it failed: the device is still
+        // lost, so that the next failed health check tries the recovery again.
+        let Some(pipeline) = slot.as_mut() else {
+            return Err(ExecError::device_lost(GpuError::NotLoaded {
+                device: self.shared.name.clone(),
+                replica: self.replica,
+            }));
+        };
         let mut timings = job.timings;
         match pipeline.run(&job.image, job.cutout, &mut timings) {
             Ok(done) => Ok(PipelineOutput {
@@ -253,12 +255,11 @@ impl GpuExecutor {
                 cutout: done.cutout,
                 timings,
             }),
-            Err(e) => {
-                if e.is_device_lost() {
-                    self.lost_in = generation;
-                }
-                Err(e.into())
+            Err(e) if e.is_device_lost() => {
+                self.lost_in = generation;
+                Err(ExecError::device_lost(e))
             }
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -275,15 +276,6 @@ impl Executor for GpuExecutor {
 
     fn health_check(&mut self) -> Result<(), ExecError> {
         self.run_one(&health_check_job()).map(|_| ())
-    }
-
-    /// A lost context, or a replica left without a pipeline by a recovery that failed
-    /// (so the next failed health check tries again).
-    fn device_lost(&self, error: &ExecError) -> bool {
-        error
-            .downcast_ref::<GpuError>()
-            .is_some_and(GpuError::is_device_lost)
-            || lock(&self.shared.pipelines[self.replica]).is_none()
     }
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {
