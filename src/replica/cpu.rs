@@ -36,7 +36,9 @@ fn stage_err(stage: &'static str) -> impl Fn(String) -> PipelineError {
     move |reason| PipelineError::Stage { stage, reason }
 }
 
-/// How this replica makes the alpha at the source size.
+/// How a set of sessions makes the alpha at the source size. The matting model's session
+/// is in its variant, so there is no model matting without a session, nor a session
+/// without model matting.
 enum Matting {
     /// The fast guided filter of the coarse mask, guided by the image's luma.
     GuidedFilter {
@@ -49,19 +51,49 @@ enum Matting {
     Model(Box<MattingModel>),
 }
 
-/// The matting model's input and output names (its session is in `Sessions`).
+/// The matting model's session, and its input and output names.
 struct MattingModel {
+    session: OrtModel,
     image: ImageInputSpec,
     trimap_input: String,
     output: String,
 }
 
-/// The sessions one run of the pipeline uses: the segmentation model's and, when the
-/// description has one, the matting model's; and the cores they were given, which the
-/// stages around the models may split their rows across for the same run.
+impl Matting {
+    /// The matting `spec` describes, its model (if any) on `threads`, checked against the
+    /// names the description gives.
+    fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
+        Ok(match &spec.matting {
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => Matting::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            },
+            MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            } => Matting::Model(Box::new(MattingModel {
+                session: models::matting_model(image, trimap_input, output).load_ort(threads)?,
+                image: image.clone(),
+                trimap_input: trimap_input.clone(),
+                output: output.clone(),
+            })),
+        })
+    }
+}
+
+/// The models one run of the pipeline uses: the segmentation model's session and the
+/// matting (the guided filter's parameters, or the matting model with its session); and
+/// the cores they were given, which the stages around the models may split their rows
+/// across for the same run.
 pub struct Sessions {
     segmentation: OrtModel,
-    matting: Option<OrtModel>,
+    matting: Matting,
     lanes: Lanes,
 }
 
@@ -71,9 +103,7 @@ impl Sessions {
     pub fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
         let segmentation = models::segmentation(spec).load_ort(threads)?;
         check_batching(&segmentation, spec)?;
-        let matting = models::matting(spec)
-            .map(|m| m.load_ort(threads))
-            .transpose()?;
+        let matting = Matting::load(spec, threads)?;
         let lanes = match threads {
             OpThreads::Own { threads, .. } => Lanes::new(threads),
             OpThreads::Shared => Lanes::ONE,
@@ -124,7 +154,6 @@ pub struct CpuPipeline {
 /// The stages around the models, and their scratch.
 struct Stages {
     spec: PipelineSpec,
-    matting: Matting,
     resizer: Resizer,
     resized: Vec<u8>,
     input: Vec<f32>,
@@ -165,33 +194,12 @@ impl CpuPipeline {
         cores: Arc<CpuCores>,
     ) -> Result<Self, PipelineError> {
         let sessions = Sessions::load(spec, intra_threads.into())?;
-        let matting = match &spec.matting {
-            MattingSpec::Model {
-                image,
-                trimap_input,
-                output,
-            } => Matting::Model(Box::new(MattingModel {
-                image: image.clone(),
-                trimap_input: trimap_input.clone(),
-                output: output.clone(),
-            })),
-            &MattingSpec::GuidedFilter {
-                radius_px,
-                epsilon,
-                subsample,
-            } => Matting::GuidedFilter {
-                radius_px,
-                epsilon,
-                subsample,
-            },
-        };
         Ok(Self {
             sessions,
             cores,
             waiting: 0,
             stages: Stages {
                 spec: spec.clone(),
-                matting,
                 resizer: Resizer::new(),
                 resized: Vec::new(),
                 input: Vec::new(),
@@ -302,13 +310,14 @@ impl Stages {
         timings.trimap = t.elapsed();
 
         let t = Instant::now();
-        let alpha = match &mut self.matting {
+        let lanes = sessions.lanes;
+        let alpha = match &mut sessions.matting {
             &mut Matting::GuidedFilter {
                 radius_px,
                 epsilon,
                 subsample,
             } => guided_filter::fit(
-                sessions.lanes,
+                lanes,
                 &mut self.resizer,
                 image,
                 &coarse,
@@ -317,27 +326,18 @@ impl Stages {
                 subsample,
             )
             .map_err(stage_err("matting"))?
-            .alpha(sessions.lanes, image, &trimap_full),
+            .alpha(lanes, image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
+                    session,
                     image: input,
                     trimap_input,
                     output,
-                } = &**m;
-                let model = sessions
-                    .matting
-                    .as_mut()
-                    .ok_or_else(|| stage_err("matting")("no matting model loaded".into()))?;
+                } = &mut **m;
                 self.input.resize(input_len(input), 0.0);
-                prepare_into(
-                    sessions.lanes,
-                    &mut self.resized,
-                    image,
-                    input,
-                    &mut self.input,
-                );
+                prepare_into(lanes, &mut self.resized, image, input, &mut self.input);
                 let alpha = run_matting_model(
-                    model,
+                    session,
                     &self.input,
                     &small_trimap,
                     input,
