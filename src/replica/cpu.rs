@@ -19,7 +19,7 @@ use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
 use crate::stages::plane::Plane;
-use crate::stages::{composite, guided_filter, preprocess, resample, trimap};
+use crate::stages::{composite, guided_filter, preprocess, resample, trimap, StageError};
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
 #[derive(Debug, thiserror::Error)]
@@ -28,12 +28,22 @@ pub enum PipelineError {
     Backend(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A CPU stage refused what it was given.
+    #[error("{stage}: {source}")]
+    Stage {
+        stage: &'static str,
+        source: StageError,
+    },
+    /// The pipeline's own bookkeeping: a batch and its outputs that do not match.
     #[error("{stage}: {reason}")]
-    Stage { stage: &'static str, reason: String },
+    Batch { stage: &'static str, reason: String },
+    #[error("matting: expected an alpha of shape [1, 1, H, W], got {0:?}")]
+    AlphaShape(Vec<usize>),
 }
 
-fn stage_err(stage: &'static str) -> impl Fn(String) -> PipelineError {
-    move |reason| PipelineError::Stage { stage, reason }
+/// The error of `stage`, for `map_err`.
+fn in_stage(stage: &'static str) -> impl Fn(StageError) -> PipelineError {
+    move |source| PipelineError::Stage { stage, source }
 }
 
 /// How a set of sessions makes the alpha at the source size. The matting model's session
@@ -217,7 +227,10 @@ impl CpuPipeline {
     ) -> Result<Matte, PipelineError> {
         self.run_batch(&[image], std::slice::from_mut(timings))?
             .pop()
-            .ok_or_else(|| stage_err("batch")("no matte for the image".into()))
+            .ok_or_else(|| PipelineError::Batch {
+                stage: "batch",
+                reason: "no matte for the image".into(),
+            })
     }
 
     /// The device stages of several images with one segmentation run: each input is
@@ -259,11 +272,10 @@ impl Stages {
         timings: &mut [StageTimings],
     ) -> Result<Vec<Matte>, PipelineError> {
         if images.len() != timings.len() {
-            return Err(stage_err("batch")(format!(
-                "{} images but {} timings",
-                images.len(),
-                timings.len()
-            )));
+            return Err(PipelineError::Batch {
+                stage: "batch",
+                reason: format!("{} images but {} timings", images.len(), timings.len()),
+            });
         }
         if images.is_empty() {
             return Ok(Vec::new());
@@ -325,7 +337,7 @@ impl Stages {
                 epsilon,
                 subsample,
             )
-            .map_err(stage_err("matting"))?
+            .map_err(in_stage("matting"))?
             .alpha(lanes, image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
@@ -345,7 +357,7 @@ impl Stages {
                     output,
                 )?;
                 let full = resample::resize_plane(&mut self.resizer, &alpha, width, height)
-                    .map_err(stage_err("matting"))?;
+                    .map_err(in_stage("matting"))?;
                 composite::quantize_alpha(&full)
             }
         };
@@ -360,7 +372,7 @@ impl Stages {
     fn trimap(&self, out: &Tensor) -> Result<(GrayImage, Plane), PipelineError> {
         match &self.spec.segmentation.mask {
             MaskKind::Probability { minmax } => {
-                let mask = trimap::probability_mask(out, *minmax).map_err(stage_err("trimap"))?;
+                let mask = trimap::probability_mask(out, *minmax).map_err(in_stage("trimap"))?;
                 let t = trimap::threshold(
                     &mask,
                     self.spec.trimap.foreground,
@@ -369,7 +381,7 @@ impl Stages {
                 Ok((t, mask))
             }
             MaskKind::Classes { class_values } => {
-                trimap::classes(out, class_values).map_err(stage_err("trimap"))
+                trimap::classes(out, class_values).map_err(in_stage("trimap"))
             }
         }
     }
@@ -400,9 +412,7 @@ fn run_matting_model(
     )?;
     match out.shape.as_slice() {
         [1, 1, h, w] => Ok(Plane::new(*w as u32, *h as u32, out.data)),
-        shape => Err(stage_err("matting")(format!(
-            "expected an alpha of shape [1, 1, H, W], got {shape:?}"
-        ))),
+        shape => Err(PipelineError::AlphaShape(shape.to_vec())),
     }
 }
 
@@ -437,10 +447,10 @@ fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), OrtError>
 /// Splits a [N, ...] model output into N outputs of shape [1, ...].
 fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
     if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
-        return Err(stage_err("model")(format!(
-            "a batch of {n} gave an output of shape {:?}",
-            out.shape
-        )));
+        return Err(PipelineError::Batch {
+            stage: "model",
+            reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),
+        });
     }
     if n == 1 {
         return Ok(vec![out]);
