@@ -17,7 +17,7 @@ use tokio::sync::{oneshot, watch};
 use super::metrics::{us, ReasonLabel, SchedMetrics};
 use super::state::{DeviceState, Outstanding};
 use super::worker::{self, Job, ReplicaConfig, Work};
-use super::{Done, ExecError, Executor, JobError, Readiness, SubmitError};
+use super::{Done, ExecError, Executor, JobError, LoadFailed, Readiness, SubmitError};
 use crate::spec::BatchingSpec;
 
 /// How a request picks its device.
@@ -341,11 +341,11 @@ impl<E: Executor> Router<E> {
     }
 
     /// Waits (blocking) until every replica has loaded or one has failed.
-    pub fn wait_ready(&self) -> Result<(), String> {
+    pub fn wait_ready(&self) -> Result<(), LoadFailed> {
         loop {
             match self.readiness() {
                 Readiness::Ready => return Ok(()),
-                Readiness::Failed(e) => return Err(e),
+                Readiness::Failed(e) => return Err(LoadFailed(e)),
                 Readiness::Loading { .. } => std::thread::sleep(Duration::from_millis(5)),
             }
         }
