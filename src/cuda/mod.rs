@@ -34,6 +34,9 @@ pub type Size = (u32, u32);
 pub enum CudaError {
     #[error("no CUDA driver (libcuda.so) on this machine")]
     NoDriver,
+    /// The driver is older than `probe::DRIVER_FLOOR`: its GPUs are not used.
+    #[error("{}", probe::below_floor(*.0))]
+    BelowFloor(CudaVersion),
     /// A driver call failed; `context` says what celer was doing when it matters.
     #[error("CUDA driver: {context}{error:?}")]
     Driver {
@@ -42,6 +45,12 @@ pub enum CudaError {
     },
     #[error("{0}")]
     NvrtcMissing(String),
+    /// A library found where NVRTC was looked for, which celer cannot use.
+    #[error("{}: {reason}", path.display())]
+    NvrtcUnusable {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
     #[error("compiling {file} for {arch}: {log}")]
