@@ -2,8 +2,11 @@
 //! (each keeps its own error), or a model that does not fit its contract. A leaf: the
 //! stages import it, and it imports none of them.
 
+use std::sync::Arc;
+
 use crate::cuda::trt_model::TrtModelError;
 use crate::cuda::CudaError;
+use crate::engines::plan::PlanError;
 use crate::ort::OrtError;
 use crate::replica::models::ModelError;
 use crate::tensorrt::TrtError;
@@ -21,9 +24,35 @@ pub enum GpuError {
     Ort(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Opening the GPU failed: every replica of it gets this same error.
+    #[error(transparent)]
+    Open(Arc<OpenError>),
     /// The replica's pipeline is gone: the GPU is being reopened, or its reopening failed.
     #[error("{device} replica {replica}: not loaded (the GPU is being reopened)")]
     NotLoaded { device: String, replica: usize },
+    #[error("{device}: no slot for replica {replica}")]
+    NoSlot { device: String, replica: usize },
+    /// The lost context outlived celer's references and could not be reset.
+    #[error("{device}: resetting the lost context: {source}")]
+    Reset { device: String, source: CudaError },
+}
+
+/// Why a GPU could not be opened: its context, or its engines.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{device} ({name}): {source}")]
+    Device {
+        device: String,
+        name: String,
+        source: CudaError,
+    },
+    #[error("{device}: {source:?}")]
+    Bind {
+        device: String,
+        source: cudarc::driver::DriverError,
+    },
+    #[error(transparent)]
+    Engines(#[from] PlanError),
 }
 
 impl From<cudarc::driver::DriverError> for GpuError {

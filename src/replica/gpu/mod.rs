@@ -18,7 +18,7 @@ mod transfer;
 use std::sync::{Arc, Mutex};
 
 pub use buffers::GpuLimits;
-pub use error::GpuError;
+pub use error::{GpuError, OpenError};
 pub use model::ModelSource;
 pub use pipeline::{GpuMatte, GpuPipeline};
 
@@ -50,7 +50,7 @@ enum Opening {
     Closed,
     Open(Arc<LoadedGpu>),
     /// Opening failed; every replica gets the same answer.
-    Failed(String),
+    Failed(Arc<OpenError>),
 }
 
 /// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
@@ -80,12 +80,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl GpuReplicas {
     /// The opened GPU and its generation, opening it (and loading or building its
     /// engines) if nobody has: the first replica does it while the others wait.
-    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), String> {
+    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), GpuError> {
         let mut opened = lock(&self.opened);
         let generation = opened.0;
         match &opened.1 {
             Opening::Open(gpu) => Ok((generation, gpu.clone())),
-            Opening::Failed(e) => Err(e.clone()),
+            Opening::Failed(e) => Err(GpuError::Open(e.clone())),
             Opening::Closed => match load_gpu(&self.spec, &self.plan, &self.name) {
                 Ok(gpu) => {
                     let gpu = Arc::new(gpu);
@@ -93,8 +93,9 @@ impl GpuReplicas {
                     Ok((generation, gpu))
                 }
                 Err(e) => {
+                    let e = Arc::new(e);
                     opened.1 = Opening::Failed(e.clone());
-                    Err(e)
+                    Err(GpuError::Open(e))
                 }
             },
         }
@@ -155,7 +156,13 @@ impl GpuReplicas {
                 "the lost context outlived celer's references (TensorRT holds one): reset it"
             ),
             Ok(false) => {}
-            Err(e) => return Err(format!("{}: resetting the lost context: {e}", self.name).into()),
+            Err(source) => {
+                return Err(GpuError::Reset {
+                    device: self.name.clone(),
+                    source,
+                }
+                .into())
+            }
         }
         let (_, gpu) = self.gpu()?;
         for slot in slots.iter_mut() {
@@ -188,13 +195,16 @@ pub fn gpu_device_setup(
     let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |replica| {
         // The first replica opens the GPU and loads (or builds) the engines; the others
         // wait for it and share the result.
-        let (generation, gpu) = shared.gpu().map_err(ExecError::from)?;
+        let (generation, gpu) = shared.gpu()?;
         let pipeline = shared.load_pipeline(&gpu)?;
         let backend = pipeline.model_backend();
         let slot = shared
             .pipelines
             .get(replica)
-            .ok_or_else(|| format!("{}: no slot for replica {replica}", shared.name))?;
+            .ok_or_else(|| GpuError::NoSlot {
+                device: shared.name.clone(),
+                replica,
+            })?;
         *lock(slot) = Some(pipeline);
         tracing::info!(device = %shared.name, replica, models = backend, "GPU replica ready");
         Ok(Box::new(GpuExecutor {
@@ -215,13 +225,19 @@ pub fn gpu_device_setup(
 
 /// Opens the GPU of `plan` and loads its engines (none where its models run on ONNX
 /// Runtime).
-fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, String> {
-    let gpu = GpuDevice::open(plan.info.clone())
-        .map_err(|e| format!("{device} ({}): {e}", plan.info.name))?;
+fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, OpenError> {
+    let gpu = GpuDevice::open(plan.info.clone()).map_err(|source| OpenError::Device {
+        device: device.to_string(),
+        name: plan.info.name.clone(),
+        source,
+    })?;
     gpu.context()
         .bind_to_thread()
-        .map_err(|e| format!("{device}: {e:?}"))?;
-    let engines = plan.load_engines(spec, device).map_err(|e| e.to_string())?;
+        .map_err(|source| OpenError::Bind {
+            device: device.to_string(),
+            source,
+        })?;
+    let engines = plan.load_engines(spec, device)?;
     Ok(LoadedGpu {
         engines,
         device: gpu,
