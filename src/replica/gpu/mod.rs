@@ -1,9 +1,10 @@
 //! A GPU replica: the GPU stages of a request on one stream (`pipeline`, with one file
-//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`; the leaves they
-//! share: `buffers`, `error`), and the `Executor` the scheduler runs it through. Whichever replica of a GPU starts first
-//! opens the device (context, kernels) and loads its engines (`crate::engines::plan`);
-//! every replica then makes its own stream, buffers and execution contexts. A GPU whose
-//! context is lost is reopened here, for all its replicas at once (`GpuReplicas`).
+//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`, and the leaves
+//! they share: `buffers`, `error`), and the `Executor` the scheduler runs it through.
+//! Whichever replica of a GPU starts first opens the device (context, kernels) and loads
+//! its engines (`crate::engines::plan`); every replica then makes its own stream, buffers
+//! and execution contexts. A GPU whose context is lost is reopened here, for all its
+//! replicas at once (`GpuReplicas`).
 
 mod buffers;
 mod clock;
