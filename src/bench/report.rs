@@ -156,27 +156,29 @@ pub fn write_csv(path: &Path, points: &[PointReport]) -> std::io::Result<()> {
     std::fs::write(path, out)
 }
 
+/// Why a plot could not be drawn or written (plotters' SVG backend writes a file).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct PlotError(#[from] plotters::drawing::DrawingAreaErrorKind<std::io::Error>);
+
 /// p50 and p99 latency against throughput, one marker per point, as SVG.
-pub fn write_plot(path: &Path, title: &str, points: &[PointReport]) -> Result<(), String> {
+pub fn write_plot(path: &Path, title: &str, points: &[PointReport]) -> Result<(), PlotError> {
     use plotters::prelude::*;
-    let err = |e: &dyn std::fmt::Display| e.to_string();
     let max_x = points.iter().map(|p| p.throughput_rps).fold(0.0, f64::max) * 1.1 + 1e-9;
     let max_y = points.iter().map(|p| p.latency_ms.p99).fold(0.0, f64::max) * 1.1 + 1e-9;
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
+    root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
-        .map_err(|e| err(&e))?;
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
     chart
         .configure_mesh()
         .x_desc("throughput (requests/s)")
         .y_desc("latency (ms)")
-        .draw()
-        .map_err(|e| err(&e))?;
+        .draw()?;
     for (name, color, pick) in [
         (
             "p50",
@@ -187,24 +189,17 @@ pub fn write_plot(path: &Path, title: &str, points: &[PointReport]) -> Result<()
     ] {
         let series: Vec<(f64, f64)> = points.iter().map(|p| (p.throughput_rps, pick(p))).collect();
         chart
-            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
-            .map_err(|e| err(&e))?
+            .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(
-                series
-                    .into_iter()
-                    .map(|xy| Circle::new(xy, 4, color.filled())),
-            )
-            .map_err(|e| err(&e))?;
+        chart.draw_series(
+            series
+                .into_iter()
+                .map(|xy| Circle::new(xy, 4, color.filled())),
+        )?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))
+    chart.configure_series_labels().border_style(BLACK).draw()?;
+    Ok(root.present()?)
 }
 
 #[cfg(test)]

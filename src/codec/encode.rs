@@ -8,6 +8,22 @@ use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::codecs::webp::WebPEncoder;
 use image::{ExtendedColorType, ImageEncoder};
 
+/// Why pixels could not be encoded: the server's fault (it made the pixels), never the
+/// client's.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("{len} bytes for a {width}x{height} {color:?} image of {expected}")]
+    Length {
+        len: usize,
+        width: u32,
+        height: u32,
+        color: ExtendedColorType,
+        expected: u64,
+    },
+    #[error(transparent)]
+    Image(#[from] image::ImageError),
+}
+
 /// The row filter: "Sub" alone predicts photographs and flat alpha nearly as well as
 /// trying all five filters per row ("Adaptive"), at a fifth of the cost.
 pub const FILTER: FilterType = FilterType::Sub;
@@ -18,11 +34,10 @@ pub fn png(
     width: u32,
     height: u32,
     color: ExtendedColorType,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::with_capacity(pixels.len() / 2);
     PngEncoder::new_with_quality(&mut out, CompressionType::Fast, FILTER)
-        .write_image(pixels, width, height, color)
-        .map_err(|e| e.to_string())?;
+        .write_image(pixels, width, height, color)?;
     Ok(out)
 }
 
@@ -32,19 +47,20 @@ pub fn webp(
     width: u32,
     height: u32,
     color: ExtendedColorType,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, EncodeError> {
     // The encoder asserts the length (a panic); say it instead.
     let expected = u64::from(width) * u64::from(height) * u64::from(color.bits_per_pixel()) / 8;
     if pixels.len() as u64 != expected {
-        return Err(format!(
-            "{} bytes for a {width}x{height} {color:?} image of {expected}",
-            pixels.len()
-        ));
+        return Err(EncodeError::Length {
+            len: pixels.len(),
+            width,
+            height,
+            color,
+            expected,
+        });
     }
     let mut out = Vec::with_capacity(pixels.len() / 3);
-    WebPEncoder::new_lossless(&mut out)
-        .encode(pixels, width, height, color)
-        .map_err(|e| e.to_string())?;
+    WebPEncoder::new_lossless(&mut out).encode(pixels, width, height, color)?;
     Ok(out)
 }
 

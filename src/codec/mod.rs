@@ -7,4 +7,5 @@ pub mod decode;
 pub mod encode;
 pub mod render;
 
+pub use encode::EncodeError;
 pub use render::{render, render_as, ImageFormat, RenderError, Rendered};

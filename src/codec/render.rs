@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use image::{ExtendedColorType, GrayImage, RgbaImage};
 
-use super::encode;
+use super::encode::{self, EncodeError};
 use crate::matte::{Matte, StageTimings};
 use crate::spec::OutputKind;
 
@@ -43,7 +43,7 @@ impl ImageFormat {
         width: u32,
         height: u32,
         color: ExtendedColorType,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, EncodeError> {
         match self {
             Self::Png => encode::png(pixels, width, height, color),
             Self::Webp => encode::webp(pixels, width, height, color),
@@ -61,8 +61,13 @@ pub struct Rendered {
 /// Why a result could not be rendered: the server's fault, never the client's.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error("encoding the {what}: {reason}")]
-    Encode { what: &'static str, reason: String },
+    #[error("encoding the {what}: {source}")]
+    Encode {
+        what: &'static str,
+        source: EncodeError,
+    },
+    #[error("encoding the JSON: {0}")]
+    Json(#[from] serde_json::Error),
     #[error("the {kind} output shows a cut-out, but the device made none")]
     NoCutout { kind: &'static str },
 }
@@ -91,7 +96,7 @@ pub fn render_as(
     let encode_as = |format: ImageFormat, what: &'static str, pixels: &[u8], color| {
         format
             .encode(pixels, w, h, color)
-            .map_err(|reason| RenderError::Encode { what, reason })
+            .map_err(|source| RenderError::Encode { what, source })
     };
     let png = |what, pixels: &[u8], color| encode_as(ImageFormat::Png, what, pixels, color);
     let gray = |what, g: &GrayImage| png(what, g.as_raw(), ExtendedColorType::L8);
@@ -134,11 +139,7 @@ pub fn render_as(
                 "alpha_png": b64(alpha),
                 "trimap_png": b64(trimap),
                 "timings_ms": timings,
-            }))
-            .map_err(|e| RenderError::Encode {
-                what: "JSON",
-                reason: e.to_string(),
-            })?;
+            }))?;
             return Ok(Rendered {
                 content_type: "application/json",
                 body,

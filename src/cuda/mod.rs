@@ -26,12 +26,17 @@ pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 /// An image's or plane's `(width, height)` in pixels.
 pub type Size = (u32, u32);
 
-/// A failure in the CUDA path. The server's fault, never the client's: the caller falls
-/// back to, or stays on, the CPU path.
-#[derive(Debug, thiserror::Error)]
+/// A failure in the CUDA path: the driver, NVRTC, the kernels and their buffers. The
+/// server's fault, never the client's: the caller falls back to, or stays on, the CPU
+/// path. ONNX Runtime's and TensorRT's errors are not CUDA's: a TensorRT model says its
+/// own (`trt_model::TrtModelError`), a GPU replica carries all three (`GpuError`).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
     #[error("no CUDA driver (libcuda.so) on this machine")]
     NoDriver,
+    /// The driver is older than `probe::DRIVER_FLOOR`: its GPUs are not used.
+    #[error("{}", probe::below_floor(*.0))]
+    BelowFloor(CudaVersion),
     /// A driver call failed; `context` says what celer was doing when it matters.
     #[error("CUDA driver: {context}{error:?}")]
     Driver {
@@ -40,6 +45,12 @@ pub enum CudaError {
     },
     #[error("{0}")]
     NvrtcMissing(String),
+    /// A library found where NVRTC was looked for, which celer cannot use.
+    #[error("{}: {reason}", path.display())]
+    NvrtcUnusable {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
     #[error("compiling {file} for {arch}: {log}")]
@@ -64,10 +75,6 @@ pub enum CudaError {
     },
     #[error("{stage}: {reason}")]
     Stage { stage: &'static str, reason: String },
-    #[error(transparent)]
-    Backend(#[from] crate::ort::OrtError),
-    #[error(transparent)]
-    TensorRt(#[from] crate::tensorrt::TrtError),
 }
 
 impl From<cudarc::driver::DriverError> for CudaError {

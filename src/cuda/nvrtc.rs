@@ -45,20 +45,25 @@ impl Arch {
     }
 }
 
+/// A word that names no GPU architecture.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a GPU architecture (expected sm_XY, e.g. sm_90)")]
+pub struct UnknownArch(pub String);
+
 /// `sm_90`, `sm_120` (or `90`, `120`): the last digit is the minor version. Suffixed
 /// targets (`sm_90a`) are refused: the kernels are compiled for the portable feature set.
 impl std::str::FromStr for Arch {
-    type Err = String;
+    type Err = UnknownArch;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let unknown = || UnknownArch(s.to_string());
         let digits = s.strip_prefix("sm_").unwrap_or(s);
         if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{s:?} is not a GPU architecture (expected sm_XY, e.g. sm_90)"
-            ));
+            return Err(unknown());
         }
         let (major, minor) = digits.split_at(digits.len() - 1);
-        let parse = |d: &str| d.parse::<u32>().map_err(|e| format!("{s:?}: {e}"));
+        // Only digits are left: a number too large for u32 is the one way to fail.
+        let parse = |d: &str| d.parse::<u32>().map_err(|_| unknown());
         Ok(Arch::new(parse(major)?, parse(minor)?))
     }
 }
@@ -115,11 +120,11 @@ impl Nvrtc {
     /// Every NVRTC found, newest first, loaded on first use; the error says where it
     /// looked.
     pub fn all() -> Result<&'static [Nvrtc], CudaError> {
-        static NVRTCS: OnceLock<Result<Vec<Nvrtc>, String>> = OnceLock::new();
+        static NVRTCS: OnceLock<Result<Vec<Nvrtc>, CudaError>> = OnceLock::new();
         NVRTCS
             .get_or_init(Self::load_all)
             .as_deref()
-            .map_err(|e| CudaError::NvrtcMissing(e.clone()))
+            .map_err(Clone::clone)
     }
 
     /// The newest NVRTC found: for compiling ahead of time and for tests, where no driver
@@ -148,7 +153,7 @@ impl Nvrtc {
         })
     }
 
-    fn load_all() -> Result<Vec<Nvrtc>, String> {
+    fn load_all() -> Result<Vec<Nvrtc>, CudaError> {
         let mut tried = Vec::new();
         let mut loaded: Vec<Nvrtc> = Vec::new();
         for candidate in library_candidates() {
@@ -156,8 +161,7 @@ impl Nvrtc {
             // up its own state. The library stays loaded for the life of the process.
             match unsafe { libloading::Library::new(&candidate) } {
                 Ok(library) => {
-                    let nvrtc = Self::from_library(library, &candidate)
-                        .map_err(|e| format!("{}: {e}", candidate.display()))?;
+                    let nvrtc = Self::from_library(library, &candidate)?;
                     // One per version: a system name may find the wheel's library again.
                     if !loaded.iter().any(|n| n.version == nvrtc.version) {
                         loaded.push(nvrtc);
@@ -167,23 +171,26 @@ impl Nvrtc {
             }
         }
         if loaded.is_empty() {
-            return Err(format!(
+            return Err(CudaError::NvrtcMissing(format!(
                 "libnvrtc not found; tried {}. Run `make python` (installs the nvidia-cuda-nvrtc \
                  wheels into .venv) or set CELER_NVRTC_PATH to libnvrtc.so.13 or libnvrtc.so.12",
                 tried.join(", ")
-            ));
+            )));
         }
         loaded.sort_by_key(|n| std::cmp::Reverse(n.version));
         Ok(loaded)
     }
 
-    fn from_library(library: libloading::Library, path: &Path) -> Result<Nvrtc, String> {
-        let api = resolve(&library)?;
+    fn from_library(library: libloading::Library, path: &Path) -> Result<Nvrtc, CudaError> {
+        let api = resolve(&library, path)?;
         let (mut major, mut minor) = (0, 0);
         // SAFETY: both pointers are valid for writes of one c_int.
         let status = unsafe { (api.version)(&mut major, &mut minor) };
         if status != 0 {
-            return Err(format!("nvrtcVersion failed ({status})"));
+            return Err(CudaError::NvrtcUnusable {
+                path: path.to_path_buf(),
+                reason: format!("nvrtcVersion failed ({status})"),
+            });
         }
         Ok(Nvrtc {
             api,
@@ -346,38 +353,43 @@ impl Drop for ProgramGuard<'_> {
     }
 }
 
-fn resolve(library: &libloading::Library) -> Result<Api, String> {
+/// The entry points of `library`, loaded from `path`.
+fn resolve(library: &libloading::Library, path: &Path) -> Result<Api, CudaError> {
     // SAFETY: each symbol is looked up by its documented NVRTC name and given the
     // signature of nvrtc.h (NVRTC 11 and later).
     unsafe {
         Ok(Api {
-            version: *symbol(library, b"nvrtcVersion\0")?,
-            num_supported_archs: *symbol(library, b"nvrtcGetNumSupportedArchs\0")?,
-            supported_archs: *symbol(library, b"nvrtcGetSupportedArchs\0")?,
-            create_program: *symbol(library, b"nvrtcCreateProgram\0")?,
-            compile_program: *symbol(library, b"nvrtcCompileProgram\0")?,
-            program_log_size: *symbol(library, b"nvrtcGetProgramLogSize\0")?,
-            program_log: *symbol(library, b"nvrtcGetProgramLog\0")?,
-            cubin_size: *symbol(library, b"nvrtcGetCUBINSize\0")?,
-            cubin: *symbol(library, b"nvrtcGetCUBIN\0")?,
-            destroy_program: *symbol(library, b"nvrtcDestroyProgram\0")?,
-            error_string: *symbol(library, b"nvrtcGetErrorString\0")?,
+            version: *symbol(library, b"nvrtcVersion\0", path)?,
+            num_supported_archs: *symbol(library, b"nvrtcGetNumSupportedArchs\0", path)?,
+            supported_archs: *symbol(library, b"nvrtcGetSupportedArchs\0", path)?,
+            create_program: *symbol(library, b"nvrtcCreateProgram\0", path)?,
+            compile_program: *symbol(library, b"nvrtcCompileProgram\0", path)?,
+            program_log_size: *symbol(library, b"nvrtcGetProgramLogSize\0", path)?,
+            program_log: *symbol(library, b"nvrtcGetProgramLog\0", path)?,
+            cubin_size: *symbol(library, b"nvrtcGetCUBINSize\0", path)?,
+            cubin: *symbol(library, b"nvrtcGetCUBIN\0", path)?,
+            destroy_program: *symbol(library, b"nvrtcDestroyProgram\0", path)?,
+            error_string: *symbol(library, b"nvrtcGetErrorString\0", path)?,
         })
     }
 }
 
+/// Symbol `name` (NUL-terminated) of `library`, loaded from `path`.
+///
 /// # Safety
 /// `T` must be the function pointer type of the symbol `name`.
 unsafe fn symbol<'l, T>(
     library: &'l libloading::Library,
     name: &[u8],
-) -> Result<libloading::Symbol<'l, T>, String> {
+    path: &Path,
+) -> Result<libloading::Symbol<'l, T>, CudaError> {
     // SAFETY: forwarded to the caller.
-    unsafe { library.get::<T>(name) }.map_err(|e| {
-        format!(
+    unsafe { library.get::<T>(name) }.map_err(|e| CudaError::NvrtcUnusable {
+        path: path.to_path_buf(),
+        reason: format!(
             "missing symbol {}: {e}",
             String::from_utf8_lossy(&name[..name.len() - 1])
-        )
+        ),
     })
 }
 

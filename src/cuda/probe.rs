@@ -7,6 +7,7 @@ use cudarc::driver::{result, sys};
 use serde::{Deserialize, Serialize};
 
 use super::nvrtc::Arch;
+use super::CudaError;
 
 /// Names the CUDA driver library for the probe; a path that does not exist hides the
 /// driver (tests of the CPU path on a GPU machine; cudarc itself always loads the driver
@@ -132,7 +133,8 @@ impl GpuInfo {
 pub enum Probe {
     /// No `libcuda.so` on this machine: the CPU path is the only one.
     NoDriver,
-    /// The driver loaded but failed (no device, a driver/kernel-module mismatch, ...).
+    /// The driver loaded but failed (no device, a driver/kernel-module mismatch, ...) or
+    /// is older than [`DRIVER_FLOOR`]; `reason` is the `CudaError` that says which.
     DriverError { reason: String },
     /// The driver works; `gpus` may be empty.
     Ready {
@@ -182,7 +184,9 @@ impl Probe {
     pub fn summary(&self) -> String {
         match self {
             Probe::NoDriver => "no CUDA driver".to_string(),
-            Probe::DriverError { reason } => format!("CUDA driver error: {reason}"),
+            // The error names the driver itself ("CUDA driver: ...", "the CUDA driver is
+            // version ...").
+            Probe::DriverError { reason } => reason.clone(),
             Probe::Ready { gpus, .. } => {
                 let list: Vec<String> = gpus
                     .iter()
@@ -235,7 +239,9 @@ pub fn probe() -> Probe {
             driver_version,
             gpus,
         },
-        Err(reason) => Probe::DriverError { reason },
+        Err(error) => Probe::DriverError {
+            reason: error.to_string(),
+        },
     }
 }
 
@@ -253,15 +259,13 @@ fn driver_code() -> Result<i32, result::DriverError> {
     Ok(code)
 }
 
-fn enumerate() -> Result<(i32, Vec<GpuInfo>), String> {
-    let code = driver_code().map_err(|e| format!("{e:?}"))?;
+fn enumerate() -> Result<(i32, Vec<GpuInfo>), CudaError> {
+    let code = driver_code()?;
     let version = CudaVersion::from_driver(code);
     if version < DRIVER_FLOOR {
-        return Err(below_floor(version));
+        return Err(CudaError::BelowFloor(version));
     }
-    list_gpus()
-        .map(|gpus| (code, gpus))
-        .map_err(|e| format!("{e:?}"))
+    Ok((code, list_gpus()?))
 }
 
 fn list_gpus() -> Result<Vec<GpuInfo>, result::DriverError> {

@@ -15,7 +15,26 @@ use half::f16;
 use super::launch::{Launcher, ModelInput};
 use super::tensor::{GpuTensor, TensorElement};
 use super::CudaError;
-use crate::tensorrt::{CudaStream as TrtStream, DataType, DevicePtr, Engine, ExecutionContext};
+use crate::tensorrt::{
+    CudaStream as TrtStream, DataType, DevicePtr, Engine, ExecutionContext, TrtError,
+};
+
+/// Why a TensorRT model failed: TensorRT itself (a context, a binding, an enqueue), or the
+/// CUDA work around it (its buffers, the float16 conversion). Kept apart, so that a lost
+/// context is still told by `CudaError::is_device_lost`.
+#[derive(Debug, thiserror::Error)]
+pub enum TrtModelError {
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error(transparent)]
+    TensorRt(#[from] TrtError),
+}
+
+impl From<cudarc::driver::DriverError> for TrtModelError {
+    fn from(error: cudarc::driver::DriverError) -> Self {
+        Self::Cuda(error.into())
+    }
+}
 
 /// One input of an engine as the pipeline feeds it, already checked against the engine
 /// (the replica layer's model contract).
@@ -69,7 +88,7 @@ impl TrtModel {
         inputs: &[TrtInput<'_>],
         output: &str,
         half: bool,
-    ) -> Result<Self, CudaError> {
+    ) -> Result<Self, TrtModelError> {
         let mismatch = |reason: String| CudaError::Stage {
             stage: "model",
             reason: format!("{label}: {reason}"),
@@ -102,7 +121,8 @@ impl TrtModel {
             other => {
                 return Err(mismatch(format!(
                     "output `{output}` has shape {other:?} for one image; expected [1, C, H, W]"
-                )))
+                ))
+                .into())
             }
         };
         let elements: usize = output_shape.iter().product();
@@ -169,12 +189,13 @@ impl TrtModel {
 
     /// Enqueues the engine on the model's stream (then, for a float16 output, its
     /// conversion into `output`). Returns once the work is queued.
-    pub fn enqueue(&mut self, launcher: &Launcher<'_>) -> Result<(), CudaError> {
+    pub fn enqueue(&mut self, launcher: &Launcher<'_>) -> Result<(), TrtModelError> {
         if !Arc::ptr_eq(launcher.stream, &self.stream) {
             return Err(CudaError::Stage {
                 stage: "model",
                 reason: format!("{}: enqueued on another stream than its own", self.label),
-            });
+            }
+            .into());
         }
         // SAFETY: every I/O tensor was bound in `new` to a buffer this model owns, and
         // dynamic shapes were set then; the stream is the model's own, of the context
@@ -195,7 +216,7 @@ impl TrtModel {
 /// # Safety
 /// `address` must hold the tensor's whole size in its element type, and stay allocated
 /// and unmoved while the context can be enqueued.
-unsafe fn bind(context: &mut ExecutionContext, name: &str, address: u64) -> Result<(), CudaError> {
+unsafe fn bind(context: &mut ExecutionContext, name: &str, address: u64) -> Result<(), TrtError> {
     // SAFETY: forwarded to the caller.
     unsafe { context.set_tensor_address(name, DevicePtr::from_raw(address as *mut c_void))? };
     Ok(())

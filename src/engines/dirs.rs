@@ -28,9 +28,9 @@ pub struct EngineDirs {
 )]
 pub struct NoWritableDir {
     pub shipped: PathBuf,
-    pub shipped_error: String,
+    pub shipped_error: std::io::Error,
     pub fallback: PathBuf,
-    pub fallback_error: String,
+    pub fallback_error: std::io::Error,
 }
 
 impl EngineDirs {
@@ -107,14 +107,13 @@ fn fallback_dir(model_dir: &Path) -> PathBuf {
 
 /// Whether `dir` can be created and written, by trying: permission bits do not say it for
 /// a read-only mount, nor for root.
-fn writable(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+fn writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
     let probe = dir.join(format!(".celer-write-probe-{}", std::process::id()));
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&probe)
-        .map_err(|e| e.to_string())?;
+        .open(&probe)?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }

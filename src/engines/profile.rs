@@ -11,6 +11,8 @@ use crate::spec::{MattingSpec, PipelineSpec};
 
 use crate::tensorrt::InputProfile;
 
+/// A profile that cannot be built from what was asked: a `--batch`, `--min`, `--opt` or
+/// `--max` that does not parse, or shapes that do not fit the model's inputs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ProfileError(pub String);
@@ -24,22 +26,25 @@ pub struct BatchRange {
 }
 
 impl FromStr for BatchRange {
-    type Err = String;
+    type Err = ProfileError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ProfileError(format!("`{s}` is not N, MIN:MAX or MIN:OPT:MAX"));
         let numbers = s
             .split(':')
             .map(|p| p.trim().parse::<i64>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| format!("`{s}` is not N, MIN:MAX or MIN:OPT:MAX"))?;
+            .map_err(|_| bad())?;
         let (min, opt, max) = match numbers[..] {
             [n] => (n, n, n),
             [min, max] => (min, max, max),
             [min, opt, max] => (min, opt, max),
-            _ => return Err(format!("`{s}` is not N, MIN:MAX or MIN:OPT:MAX")),
+            _ => return Err(bad()),
         };
         if !(1 <= min && min <= opt && opt <= max) {
-            return Err(format!("batch range `{s}` needs 1 <= MIN <= OPT <= MAX"));
+            return Err(ProfileError(format!(
+                "batch range `{s}` needs 1 <= MIN <= OPT <= MAX"
+            )));
         }
         Ok(Self { min, opt, max })
     }
@@ -53,10 +58,14 @@ pub struct NamedShape {
 }
 
 impl FromStr for NamedShape {
-    type Err = String;
+    type Err = ProfileError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("`{s}` is not NAME:DxDx... (e.g. input.1:1x3x320x320)");
+        let bad = || {
+            ProfileError(format!(
+                "`{s}` is not NAME:DxDx... (e.g. input.1:1x3x320x320)"
+            ))
+        };
         // Tensor names may contain ':' (e.g. TensorFlow exports), the shape cannot.
         let (name, shape) = s.rsplit_once(':').ok_or_else(bad)?;
         let dims = shape

@@ -14,6 +14,7 @@ use ort::sys::{OrtAllocator, OrtAllocatorType, OrtMemType, OrtMemoryInfo, OrtSta
 use ort::AsPointer;
 
 use super::block_cache::{Block, BlockCache, CacheStats, Take, BLOCK_ALIGN};
+use super::OrtError;
 
 static CACHE: Mutex<BlockCache> = Mutex::new(BlockCache::new());
 
@@ -25,7 +26,7 @@ struct CachingAllocator {
 }
 
 /// Whether the allocator is registered: once per process, since the environment is.
-static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+static REGISTERED: OnceLock<Result<(), OrtError>> = OnceLock::new();
 
 fn cache() -> MutexGuard<'static, BlockCache> {
     // A panic never happens under this lock (no call in it can panic), but a poisoned
@@ -86,7 +87,7 @@ unsafe extern "system" fn memory_info(this: *const OrtAllocator) -> *const OrtMe
 }
 
 /// Turns a C API status into a Result, releasing it.
-fn check(status: OrtStatusPtr, what: &str) -> Result<(), String> {
+fn check(status: OrtStatusPtr, what: &str) -> Result<(), OrtError> {
     if status.0.is_null() {
         return Ok(());
     }
@@ -99,12 +100,12 @@ fn check(status: OrtStatusPtr, what: &str) -> Result<(), String> {
         (ort::api().ReleaseStatus)(status.0);
         message
     };
-    Err(format!("{what}: {message}"))
+    Err(OrtError::Environment(format!("{what}: {message}")))
 }
 
 /// Registers the caching allocator in `env` (once per process; later calls return the
 /// first outcome).
-pub fn register(env: &ort::environment::Environment) -> Result<(), String> {
+pub fn register(env: &ort::environment::Environment) -> Result<(), OrtError> {
     let registered = REGISTERED.get_or_init(|| {
         let mut info: *mut OrtMemoryInfo = std::ptr::null_mut();
         check(

@@ -11,8 +11,9 @@ pub mod session;
 #[allow(unsafe_code)]
 pub mod allocator;
 
-/// A failure inside ONNX Runtime: always the server's fault, never the client's.
-#[derive(Debug, thiserror::Error)]
+/// A failure inside ONNX Runtime: always the server's fault, never the client's. Clone, so
+/// that the process-wide environment's failure is every caller's.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum OrtError {
     #[error("ONNX Runtime library not found: {0}")]
     LibraryMissing(String),

@@ -82,12 +82,12 @@ pub fn share_pool(threads: usize) -> Result<(), OrtError> {
 /// The process-wide ONNX Runtime environment. `ort` allows one per process, and loading
 /// the library twice is an error, so the first call decides and later calls share it.
 pub fn environment() -> Result<&'static ort::environment::Environment, OrtError> {
-    static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+    static ENV: OnceLock<Result<ort::environment::Environment, OrtError>> = OnceLock::new();
     ENV.get_or_init(|| {
-        let path = library_path().map_err(|e| e.to_string())?;
+        let path = library_path()?;
         tracing::info!(library = %path.display(), "loading ONNX Runtime");
         let mut builder = ort::init_from(&path)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?
+            .map_err(|e| OrtError::LibraryMissing(format!("cannot load {}: {e}", path.display())))?
             .with_name("celer");
         // Sized now or never: a later `share_pool` finds this value taken.
         let shared = *SHARED_POOL.get_or_init(|| 0);
@@ -95,18 +95,18 @@ pub fn environment() -> Result<&'static ort::environment::Environment, OrtError>
             let pool = GlobalThreadPoolOptions::default()
                 .with_intra_threads(shared)
                 .and_then(|p| p.with_spin_control(false))
-                .map_err(|e| format!("cannot size the shared pool: {e}"))?;
+                .map_err(|e| OrtError::Environment(format!("cannot size the shared pool: {e}")))?;
             builder = builder.with_global_thread_pool(pool);
         }
         let env = builder
             .build()
-            .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
+            .map_err(|e| OrtError::Environment(format!("cannot create it: {e}")))?;
         // Every session takes its activations from it (`OrtModel::load`).
         super::allocator::register(&env)?;
         Ok(env)
     })
     .as_ref()
-    .map_err(|e| OrtError::LibraryMissing(e.clone()))
+    .map_err(Clone::clone)
 }
 
 /// Where a session's operators find their threads.

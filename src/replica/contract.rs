@@ -81,12 +81,13 @@ impl ModelContract<'_> {
                     names(&inputs)
                 ))
             })?;
-            self.accepts(&found.element).map_err(|types| {
-                refuse(format!(
-                    "input `{name}` is {}, celer feeds {types}",
-                    found.element
-                ))
-            })?;
+            if !self.accepts(&found.element) {
+                return Err(refuse(format!(
+                    "input `{name}` is {}, celer feeds {}",
+                    found.element,
+                    self.handled()
+                )));
+            }
             let fits = found.shape.len() == want.len()
                 && found
                     .shape
@@ -120,25 +121,29 @@ impl ModelContract<'_> {
                     names(&outputs)
                 ))
             })?;
-        self.accepts(&output.element).map_err(|types| {
-            refuse(format!(
-                "output `{}` is {}, celer reads {types}",
-                self.output, output.element
-            ))
-        })?;
+        if !self.accepts(&output.element) {
+            return Err(refuse(format!(
+                "output `{}` is {}, celer reads {}",
+                self.output,
+                output.element,
+                self.handled()
+            )));
+        }
         Ok(Agreement {
             inputs: agreed,
             output: output.element.clone(),
         })
     }
 
-    /// Ok when the runtime handles `element` here; else the types it does, for a message.
-    fn accepts(&self, element: &Element) -> Result<(), String> {
-        if self.elements.contains(element) {
-            return Ok(());
-        }
+    /// Whether the runtime handles `element` here.
+    fn accepts(&self, element: &Element) -> bool {
+        self.elements.contains(element)
+    }
+
+    /// The types the runtime handles here, for a message: `float32 or float16`.
+    fn handled(&self) -> String {
         let types: Vec<String> = self.elements.iter().map(Element::to_string).collect();
-        Err(types.join(" or "))
+        types.join(" or ")
     }
 }
 

@@ -19,7 +19,7 @@ use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
 use crate::stages::plane::Plane;
-use crate::stages::{composite, guided_filter, preprocess, resample, trimap};
+use crate::stages::{composite, guided_filter, preprocess, resample, trimap, StageError};
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
 #[derive(Debug, thiserror::Error)]
@@ -28,15 +28,27 @@ pub enum PipelineError {
     Backend(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A CPU stage refused what it was given.
+    #[error("{stage}: {source}")]
+    Stage {
+        stage: &'static str,
+        source: StageError,
+    },
+    /// The pipeline's own bookkeeping: a batch and its outputs that do not match.
     #[error("{stage}: {reason}")]
-    Stage { stage: &'static str, reason: String },
+    Batch { stage: &'static str, reason: String },
+    #[error("matting: expected an alpha of shape [1, 1, H, W], got {0:?}")]
+    AlphaShape(Vec<usize>),
 }
 
-fn stage_err(stage: &'static str) -> impl Fn(String) -> PipelineError {
-    move |reason| PipelineError::Stage { stage, reason }
+/// The error of `stage`, for `map_err`.
+fn in_stage(stage: &'static str) -> impl Fn(StageError) -> PipelineError {
+    move |source| PipelineError::Stage { stage, source }
 }
 
-/// How this replica makes the alpha at the source size.
+/// How a set of sessions makes the alpha at the source size. The matting model's session
+/// is in its variant, so there is no model matting without a session, nor a session
+/// without model matting.
 enum Matting {
     /// The fast guided filter of the coarse mask, guided by the image's luma.
     GuidedFilter {
@@ -49,19 +61,49 @@ enum Matting {
     Model(Box<MattingModel>),
 }
 
-/// The matting model's input and output names (its session is in `Sessions`).
+/// The matting model's session, and its input and output names.
 struct MattingModel {
+    session: OrtModel,
     image: ImageInputSpec,
     trimap_input: String,
     output: String,
 }
 
-/// The sessions one run of the pipeline uses: the segmentation model's and, when the
-/// description has one, the matting model's; and the cores they were given, which the
-/// stages around the models may split their rows across for the same run.
+impl Matting {
+    /// The matting `spec` describes, its model (if any) on `threads`, checked against the
+    /// names the description gives.
+    fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
+        Ok(match &spec.matting {
+            &MattingSpec::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            } => Matting::GuidedFilter {
+                radius_px,
+                epsilon,
+                subsample,
+            },
+            MattingSpec::Model {
+                image,
+                trimap_input,
+                output,
+            } => Matting::Model(Box::new(MattingModel {
+                session: models::matting_model(image, trimap_input, output).load_ort(threads)?,
+                image: image.clone(),
+                trimap_input: trimap_input.clone(),
+                output: output.clone(),
+            })),
+        })
+    }
+}
+
+/// The models one run of the pipeline uses: the segmentation model's session and the
+/// matting (the guided filter's parameters, or the matting model with its session); and
+/// the cores they were given, which the stages around the models may split their rows
+/// across for the same run.
 pub struct Sessions {
     segmentation: OrtModel,
-    matting: Option<OrtModel>,
+    matting: Matting,
     lanes: Lanes,
 }
 
@@ -71,9 +113,7 @@ impl Sessions {
     pub fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
         let segmentation = models::segmentation(spec).load_ort(threads)?;
         check_batching(&segmentation, spec)?;
-        let matting = models::matting(spec)
-            .map(|m| m.load_ort(threads))
-            .transpose()?;
+        let matting = Matting::load(spec, threads)?;
         let lanes = match threads {
             OpThreads::Own { threads, .. } => Lanes::new(threads),
             OpThreads::Shared => Lanes::ONE,
@@ -124,7 +164,6 @@ pub struct CpuPipeline {
 /// The stages around the models, and their scratch.
 struct Stages {
     spec: PipelineSpec,
-    matting: Matting,
     resizer: Resizer,
     resized: Vec<u8>,
     input: Vec<f32>,
@@ -165,33 +204,12 @@ impl CpuPipeline {
         cores: Arc<CpuCores>,
     ) -> Result<Self, PipelineError> {
         let sessions = Sessions::load(spec, intra_threads.into())?;
-        let matting = match &spec.matting {
-            MattingSpec::Model {
-                image,
-                trimap_input,
-                output,
-            } => Matting::Model(Box::new(MattingModel {
-                image: image.clone(),
-                trimap_input: trimap_input.clone(),
-                output: output.clone(),
-            })),
-            &MattingSpec::GuidedFilter {
-                radius_px,
-                epsilon,
-                subsample,
-            } => Matting::GuidedFilter {
-                radius_px,
-                epsilon,
-                subsample,
-            },
-        };
         Ok(Self {
             sessions,
             cores,
             waiting: 0,
             stages: Stages {
                 spec: spec.clone(),
-                matting,
                 resizer: Resizer::new(),
                 resized: Vec::new(),
                 input: Vec::new(),
@@ -209,7 +227,10 @@ impl CpuPipeline {
     ) -> Result<Matte, PipelineError> {
         self.run_batch(&[image], std::slice::from_mut(timings))?
             .pop()
-            .ok_or_else(|| stage_err("batch")("no matte for the image".into()))
+            .ok_or_else(|| PipelineError::Batch {
+                stage: "batch",
+                reason: "no matte for the image".into(),
+            })
     }
 
     /// The device stages of several images with one segmentation run: each input is
@@ -251,11 +272,10 @@ impl Stages {
         timings: &mut [StageTimings],
     ) -> Result<Vec<Matte>, PipelineError> {
         if images.len() != timings.len() {
-            return Err(stage_err("batch")(format!(
-                "{} images but {} timings",
-                images.len(),
-                timings.len()
-            )));
+            return Err(PipelineError::Batch {
+                stage: "batch",
+                reason: format!("{} images but {} timings", images.len(), timings.len()),
+            });
         }
         if images.is_empty() {
             return Ok(Vec::new());
@@ -302,13 +322,14 @@ impl Stages {
         timings.trimap = t.elapsed();
 
         let t = Instant::now();
-        let alpha = match &mut self.matting {
+        let lanes = sessions.lanes;
+        let alpha = match &mut sessions.matting {
             &mut Matting::GuidedFilter {
                 radius_px,
                 epsilon,
                 subsample,
             } => guided_filter::fit(
-                sessions.lanes,
+                lanes,
                 &mut self.resizer,
                 image,
                 &coarse,
@@ -316,28 +337,19 @@ impl Stages {
                 epsilon,
                 subsample,
             )
-            .map_err(stage_err("matting"))?
-            .alpha(sessions.lanes, image, &trimap_full),
+            .map_err(in_stage("matting"))?
+            .alpha(lanes, image, &trimap_full),
             Matting::Model(m) => {
                 let MattingModel {
+                    session,
                     image: input,
                     trimap_input,
                     output,
-                } = &**m;
-                let model = sessions
-                    .matting
-                    .as_mut()
-                    .ok_or_else(|| stage_err("matting")("no matting model loaded".into()))?;
+                } = &mut **m;
                 self.input.resize(input_len(input), 0.0);
-                prepare_into(
-                    sessions.lanes,
-                    &mut self.resized,
-                    image,
-                    input,
-                    &mut self.input,
-                );
+                prepare_into(lanes, &mut self.resized, image, input, &mut self.input);
                 let alpha = run_matting_model(
-                    model,
+                    session,
                     &self.input,
                     &small_trimap,
                     input,
@@ -345,7 +357,7 @@ impl Stages {
                     output,
                 )?;
                 let full = resample::resize_plane(&mut self.resizer, &alpha, width, height)
-                    .map_err(stage_err("matting"))?;
+                    .map_err(in_stage("matting"))?;
                 composite::quantize_alpha(&full)
             }
         };
@@ -360,7 +372,7 @@ impl Stages {
     fn trimap(&self, out: &Tensor) -> Result<(GrayImage, Plane), PipelineError> {
         match &self.spec.segmentation.mask {
             MaskKind::Probability { minmax } => {
-                let mask = trimap::probability_mask(out, *minmax).map_err(stage_err("trimap"))?;
+                let mask = trimap::probability_mask(out, *minmax).map_err(in_stage("trimap"))?;
                 let t = trimap::threshold(
                     &mask,
                     self.spec.trimap.foreground,
@@ -369,7 +381,7 @@ impl Stages {
                 Ok((t, mask))
             }
             MaskKind::Classes { class_values } => {
-                trimap::classes(out, class_values).map_err(stage_err("trimap"))
+                trimap::classes(out, class_values).map_err(in_stage("trimap"))
             }
         }
     }
@@ -400,9 +412,7 @@ fn run_matting_model(
     )?;
     match out.shape.as_slice() {
         [1, 1, h, w] => Ok(Plane::new(*w as u32, *h as u32, out.data)),
-        shape => Err(stage_err("matting")(format!(
-            "expected an alpha of shape [1, 1, H, W], got {shape:?}"
-        ))),
+        shape => Err(PipelineError::AlphaShape(shape.to_vec())),
     }
 }
 
@@ -437,10 +447,10 @@ fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), OrtError>
 /// Splits a [N, ...] model output into N outputs of shape [1, ...].
 fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
     if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
-        return Err(stage_err("model")(format!(
-            "a batch of {n} gave an output of shape {:?}",
-            out.shape
-        )));
+        return Err(PipelineError::Batch {
+            stage: "model",
+            reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),
+        });
     }
     if n == 1 {
         return Ok(vec![out]);

@@ -50,15 +50,26 @@ pub fn matting(spec: &PipelineSpec) -> Option<ModelSpec<'_>> {
             image,
             trimap_input,
             output,
-        } => Some(ModelSpec {
-            path: &image.model,
-            inputs: vec![
-                (image.input.as_str(), nchw(image, 3)),
-                (trimap_input.as_str(), nchw(image, 1)),
-            ],
-            output,
-        }),
+        } => Some(matting_model(image, trimap_input, output)),
         MattingSpec::GuidedFilter { .. } => None,
+    }
+}
+
+/// The matting model of a `MattingSpec::Model` with these fields: the image (`image`'s
+/// input) and the trimap (`trimap_input`, one channel at the image's size) in, `output`
+/// out.
+pub fn matting_model<'a>(
+    image: &'a ImageInputSpec,
+    trimap_input: &'a str,
+    output: &'a str,
+) -> ModelSpec<'a> {
+    ModelSpec {
+        path: &image.model,
+        inputs: vec![
+            (image.input.as_str(), nchw(image, 3)),
+            (trimap_input, nchw(image, 1)),
+        ],
+        output,
     }
 }
 

@@ -33,25 +33,54 @@ pub enum DeviceSelection {
     Gpus(Vec<u32>),
 }
 
-impl FromStr for DeviceSelection {
-    type Err = String;
+/// A `--devices` value that names no devices, or GPUs the probe did not find.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "simulated devices are for `celer sim` (capacity planning) only; serve takes auto, cpu or GPU ordinals"
+    )]
+    Simulated,
+    #[error("`{0}`: expected auto, cpu, or GPU ordinals like 0,1,2")]
+    NotOrdinals(String),
+    #[error("`{text}`: GPU {ordinal} is named twice")]
+    Repeated { text: String, ordinal: u32 },
+    #[error(
+        "GPU {} not found (the probe found {}); use --devices cpu or auto",
+        list(.missing),
+        if .found.is_empty() { "none".to_string() } else { format!("{:?}", .found) }
+    )]
+    NotFound { missing: Vec<u32>, found: Vec<u32> },
+}
 
-    fn from_str(text: &str) -> Result<Self, String> {
+/// `1, 3`.
+fn list(ordinals: &[u32]) -> String {
+    ordinals
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl FromStr for DeviceSelection {
+    type Err = DeviceError;
+
+    fn from_str(text: &str) -> Result<Self, DeviceError> {
         match text.trim() {
             "auto" => Ok(Self::Auto),
             "cpu" => Ok(Self::Cpu),
-            t if t.starts_with("sim:") => Err(
-                "simulated devices are for `celer sim` (capacity planning) only; serve takes auto, cpu or GPU ordinals"
-                    .into(),
-            ),
+            t if t.starts_with("sim:") => Err(DeviceError::Simulated),
             t => {
                 let mut ordinals = Vec::new();
                 for part in t.split(',') {
-                    let n: u32 = part.trim().parse().map_err(|_| {
-                        format!("`{text}`: expected auto, cpu, or GPU ordinals like 0,1,2")
-                    })?;
+                    let n: u32 = part
+                        .trim()
+                        .parse()
+                        .map_err(|_| DeviceError::NotOrdinals(text.to_string()))?;
                     if ordinals.contains(&n) {
-                        return Err(format!("`{text}`: GPU {n} is named twice"));
+                        return Err(DeviceError::Repeated {
+                            text: text.to_string(),
+                            ordinal: n,
+                        });
                     }
                     ordinals.push(n);
                 }
@@ -63,29 +92,24 @@ impl FromStr for DeviceSelection {
 
 impl DeviceSelection {
     /// The devices to run on, given the GPU ordinals a probe found.
-    pub fn resolve(&self, gpus_found: &[u32]) -> Result<Vec<Device>, String> {
+    pub fn resolve(&self, gpus_found: &[u32]) -> Result<Vec<Device>, DeviceError> {
         match self {
             Self::Auto if gpus_found.is_empty() => Ok(vec![Device::Cpu]),
             Self::Auto => Ok(gpus_found.iter().map(|&n| Device::Gpu(n)).collect()),
             Self::Cpu => Ok(vec![Device::Cpu]),
             Self::Gpus(asked) => {
-                let missing: Vec<String> = asked
+                let missing: Vec<u32> = asked
                     .iter()
+                    .copied()
                     .filter(|n| !gpus_found.contains(n))
-                    .map(u32::to_string)
                     .collect();
                 if missing.is_empty() {
                     Ok(asked.iter().map(|&n| Device::Gpu(n)).collect())
                 } else {
-                    Err(format!(
-                        "GPU {} not found (the probe found {}); use --devices cpu or auto",
-                        missing.join(", "),
-                        if gpus_found.is_empty() {
-                            "none".to_string()
-                        } else {
-                            format!("{gpus_found:?}")
-                        }
-                    ))
+                    Err(DeviceError::NotFound {
+                        missing,
+                        found: gpus_found.to_vec(),
+                    })
                 }
             }
         }
@@ -104,9 +128,13 @@ mod tests {
         assert!("0,0"
             .parse::<DeviceSelection>()
             .unwrap_err()
+            .to_string()
             .contains("twice"));
         assert!("gpu".parse::<DeviceSelection>().is_err());
-        let sim = "sim:1,1".parse::<DeviceSelection>().unwrap_err();
+        let sim = "sim:1,1"
+            .parse::<DeviceSelection>()
+            .unwrap_err()
+            .to_string();
         assert!(sim.contains("celer sim"), "{sim}");
     }
 
@@ -117,7 +145,10 @@ mod tests {
             DeviceSelection::Auto.resolve(&[0, 1]),
             Ok(vec![Device::Gpu(0), Device::Gpu(1)])
         );
-        let err = DeviceSelection::Gpus(vec![1]).resolve(&[0]).unwrap_err();
+        let err = DeviceSelection::Gpus(vec![1])
+            .resolve(&[0])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("GPU 1 not found"), "{err}");
         assert_eq!(Device::Gpu(3).to_string(), "gpu3");
     }

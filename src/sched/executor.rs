@@ -3,8 +3,61 @@
 //! `crate::replica`'s; the simulated devices' are `sim`'s. An executor belongs to one
 //! replica thread and is never shared, so it needs no lock.
 
-/// An executor's failure, kept as the error it was (logged, never sent to a client).
-pub type ExecError = Box<dyn std::error::Error + Send + Sync>;
+use std::error::Error;
+use std::fmt;
+
+/// An executor's failure, kept as the error it was (logged, never sent to a client), and
+/// what it means for the device: the executor says so when it returns it, since only it
+/// knows its device. Any error converts into `Failed` (`?`, `.into()`); an executor
+/// whose device is lost returns `DeviceLost`.
+pub enum ExecError {
+    /// This run or health check failed; the device may take the next one.
+    Failed(Box<dyn Error + Send + Sync>),
+    /// The device is lost (a GPU whose context failed, for every replica on it): retrying
+    /// is pointless until `Executor::recover` has brought it back.
+    DeviceLost(Box<dyn Error + Send + Sync>),
+}
+
+impl ExecError {
+    /// `error`, which lost the device.
+    pub fn device_lost(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self::DeviceLost(error.into())
+    }
+
+    pub fn is_device_lost(&self) -> bool {
+        matches!(self, Self::DeviceLost(_))
+    }
+
+    /// The error as the executor gave it.
+    pub fn error(&self) -> &(dyn Error + Send + Sync + 'static) {
+        match self {
+            Self::Failed(e) | Self::DeviceLost(e) => e.as_ref(),
+        }
+    }
+}
+
+// Not `std::error::Error` itself (as `anyhow::Error` is not), so that every error, and
+// every message, converts into it with `?`.
+impl<E: Into<Box<dyn Error + Send + Sync>>> From<E> for ExecError {
+    fn from(error: E) -> Self {
+        Self::Failed(error.into())
+    }
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self.error(), f)
+    }
+}
+
+impl fmt::Debug for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed(e) => f.debug_tuple("Failed").field(e).finish(),
+            Self::DeviceLost(e) => f.debug_tuple("DeviceLost").field(e).finish(),
+        }
+    }
+}
 
 /// What a replica's `recover` did: every replica of a lost device recovers, and only one
 /// of them reopens it (the device's recoveries count that one).
@@ -34,15 +87,9 @@ pub trait Executor: Send + 'static {
     /// device by it; the others ignore it.
     fn note_waiting(&mut self, _waiting: usize) {}
 
-    /// Whether `error`, from a run or a health check of this executor, means that its device is
-    /// lost (a GPU whose context failed for every replica on it): retrying is pointless
-    /// until the device is recovered.
-    fn device_lost(&self, _error: &ExecError) -> bool {
-        false
-    }
-
     /// Brings a lost device back (reopen it, reload the models), on this replica's
-    /// thread, while the router sends the device nothing. A passing health check then returns it
+    /// thread, after a run or health check returned `ExecError::DeviceLost`, while the
+    /// router sends the device nothing. A passing health check then returns it
     /// to service; a failed recovery is tried again at the next failed health check.
     fn recover(&mut self) -> Result<Recovery, ExecError> {
         Ok(Recovery::Reopened)
@@ -63,10 +110,6 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn note_waiting(&mut self, waiting: usize) {
         (**self).note_waiting(waiting)
-    }
-
-    fn device_lost(&self, error: &ExecError) -> bool {
-        (**self).device_lost(error)
     }
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {

@@ -127,3 +127,8 @@ pub enum Readiness {
     Ready,
     Failed(String),
 }
+
+/// A replica failed to load: the first failure, as `Readiness::Failed` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LoadFailed(pub String);

@@ -18,7 +18,7 @@ use super::job::{Job, Work};
 use super::metrics::{us, ReasonLabel, SchedMetrics};
 use super::state::{DeviceState, Outstanding};
 use super::worker::{self, ReplicaConfig};
-use super::{Done, ExecError, Executor, JobError, Readiness, SubmitError};
+use super::{Done, ExecError, Executor, JobError, LoadFailed, Readiness, SubmitError};
 use crate::spec::BatchingSpec;
 
 /// How a request picks its device.
@@ -384,11 +384,11 @@ impl<E: Executor> Router<E> {
     }
 
     /// Waits (blocking) until every replica has loaded or one has failed.
-    pub fn wait_ready(&self) -> Result<(), String> {
+    pub fn wait_ready(&self) -> Result<(), LoadFailed> {
         loop {
             match self.readiness() {
                 Readiness::Ready => return Ok(()),
-                Readiness::Failed(e) => return Err(e),
+                Readiness::Failed(e) => return Err(LoadFailed(e)),
                 Readiness::Loading { .. } => std::thread::sleep(Duration::from_millis(5)),
             }
         }

@@ -228,7 +228,7 @@ impl<E: Executor> Replica<E> {
                 ),
             },
             Ok(Err(e)) => {
-                if self.exec.device_lost(&e) {
+                if e.is_device_lost() {
                     lost = Some(e.to_string());
                 }
                 JobError::Failed {
@@ -293,7 +293,7 @@ impl<E: Executor> Replica<E> {
             .store(false, Ordering::Release);
         match result {
             Ok(Ok(())) => self.state.mark_healthy(),
-            Ok(Err(e)) if self.exec.device_lost(&e) => self.recover(&e.to_string()),
+            Ok(Err(e)) if e.is_device_lost() => self.recover(&e.to_string()),
             Ok(Err(e)) => {
                 tracing::warn!(device = %self.state.name, error = %e, "health check failed; device stays unhealthy")
             }

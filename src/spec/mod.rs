@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 pub use pipeline::{
     BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
-    Scale, SegmentationSpec, TrimapSpec, MATTING_MODEL, PIPELINE_FILE, SEGMENTATION_MODEL,
+    Scale, SegmentationSpec, TrimapSpec, UnknownOutputKind, MATTING_MODEL, PIPELINE_FILE,
+    SEGMENTATION_MODEL,
 };
 
 /// A configuration problem, said so that the operator can fix it without reading code:

@@ -139,13 +139,17 @@ impl OutputKind {
     }
 }
 
+/// A word that names no output kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not one of cutout, alpha, trimap, json")]
+pub struct UnknownOutputKind(pub String);
+
 impl std::str::FromStr for OutputKind {
-    type Err = String;
+    type Err = UnknownOutputKind;
 
     /// As [`OutputKind::parse`], with the message every caller gives.
-    fn from_str(word: &str) -> Result<Self, String> {
-        Self::parse(word)
-            .ok_or_else(|| format!("`{word}` is not one of cutout, alpha, trimap, json"))
+    fn from_str(word: &str) -> Result<Self, UnknownOutputKind> {
+        Self::parse(word).ok_or_else(|| UnknownOutputKind(word.to_string()))
     }
 }
 

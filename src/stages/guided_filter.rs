@@ -14,6 +14,7 @@ use super::plane::Plane;
 use super::preprocess::{bilinear_weights, resize_rgb_in};
 use super::resample::resize_plane;
 use super::trimap::{BACKGROUND, FOREGROUND};
+use super::StageError;
 
 /// Luma in [0, 1] (BT.601 weights) of one RGB8 pixel: the filter's guide.
 fn luma_of(p: &[u8]) -> f32 {
@@ -48,7 +49,7 @@ pub fn fit(
     radius: u32,
     epsilon: f32,
     subsample: u32,
-) -> Result<LinearModel, String> {
+) -> Result<LinearModel, StageError> {
     let s = subsample.max(1);
     let (w, h) = (image.width().div_ceil(s), image.height().div_ceil(s));
     let r = ((radius + s / 2) / s).max(1);

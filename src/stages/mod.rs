@@ -17,3 +17,18 @@ pub mod plane;
 pub mod preprocess;
 pub mod resample;
 pub mod trimap;
+
+/// Why a stage refused what it was given: a model output of another shape than the stage
+/// reads, or a resize the resampling library refused. The server's fault (its models or
+/// their description), never the client's.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("expected an output of shape [1, C, H, W], got {0:?}")]
+    OutputShape(Vec<usize>),
+    #[error("the output has {outputs} classes, the pipeline description maps {mapped}")]
+    Classes { outputs: usize, mapped: usize },
+    #[error(transparent)]
+    Buffer(#[from] fast_image_resize::ImageBufferError),
+    #[error(transparent)]
+    Resize(#[from] fast_image_resize::ResizeError),
+}

@@ -8,6 +8,7 @@ use image::GrayImage;
 
 use super::plane::Plane;
 use super::preprocess::bilinear;
+use super::StageError;
 
 /// Bilinear (antialiased when shrinking) resize of a plane.
 pub fn resize_plane(
@@ -15,25 +16,21 @@ pub fn resize_plane(
     src: &Plane,
     width: u32,
     height: u32,
-) -> Result<Plane, String> {
+) -> Result<Plane, StageError> {
     let mut out = vec![0f32; width as usize * height as usize];
     let src_view = ImageRef::new(
         src.width,
         src.height,
         bytemuck::cast_slice(&src.data),
         PixelType::F32,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let mut dst = Image::from_slice_u8(
         width,
         height,
         bytemuck::cast_slice_mut(&mut out),
         PixelType::F32,
-    )
-    .map_err(|e| e.to_string())?;
-    resizer
-        .resize(&src_view, &mut dst, &bilinear())
-        .map_err(|e| e.to_string())?;
+    )?;
+    resizer.resize(&src_view, &mut dst, &bilinear())?;
     Ok(Plane::new(width, height, out))
 }
 

@@ -6,6 +6,7 @@
 use image::GrayImage;
 
 use super::plane::Plane;
+use super::StageError;
 use crate::ort::Tensor;
 
 pub const BACKGROUND: u8 = 0;
@@ -14,7 +15,7 @@ pub const FOREGROUND: u8 = 255;
 
 /// The coarse mask in [0, 1] from channel 0 of a `[1, 1, h, w]` probability output.
 /// `minmax` rescales it per image to span [0, 1], as rembg does for the U2Net family.
-pub fn probability_mask(out: &Tensor, minmax: bool) -> Result<Plane, String> {
+pub fn probability_mask(out: &Tensor, minmax: bool) -> Result<Plane, StageError> {
     let (h, w) = spatial(out)?;
     let mut data = out.data[..h * w].to_vec();
     if minmax {
@@ -53,14 +54,14 @@ pub fn threshold(mask: &Plane, foreground: f32, background: f32) -> GrayImage {
 /// Argmax over the class axis of a `[1, C, h, w]` score output (ties go to the lower
 /// class), each class mapped to its trimap value. Returns the trimap and the coarse mask
 /// (trimap / 255), which the guided filter refines.
-pub fn classes(out: &Tensor, class_values: &[u8]) -> Result<(GrayImage, Plane), String> {
+pub fn classes(out: &Tensor, class_values: &[u8]) -> Result<(GrayImage, Plane), StageError> {
     let (h, w) = spatial(out)?;
     let n = out.shape[1];
     if n != class_values.len() {
-        return Err(format!(
-            "the output has {n} classes, the pipeline description maps {}",
-            class_values.len()
-        ));
+        return Err(StageError::Classes {
+            outputs: n,
+            mapped: class_values.len(),
+        });
     }
     let plane = h * w;
     let mut best = vec![0u8; plane];
@@ -136,12 +137,10 @@ fn window_all(
     out
 }
 
-fn spatial(out: &Tensor) -> Result<(usize, usize), String> {
+fn spatial(out: &Tensor) -> Result<(usize, usize), StageError> {
     match out.shape.as_slice() {
         [1, c, h, w] if *c >= 1 && out.data.len() == c * h * w => Ok((*h, *w)),
-        shape => Err(format!(
-            "expected an output of shape [1, C, H, W], got {shape:?}"
-        )),
+        shape => Err(StageError::OutputShape(shape.to_vec())),
     }
 }
 

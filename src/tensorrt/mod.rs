@@ -11,7 +11,7 @@ mod types;
 
 pub use types::{
     BuildProgress, BuildSettings, BuiltEngine, CudaStream, DataType, DevicePtr, InputProfile,
-    LibraryPaths, Precision, TensorDesc, TrtError, TrtVersion,
+    LibraryPaths, Precision, TensorDesc, TrtError, TrtParseError, TrtVersion,
 };
 
 #[cfg(feature = "tensorrt")]

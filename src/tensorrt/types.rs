@@ -32,6 +32,16 @@ pub enum TrtError {
     InvalidArgument(String),
 }
 
+/// Text that names no TensorRT version or precision (an engine manifest's field, an
+/// argument of `celer build`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrtParseError {
+    #[error("`{0}` is not a version like 10.16.0")]
+    Version(String),
+    #[error("`{0}` is not one of fp32, fp16, bf16")]
+    Precision(String),
+}
+
 /// A TensorRT version, `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TrtVersion {
@@ -68,18 +78,18 @@ impl fmt::Display for TrtVersion {
 }
 
 impl FromStr for TrtVersion {
-    type Err = String;
+    type Err = TrtParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let parts: Vec<&str> = s.trim().split('.').collect();
-        let number = |i: usize| -> Result<u32, String> {
+        let number = |i: usize| -> Result<u32, TrtParseError> {
             parts
                 .get(i)
                 .map_or(Ok(0), |p| p.parse::<u32>())
-                .map_err(|_| format!("`{s}` is not a version like 10.16.0"))
+                .map_err(|_| TrtParseError::Version(s.to_string()))
         };
         if parts.is_empty() || parts.len() > 3 {
-            return Err(format!("`{s}` is not a version like 10.16.0"));
+            return Err(TrtParseError::Version(s.to_string()));
         }
         Ok(Self {
             major: number(0)?,
@@ -205,14 +215,14 @@ impl fmt::Display for Precision {
 }
 
 impl FromStr for Precision {
-    type Err = String;
+    type Err = TrtParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
             "fp32" | "float32" => Ok(Self::Fp32),
             "fp16" | "float16" | "half" => Ok(Self::Fp16),
             "bf16" | "bfloat16" => Ok(Self::Bf16),
-            other => Err(format!("`{other}` is not one of fp32, fp16, bf16")),
+            other => Err(TrtParseError::Precision(other.to_string())),
         }
     }
 }
@@ -334,7 +344,11 @@ mod tests {
     fn precision_words() {
         assert_eq!("FP16".parse::<Precision>().unwrap(), Precision::Fp16);
         assert_eq!("bfloat16".parse::<Precision>().unwrap(), Precision::Bf16);
-        assert!("int8".parse::<Precision>().unwrap_err().contains("fp32"));
+        assert!("int8"
+            .parse::<Precision>()
+            .unwrap_err()
+            .to_string()
+            .contains("fp32"));
         assert_eq!(
             serde_json::to_string(&Precision::FromModel).unwrap(),
             "\"from-model\""

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::pipeline::GpuLimits;
+use super::buffers::GpuLimits;
 use crate::cuda::launch::{taps_capacity, GpuTaps, Launcher, ModelInput};
 use crate::cuda::CudaError;
 use crate::spec::ImageInputSpec;

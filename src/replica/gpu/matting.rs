@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
+use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, StageClock};
+use super::error::GpuError;
 use super::input::InputStage;
 use super::mask::MaskStage;
 use super::model::{GpuModel, HostRun, ModelSource};
-use super::pipeline::{GpuLimits, SourcePlanes};
-use super::GpuError;
 use crate::cuda::guided::{FastGuidedFilter, GuidedParams};
 use crate::cuda::launch::{GpuNearest, Launcher};
 use crate::cuda::plane_resize::PlaneResize;

@@ -1,11 +1,14 @@
 //! A GPU replica: the GPU stages of a request on one stream (`pipeline`, with one file
-//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`), and the
-//! `Executor` the scheduler runs it through. Whichever replica of a GPU starts first
-//! opens the device (context, kernels) and loads its engines (`crate::engines::plan`);
-//! every replica then makes its own stream, buffers and execution contexts. A GPU whose
-//! context is lost is reopened here, for all its replicas at once (`GpuReplicas`).
+//! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`, and the leaves
+//! they share: `buffers`, `error`), and the `Executor` the scheduler runs it through.
+//! Whichever replica of a GPU starts first opens the device (context, kernels) and loads
+//! its engines (`crate::engines::plan`); every replica then makes its own stream, buffers
+//! and execution contexts. A GPU whose context is lost is reopened here, for all its
+//! replicas at once (`GpuReplicas`).
 
+mod buffers;
 mod clock;
+mod error;
 mod input;
 mod mask;
 mod matting;
@@ -15,44 +18,17 @@ mod transfer;
 
 use std::sync::{Arc, Mutex};
 
+pub use buffers::GpuLimits;
+pub use error::{GpuError, OpenError};
 pub use model::ModelSource;
-pub use pipeline::{GpuLimits, GpuMatte, GpuPipeline};
+pub use pipeline::{GpuMatte, GpuPipeline};
 
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use crate::cuda::{CudaError, GpuDevice};
+use crate::cuda::GpuDevice;
 use crate::engines::plan::{GpuEngines, GpuPlan};
-use crate::replica::models::ModelError;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
 use crate::spec::BatchingSpec;
 use crate::spec::PipelineSpec;
-
-/// Why a GPU replica's stages failed.
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    #[error(transparent)]
-    Model(#[from] ModelError),
-}
-
-impl From<cudarc::driver::DriverError> for GpuError {
-    fn from(error: cudarc::driver::DriverError) -> Self {
-        Self::Cuda(error.into())
-    }
-}
-
-impl From<crate::ort::OrtError> for GpuError {
-    fn from(error: crate::ort::OrtError) -> Self {
-        Self::Cuda(error.into())
-    }
-}
-
-impl GpuError {
-    /// Whether the GPU's context is lost (see `CudaError::is_device_lost`).
-    pub fn is_device_lost(&self) -> bool {
-        matches!(self, Self::Cuda(e) if e.is_device_lost())
-    }
-}
 
 /// A GPU opened, with its engines deserialised: shared by its replicas.
 struct LoadedGpu {
@@ -75,7 +51,7 @@ enum Opening {
     Closed,
     Open(Arc<LoadedGpu>),
     /// Opening failed; every replica gets the same answer.
-    Failed(String),
+    Failed(Arc<OpenError>),
 }
 
 /// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
@@ -105,12 +81,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl GpuReplicas {
     /// The opened GPU and its generation, opening it (and loading or building its
     /// engines) if nobody has: the first replica does it while the others wait.
-    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), String> {
+    fn gpu(&self) -> Result<(u64, Arc<LoadedGpu>), GpuError> {
         let mut opened = lock(&self.opened);
         let generation = opened.0;
         match &opened.1 {
             Opening::Open(gpu) => Ok((generation, gpu.clone())),
-            Opening::Failed(e) => Err(e.clone()),
+            Opening::Failed(e) => Err(GpuError::Open(e.clone())),
             Opening::Closed => match load_gpu(&self.spec, &self.plan, &self.name) {
                 Ok(gpu) => {
                     let gpu = Arc::new(gpu);
@@ -118,8 +94,9 @@ impl GpuReplicas {
                     Ok((generation, gpu))
                 }
                 Err(e) => {
+                    let e = Arc::new(e);
                     opened.1 = Opening::Failed(e.clone());
-                    Err(e)
+                    Err(GpuError::Open(e))
                 }
             },
         }
@@ -180,7 +157,13 @@ impl GpuReplicas {
                 "the lost context outlived celer's references (TensorRT holds one): reset it"
             ),
             Ok(false) => {}
-            Err(e) => return Err(format!("{}: resetting the lost context: {e}", self.name).into()),
+            Err(source) => {
+                return Err(GpuError::Reset {
+                    device: self.name.clone(),
+                    source,
+                }
+                .into())
+            }
         }
         let (_, gpu) = self.gpu()?;
         for slot in slots.iter_mut() {
@@ -213,13 +196,16 @@ pub fn gpu_device_setup(
     let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |replica| {
         // The first replica opens the GPU and loads (or builds) the engines; the others
         // wait for it and share the result.
-        let (generation, gpu) = shared.gpu().map_err(ExecError::from)?;
+        let (generation, gpu) = shared.gpu()?;
         let pipeline = shared.load_pipeline(&gpu)?;
         let backend = pipeline.model_backend();
         let slot = shared
             .pipelines
             .get(replica)
-            .ok_or_else(|| format!("{}: no slot for replica {replica}", shared.name))?;
+            .ok_or_else(|| GpuError::NoSlot {
+                device: shared.name.clone(),
+                replica,
+            })?;
         *lock(slot) = Some(pipeline);
         tracing::info!(device = %shared.name, replica, models = backend, "GPU replica ready");
         Ok(Box::new(GpuExecutor {
@@ -240,13 +226,19 @@ pub fn gpu_device_setup(
 
 /// Opens the GPU of `plan` and loads its engines (none where its models run on ONNX
 /// Runtime).
-fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, String> {
-    let gpu = GpuDevice::open(plan.info.clone())
-        .map_err(|e| format!("{device} ({}): {e}", plan.info.name))?;
+fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, OpenError> {
+    let gpu = GpuDevice::open(plan.info.clone()).map_err(|source| OpenError::Device {
+        device: device.to_string(),
+        name: plan.info.name.clone(),
+        source,
+    })?;
     gpu.context()
         .bind_to_thread()
-        .map_err(|e| format!("{device}: {e:?}"))?;
-    let engines = plan.load_engines(spec, device).map_err(|e| e.to_string())?;
+        .map_err(|source| OpenError::Bind {
+            device: device.to_string(),
+            source,
+        })?;
+    let engines = plan.load_engines(spec, device)?;
     Ok(LoadedGpu {
         engines,
         device: gpu,
@@ -265,12 +257,14 @@ impl GpuExecutor {
     fn run_one(&mut self, job: &PipelineJob) -> Result<PipelineOutput, ExecError> {
         let mut slot = lock(&self.shared.pipelines[self.replica]);
         let generation = self.shared.generation();
-        let pipeline = slot.as_mut().ok_or_else(|| {
-            format!(
-                "{} replica {}: not loaded (the GPU is being reopened)",
-                self.shared.name, self.replica
-            )
-        })?;
+        // Emptied by a recovery, which left it so when it failed: the device is still
+        // lost, so that the next failed health check tries the recovery again.
+        let Some(pipeline) = slot.as_mut() else {
+            return Err(ExecError::device_lost(GpuError::NotLoaded {
+                device: self.shared.name.clone(),
+                replica: self.replica,
+            }));
+        };
         let mut timings = job.timings;
         match pipeline.run(&job.image, job.cutout, &mut timings) {
             Ok(done) => Ok(PipelineOutput {
@@ -278,12 +272,11 @@ impl GpuExecutor {
                 cutout: done.cutout,
                 timings,
             }),
-            Err(e) => {
-                if e.is_device_lost() {
-                    self.lost_in = generation;
-                }
-                Err(e.into())
+            Err(e) if e.is_device_lost() => {
+                self.lost_in = generation;
+                Err(ExecError::device_lost(e))
             }
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -300,15 +293,6 @@ impl Executor for GpuExecutor {
 
     fn health_check(&mut self) -> Result<(), ExecError> {
         self.run_one(&health_check_job()).map(|_| ())
-    }
-
-    /// A lost context, or a replica left without a pipeline by a recovery that failed
-    /// (so the next failed health check tries again).
-    fn device_lost(&self, error: &ExecError) -> bool {
-        error
-            .downcast_ref::<GpuError>()
-            .is_some_and(GpuError::is_device_lost)
-            || lock(&self.shared.pipelines[self.replica]).is_none()
     }
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {

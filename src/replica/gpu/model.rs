@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
-use super::GpuError;
+use super::error::GpuError;
 use crate::cuda::launch::{Launcher, ModelInput};
 use crate::cuda::tensor::TensorElement;
 use crate::cuda::trt_model::{TrtInput, TrtModel};

@@ -8,54 +8,28 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
 use image::{RgbImage, RgbaImage};
 
+use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, ModelPlaces, StageClock};
+use super::error::GpuError;
 use super::input::InputStage;
 use super::mask::MaskStage;
 use super::matting::Matting;
 use super::model::{GpuModel, ModelSource};
 use super::transfer::Transfer;
-use super::GpuError;
 use crate::cuda::launch::Launcher;
-use crate::cuda::{CudaError, GpuDevice};
+use crate::cuda::GpuDevice;
 use crate::matte::{Matte, StageTimings};
 use crate::replica::models;
 use crate::spec::PipelineSpec;
-
-/// The largest image the GPU buffers hold. Larger images are refused with
-/// [`CudaError::ImageTooLarge`] (the caller can run them on the CPU path).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuLimits {
-    pub max_pixels: u64,
-    pub max_side_px: u32,
-}
-
-impl Default for GpuLimits {
-    /// The decoder's default limits, so that every image it accepts fits.
-    fn default() -> Self {
-        let decode = crate::codec::decode::DecodeLimits::default();
-        Self {
-            max_pixels: decode.max_pixels,
-            max_side_px: decode.max_side_px,
-        }
-    }
-}
 
 /// The GPU stages' result: the matte, and the RGBA cut-out when it was asked for.
 #[derive(Debug, Clone)]
 pub struct GpuMatte {
     pub matte: Matte,
     pub cutout: Option<RgbaImage>,
-}
-
-/// Planes at the source size.
-pub struct SourcePlanes {
-    pub image: CudaSlice<u8>,
-    pub trimap: CudaSlice<u8>,
-    pub alpha: CudaSlice<u8>,
-    pub rgba: CudaSlice<u8>,
 }
 
 /// The segmentation model and the making of its input.
@@ -102,7 +76,6 @@ impl GpuPipeline {
         )?;
         let mask = MaskStage::alloc(&stream, spec, model.output_shape(), limits.max_side_px)?;
         let matting = Matting::load(spec, &source, mask.size(), &limits, &device, &stream)?;
-        let max_px = usize::try_from(limits.max_pixels).unwrap_or(usize::MAX);
         let pipeline = Self {
             segmentation: Segmentation {
                 input: InputStage::alloc(&stream, &spec.segmentation.image, &limits)?,
@@ -110,12 +83,7 @@ impl GpuPipeline {
             },
             mask,
             matting,
-            planes: SourcePlanes {
-                image: stream.alloc_zeros(max_px * 3)?,
-                trimap: stream.alloc_zeros(max_px)?,
-                alpha: stream.alloc_zeros(max_px)?,
-                rgba: stream.alloc_zeros(max_px * 4)?,
-            },
+            planes: SourcePlanes::alloc(&stream, &limits)?,
             transfer: Transfer::new(&stream),
             clock: StageClock::new(&device)?,
             spec: spec.clone(),
@@ -151,7 +119,7 @@ impl GpuPipeline {
         cutout: bool,
         timings: &mut StageTimings,
     ) -> Result<GpuMatte, GpuError> {
-        let size = self.accept(image)?;
+        let size = self.limits.accept(image.width(), image.height())?;
         let wall = Instant::now();
         // A request that failed half-way may have left copies in flight from the staging
         // or into the buffers; they must finish before either is written again.
@@ -191,24 +159,6 @@ impl GpuPipeline {
         }
         self.clock.mark(Mark::Composited, &stream)?;
         self.finish(size, cutout, timings)
-    }
-
-    /// The image's size, if the buffers hold it.
-    fn accept(&self, image: &RgbImage) -> Result<(u32, u32), GpuError> {
-        let (w, h) = image.dimensions();
-        let pixels = u64::from(w) * u64::from(h);
-        let limits = &self.limits;
-        if pixels > limits.max_pixels || w.max(h) > limits.max_side_px || pixels == 0 {
-            return Err(GpuError::Cuda(CudaError::ImageTooLarge {
-                width: w,
-                height: h,
-                limit: format!(
-                    "{} pixels, {} px a side",
-                    limits.max_pixels, limits.max_side_px
-                ),
-            }));
-        }
-        Ok((w, h))
     }
 
     /// Everything a request of `size` needs before its first copy, while the stream is
