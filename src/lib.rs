@@ -9,6 +9,7 @@ pub mod host;
 pub mod matte;
 pub mod spec;
 pub mod stats;
+pub mod tensor;
 
 // Bindings and backends.
 pub mod ort;

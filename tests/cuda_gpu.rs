@@ -195,7 +195,7 @@ fn probability_and_class_trimaps_are_exact() {
             raw[2] = 0.04;
             raw[3] = f32::NAN;
         }
-        let out = celer::ort::Tensor {
+        let out = celer::tensor::Tensor {
             shape: vec![1, 1, h as usize, w as usize],
             data: raw.clone(),
         };
@@ -231,7 +231,7 @@ fn probability_and_class_trimaps_are_exact() {
             .iter()
             .map(|v| (v * 4.0).floor())
             .collect();
-        let out = celer::ort::Tensor {
+        let out = celer::tensor::Tensor {
             shape: vec![1, 3, h as usize, w as usize],
             data: scores.clone(),
         };

@@ -6,7 +6,8 @@
 //! them (nvidia-cuda-nvrtc and nvidia-cuda-nvrtc-cu12 in scripts/requirements.txt).
 
 use celer::cuda::kernels::{compile_all, read_cache_from, write_cache_to, FILES, TESTED_ARCHS};
-use celer::cuda::nvrtc::{Arch, Nvrtc, Source};
+use celer::cuda::nvrtc::{Nvrtc, Source};
+use celer::cuda::Arch;
 use celer::cuda::{CudaVersion, DRIVER_FLOOR};
 
 fn nvrtc() -> &'static Nvrtc {

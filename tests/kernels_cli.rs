@@ -14,7 +14,8 @@ use std::process::{Command, Output};
 use celer::cuda::kernels::{
     cache_file_name, cubins_for, read_cache_from, read_compatible_from, FILES,
 };
-use celer::cuda::nvrtc::{Arch, Nvrtc};
+use celer::cuda::nvrtc::Nvrtc;
+use celer::cuda::Arch;
 use celer::cuda::{CudaVersion, DRIVER_FLOOR};
 
 /// Set in the child process this test starts of itself (see `loader_child`): the CUDA

@@ -11,7 +11,8 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::cuda::kernels::{compile_all, write_cache_to, FILES};
-use crate::cuda::nvrtc::{Arch, Nvrtc};
+use crate::cuda::nvrtc::Nvrtc;
+use crate::cuda::Arch;
 
 #[derive(Debug, Clone, Args)]
 pub struct KernelsArgs {

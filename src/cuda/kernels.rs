@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::nvrtc::{Arch, Nvrtc, Source};
+use super::arch::Arch;
+use super::nvrtc::{Nvrtc, Source};
 use super::probe::CudaVersion;
 use super::CudaError;
 

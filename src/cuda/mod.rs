@@ -8,6 +8,7 @@
 //! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
 //! `unsafe` lives here (FFI, launches, the TensorRT model), each block with its reason.
 
+pub mod arch;
 pub mod device;
 pub mod guided;
 pub mod kernels;
@@ -19,8 +20,8 @@ pub mod taps;
 pub mod tensor;
 pub mod trt_model;
 
+pub use arch::{Arch, UnknownArch};
 pub use device::{pinned, GpuDevice};
-pub use nvrtc::Arch;
 pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 
 /// An image's or plane's `(width, height)` in pixels.

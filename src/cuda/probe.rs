@@ -6,7 +6,7 @@
 use cudarc::driver::{result, sys};
 use serde::{Deserialize, Serialize};
 
-use super::nvrtc::Arch;
+use super::arch::Arch;
 use super::CudaError;
 
 /// Names the CUDA driver library for the probe; a path that does not exist hides the

@@ -26,10 +26,3 @@ pub enum OrtError {
     #[error("inference failed in {model}: {reason}")]
     Run { model: String, reason: String },
 }
-
-/// A dense f32 tensor returned by a model, row-major.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tensor {
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}

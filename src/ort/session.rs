@@ -11,7 +11,8 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use super::{OrtError, Tensor};
+use super::OrtError;
+use crate::tensor::Tensor;
 
 /// Where to look for the library when `ORT_DYLIB_PATH` is unset: the project's own
 /// virtual environment, which `make python` fills from the pinned onnxruntime wheel.

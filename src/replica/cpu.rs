@@ -14,12 +14,13 @@ use super::models::{self, nchw, ModelError};
 use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
 use crate::matte::{Matte, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
-use crate::ort::{OrtError, Tensor};
+use crate::ort::OrtError;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
 use crate::stages::plane::Plane;
 use crate::stages::{composite, guided_filter, preprocess, resample, trimap, StageError};
+use crate::tensor::Tensor;
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
 #[derive(Debug, thiserror::Error)]

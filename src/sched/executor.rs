@@ -5,6 +5,10 @@
 
 use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
+
+/// Loads one replica's executor; called on that replica's own thread with its index.
+pub type LoadFn<E> = Arc<dyn Fn(usize) -> Result<E, ExecError> + Send + Sync>;
 
 /// An executor's failure, kept as the error it was (logged, never sent to a client), and
 /// what it means for the device: the executor says so when it returns it, since only it

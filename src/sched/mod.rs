@@ -21,10 +21,10 @@ mod worker;
 use std::time::Duration;
 
 pub use device::{Device, DeviceSelection};
-pub use executor::{ExecError, Executor, Recovery};
+pub use executor::{ExecError, Executor, LoadFn, Recovery};
 pub use metrics::SchedMetrics;
 pub use router::{
-    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, LoadFn, QueueBudget,
+    estimated_completion, Admission, Answer, DeviceSetup, DeviceView, QueueBudget,
     QueueBudgetError, Router, RouterConfig, Routing, Ticket,
 };
 

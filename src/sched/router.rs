@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::{oneshot, watch};
 
+use super::executor::LoadFn;
 use super::job::{Job, Work};
 use super::metrics::{us, ReasonLabel, SchedMetrics};
 use super::state::{DeviceState, Outstanding};
 use super::worker::{self, ReplicaConfig};
-use super::{Done, ExecError, Executor, JobError, LoadFailed, Readiness, SubmitError};
+use super::{Done, Executor, JobError, LoadFailed, Readiness, SubmitError};
 use crate::spec::BatchingSpec;
 
 /// How a request picks its device.
@@ -42,9 +43,6 @@ impl fmt::Display for Routing {
         })
     }
 }
-
-/// Loads one replica's executor; called on that replica's own thread with its index.
-pub type LoadFn<E> = Arc<dyn Fn(usize) -> Result<E, ExecError> + Send + Sync>;
 
 /// One device to start.
 pub struct DeviceSetup<E> {

@@ -12,9 +12,9 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use super::batcher::gather;
+use super::executor::LoadFn;
 use super::job::{Job, Work};
 use super::metrics::us;
-use super::router::LoadFn;
 use super::state::DeviceState;
 use super::{Done, Executor, JobError, Recovery};
 use crate::spec::BatchingSpec;

@@ -7,7 +7,7 @@ use image::GrayImage;
 
 use super::plane::Plane;
 use super::StageError;
-use crate::ort::Tensor;
+use crate::tensor::Tensor;
 
 pub const BACKGROUND: u8 = 0;
 pub const UNKNOWN: u8 = 128;
