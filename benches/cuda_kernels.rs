@@ -479,7 +479,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
         stream: &s,
         kernels: dev.kernels(),
     };
-    // Pinned staging, as GpuPipeline has.
+    // Pinned staging, as GpuStages has.
     let ctx = dev.context();
     let mut up_host = celer::cuda::pinned::<u8>(ctx, n * 3, false).expect("pinned memory");
     let mut down_host = celer::cuda::pinned::<u8>(ctx, n * 6, false).expect("pinned memory");

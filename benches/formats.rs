@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::codec::encode;
 use celer::matte::StageTimings;
-use celer::replica::cpu::CpuPipeline;
+use celer::replica::cpu::CpuStages;
 use celer::spec::PipelineSpec;
 use celer::stages::composite;
 use image::{ExtendedColorType, RgbaImage};
@@ -54,7 +54,7 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
     let spec = PipelineSpec::load_dir(&repo("onnx/u2netp")).expect("onnx/u2netp/celer.toml");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut pipeline = CpuPipeline::load(&spec, threads)
+    let mut pipeline = CpuStages::load(&spec, threads)
         .unwrap_or_else(|e| panic!("loading U2NetP: {e}; run `make models`"));
     let mut table = String::from(
         "| photo | size | source bytes | cut-out PNG, colour kept under alpha 0 (MB) | cut-out PNG (MB) | cut-out WebP lossless (MB) | WebP / PNG | alpha PNG (MB) | PNG encode ms (median of 5) | WebP encode ms (median of 5) |\n\

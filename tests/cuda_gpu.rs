@@ -1,4 +1,4 @@
-//! Every CUDA kernel against its CPU stage, and `GpuPipeline` against `Pipeline`, on a
+//! Every CUDA kernel against its CPU stage, and `GpuStages` against `Pipeline`, on a
 //! GPU: the real one where there is a CUDA driver, celer's stand-in driver otherwise
 //! (tests/gpu_support). Nothing here skips: a test that gets no GPU fails.
 //!
@@ -22,8 +22,8 @@ use std::sync::Arc;
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
 use celer::matte::StageTimings;
-use celer::replica::cpu::CpuPipeline;
-use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
+use celer::replica::cpu::CpuStages;
+use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
 use celer::spec::MattingSpec;
 use celer::spec::{Normalize, PipelineSpec, Scale};
 use celer::stages::lanes::Lanes;
@@ -420,7 +420,7 @@ fn fast_guided_filter_matches_the_cpu_stage() {
                 epsilon: eps,
                 subsample,
             };
-            // One allocation for every size, as GpuPipeline does for its limits.
+            // One allocation for every size, as GpuStages does for its limits.
             let mut filter = FastGuidedFilter::alloc(&s, params, 4032 * 3024, 4032, (mw, mh))
                 .expect("guided filter buffers");
             for (w, h) in AWKWARD {
@@ -585,8 +585,8 @@ fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
 
 fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
     let dev = gpu_support::gpu();
-    let mut cpu = CpuPipeline::load(spec, 2).expect("CPU pipeline");
-    let mut gpu = GpuPipeline::load(
+    let mut cpu = CpuStages::load(spec, 2).expect("CPU pipeline");
+    let mut gpu = GpuStages::load(
         spec,
         dev,
         ModelSource::OnnxRuntime { intra_threads: 2 },
@@ -678,8 +678,8 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     use celer::engines::dirs::EngineDirs;
     use celer::engines::plan::plan_gpus;
     use celer::replica::gpu::gpu_device_setup;
-    use celer::replica::PipelineJob;
-    use celer::sched::{Router, RouterConfig};
+    use celer::replica::MatteJob;
+    use celer::sched::{Scheduler, SchedulerConfig};
 
     let dev = gpu_support::gpu();
     let dir = repo("onnx/fixtures/classes-matting");
@@ -701,18 +701,18 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         2,
         GpuLimits::default(),
     );
-    let router = Router::start(vec![setup], RouterConfig::default());
+    let router = Scheduler::start(vec![setup], SchedulerConfig::default());
     router.wait_ready().expect("the GPU replicas load");
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
-    let mut cpu = CpuPipeline::load(&spec, 2).expect("CPU pipeline");
+    let mut cpu = CpuStages::load(&spec, 2).expect("CPU pipeline");
     for (w, h) in AWKWARD {
         let image = Arc::new(texture(w, h, 5));
         let ticket = router
             .submit(
-                PipelineJob {
+                MatteJob {
                     image: image.clone(),
                     timings: StageTimings::default(),
                     cutout: true,
@@ -795,7 +795,7 @@ fn pinned_staging_grows_with_the_images_served() {
     let dev = gpu_support::gpu();
     let spec = PipelineSpec::load_dir(&repo("onnx/fixtures/prob-guided")).expect("fixture");
     let limits = GpuLimits::default();
-    let mut pipeline = GpuPipeline::load(
+    let mut pipeline = GpuStages::load(
         &spec,
         dev,
         ModelSource::OnnxRuntime { intra_threads: 1 },
@@ -808,7 +808,7 @@ fn pinned_staging_grows_with_the_images_served() {
         at_load < 16 << 20,
         "{at_load} bytes pinned at load (the limits would pin {at_limits})"
     );
-    let run = |p: &mut GpuPipeline, w: u32, h: u32| {
+    let run = |p: &mut GpuStages, w: u32, h: u32| {
         p.run(&texture(w, h, 3), true, &mut StageTimings::default())
             .expect("served");
         p.pinned_host_bytes()

@@ -20,9 +20,9 @@ use axum::http::{header, Request, StatusCode};
 use celer::config::RequestLimits;
 use celer::http::{routes, AppState, FrontEnd};
 use celer::ort::session::OrtModel;
-use celer::replica::cpu::{CpuExecutor, CpuPipeline};
-use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use celer::replica::cpu::{CpuExecutor, CpuStages};
+use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::PipelineSpec;
 use common::{bright_rectangle, fixture_dir, png_bytes, StateOptions};
 use http_body_util::BodyExt;
@@ -41,10 +41,10 @@ struct Faulty {
 }
 
 impl Executor for Faulty {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
-    fn run_batch(&mut self, jobs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, jobs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         for job in jobs {
             match job.image.width() {
                 PANIC_WIDTH => panic!("injected: a stage panicked"),
@@ -80,24 +80,24 @@ fn faulty_app(replicas: usize, deadline: Duration) -> Served {
         let (spec, loads) = (spec.clone(), loads.clone());
         Arc::new(move |_replica: usize| {
             loads.fetch_add(1, Ordering::SeqCst);
-            let pipeline = CpuPipeline::load(&spec, 1)?;
+            let pipeline = CpuStages::load(&spec, 1)?;
             let model = OrtModel::load(&spec.segmentation.image.model, 1)?;
             Ok(Box::new(Faulty {
                 inner: CpuExecutor::new(pipeline),
                 model,
-            }) as BoxedPipelineExecutor)
+            }) as BoxedMatteExecutor)
         })
     };
-    let router = Router::start(
+    let router = Scheduler::start(
         vec![DeviceSetup {
             name: "cpu".into(),
             replicas,
             batching: spec.batching,
             load,
         }],
-        RouterConfig {
+        SchedulerConfig {
             health_check_interval: Duration::from_millis(200),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     router.wait_ready().expect("replicas load");
@@ -207,7 +207,11 @@ async fn a_panic_in_a_stage_is_a_500_and_the_replica_is_replaced() {
     // job, so one more request makes the count certain.
     assert_eq!(post_image(app, 64, 48).await.status, StatusCode::OK);
     assert_eq!(served.loads.load(Ordering::SeqCst), 5);
-    assert_eq!(served.state.router.in_flight(), 0, "every slot given back");
+    assert_eq!(
+        served.state.scheduler.in_flight(),
+        0,
+        "every slot given back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -224,7 +228,7 @@ async fn an_onnx_runtime_error_is_a_500_for_that_request_only() {
         assert_internal_error(&post_image(app, ORT_ERROR_WIDTH, 24).await);
         assert_eq!(post_image(app, 64, 48).await.status, StatusCode::OK);
     }
-    assert!(served.state.router.devices()[0].healthy);
+    assert!(served.state.scheduler.devices()[0].healthy);
     assert_eq!(
         served.loads.load(Ordering::SeqCst),
         2,
@@ -265,7 +269,7 @@ async fn a_stuck_replica_is_reported_and_routed_around() {
     // Reported, and the device still healthy: it has a working replica.
     assert_eq!(metric(app, "celer_replica_stuck_runs_total").await, 1.0);
     assert_eq!(metric(app, "celer_replicas_stuck").await, 1.0);
-    assert!(served.state.router.devices()[0].healthy);
+    assert!(served.state.scheduler.devices()[0].healthy);
     // When the run ends, the replica counts again.
     let ended = Instant::now();
     while metric(app, "celer_replicas_stuck").await != 0.0 {

@@ -24,23 +24,23 @@ use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
 use celer::matte::StageTimings;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
-use celer::replica::{PipelineJob, PipelineRouter};
+use celer::replica::{MatteJob, MatteScheduler};
 use celer::sched::metrics::DeviceLabel;
-use celer::sched::{Router, RouterConfig};
+use celer::sched::{Scheduler, SchedulerConfig};
 use celer::spec::PipelineSpec;
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use image::{GrayImage, RgbImage};
 
-fn serve(router: &PipelineRouter, image: &Arc<RgbImage>) -> Result<GrayImage, String> {
+fn serve(router: &MatteScheduler, image: &Arc<RgbImage>) -> Result<GrayImage, String> {
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
     let ticket = router
         .submit(
-            PipelineJob {
+            MatteJob {
                 image: image.clone(),
                 timings: StageTimings::default(),
                 cutout: true,
@@ -118,9 +118,9 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
             max_side_px: 2048,
         },
     );
-    let router = Router::start(
+    let router = Scheduler::start(
         vec![setup],
-        RouterConfig {
+        SchedulerConfig {
             health_check_interval: Duration::from_millis(100),
             ..Default::default()
         },

@@ -147,7 +147,10 @@ async fn refusals_before_the_body_reach_python_clients_on_a_kept_alive_connectio
     // 503: every slot is held (one replica, one queue place: two slots), so the server
     // refuses before reading.
     let state = fixture_state(6 << 20, 1);
-    let held = [state.router.admit().unwrap(), state.router.admit().unwrap()];
+    let held = [
+        state.scheduler.admit().unwrap(),
+        state.scheduler.admit().unwrap(),
+    ];
     let addr = serve(routes(state.clone()), ConnLimits::default()).await;
     let url = format!("http://{addr}/invocations");
     for client in CLIENTS {
@@ -165,7 +168,7 @@ async fn refusals_before_the_body_reach_python_clients_on_a_kept_alive_connectio
         assert_all_read(&report, 503, "overloaded");
     }
     drop(held);
-    assert_eq!(state.router.in_flight(), 0);
+    assert_eq!(state.scheduler.in_flight(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +211,7 @@ async fn stalled_uploads_hold_no_slot_and_get_408_within_the_body_limit() {
         let after = stalled["after_s"].as_f64().unwrap();
         assert!(after < 4.0, "408 after {after} s: {report}");
     }
-    assert_eq!(state.router.in_flight(), 0);
+    assert_eq!(state.scheduler.in_flight(), 0);
 }
 
 /// A stand-in app for the connection layer alone: `/ok`, `/big` (64 MiB), `/echo` (the
@@ -415,5 +418,5 @@ async fn a_trickled_body_gets_408_at_the_whole_body_limit_and_the_budget_bounds_
         .await
         .unwrap();
     assert_eq!(ok.status().as_u16(), 200);
-    assert_eq!(state.router.in_flight(), 0);
+    assert_eq!(state.scheduler.in_flight(), 0);
 }

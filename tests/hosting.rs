@@ -16,8 +16,8 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use celer::codec::decode::{self, DecodeLimits};
 use celer::http::{routes, AppState, FrontEnd};
-use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::OutputKind;
 use common::{app_state, fetched, fixture_dir, model_dir, StateOptions};
 use http_body_util::BodyExt;
@@ -451,10 +451,10 @@ async fn a_12_mp_photo_on_real_time_settings_fits_or_is_refused_clearly() {
 struct Breakable(Arc<std::sync::atomic::AtomicBool>);
 
 impl Executor for Breakable {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
-    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, inputs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         self.health_check()?;
         Ok(inputs
             .iter()
@@ -475,18 +475,18 @@ impl Executor for Breakable {
 async fn ping_fails_while_no_device_can_serve_and_recovers_with_it() {
     let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = broken.clone();
-    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+    let device: DeviceSetup<BoxedMatteExecutor> = DeviceSetup {
         name: "breakable".into(),
         replicas: 1,
         batching: Default::default(),
-        load: Arc::new(move |_| Ok(Box::new(Breakable(flag.clone())) as BoxedPipelineExecutor)),
+        load: Arc::new(move |_| Ok(Box::new(Breakable(flag.clone())) as BoxedMatteExecutor)),
     };
-    let router = Router::start(
+    let router = Scheduler::start(
         vec![device],
-        RouterConfig {
+        SchedulerConfig {
             unhealthy_after_failures: 1,
             health_check_interval: Duration::from_millis(20),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     router.wait_ready().unwrap();

@@ -767,11 +767,11 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 /// One CPU replica of `spec`, returned before it has loaded.
 fn unloaded_state(spec: &celer::spec::PipelineSpec) -> AppState {
     use celer::replica::cpu::cpu_device_setup;
-    use celer::sched::{Router, RouterConfig};
+    use celer::sched::{Scheduler, SchedulerConfig};
     let devices = vec![cpu_device_setup(spec, 1, 1, 0)];
-    let router = Router::start(
+    let router = Scheduler::start(
         devices,
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 4,
             ..Default::default()
         },
@@ -794,7 +794,7 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
         assert_eq!(json["replicas"], 1, "{json}");
         assert_eq!(json["replicas_loaded"], 0, "{json}");
     }
-    state.router.wait_ready().unwrap();
+    state.scheduler.wait_ready().unwrap();
     assert_ping_ok(&app).await;
 
     // Failed: a model file that is not a model.
@@ -807,7 +807,7 @@ async fn ping_is_503_while_loading_and_after_a_failed_load() {
     std::fs::write(dir.path().join("bogus.onnx"), b"not a model").unwrap();
     let spec = celer::cli::load_pipeline(dir.path()).unwrap();
     let state = unloaded_state(&spec);
-    assert!(state.router.wait_ready().is_err());
+    assert!(state.scheduler.wait_ready().is_err());
     let app = routes(Arc::new(state));
     let answer = send(&app, Request::get("/ping").body(Body::empty()).unwrap()).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::matte::StageTimings;
-use celer::replica::cpu::{cpu_cores, CpuPipeline};
+use celer::replica::cpu::{cpu_cores, CpuStages};
 use celer::spec::PipelineSpec;
 use image::{GrayImage, Rgb, RgbImage};
 
@@ -31,12 +31,12 @@ fn require(path: &Path) -> &Path {
     path
 }
 
-fn load(dir: &str) -> CpuPipeline {
+fn load(dir: &str) -> CpuStages {
     let spec = PipelineSpec::load_dir(&repo(dir)).expect("pipeline description");
     for (_, model) in spec.model_keys() {
         require(model);
     }
-    CpuPipeline::load(&spec, 2).expect("models load")
+    CpuStages::load(&spec, 2).expect("models load")
 }
 
 struct Agreement {
@@ -181,7 +181,7 @@ fn class_count_mismatch_is_an_error_not_a_panic() {
         .unwrap()
         .replace("class_values = [0, 128, 255]", "class_values = [0, 255]");
     let spec = PipelineSpec::parse(&text, &dir.join("celer.toml")).unwrap();
-    let mut pipeline = CpuPipeline::load(&spec, 1).unwrap();
+    let mut pipeline = CpuStages::load(&spec, 1).unwrap();
     let image = RgbImage::from_pixel(16, 16, Rgb([1, 2, 3]));
     let err = pipeline
         .run(&image, &mut StageTimings::default())
@@ -197,7 +197,7 @@ fn a_model_without_the_named_input_is_refused_at_load() {
         .unwrap()
         .replace("input = \"image\"", "input = \"pixels\"");
     let spec = PipelineSpec::parse(&text, &dir.join("celer.toml")).unwrap();
-    let err = CpuPipeline::load(&spec, 1)
+    let err = CpuStages::load(&spec, 1)
         .err()
         .expect("refused")
         .to_string();
@@ -229,8 +229,8 @@ fn solo_sessions_serve_a_lone_run_with_the_same_alpha() {
         let spec = PipelineSpec::load_dir(&repo(dir)).expect("pipeline description");
         let cores = Arc::new(cpu_cores(&spec, 1, 2).expect("solo sessions load"));
         assert!(cores.has_solo(), "{dir}");
-        let mut replica = CpuPipeline::on(&spec, 1, cores.clone()).expect("replica loads");
-        let run = |replica: &mut CpuPipeline| {
+        let mut replica = CpuStages::on(&spec, 1, cores.clone()).expect("replica loads");
+        let run = |replica: &mut CpuStages| {
             replica
                 .run(&image, &mut StageTimings::default())
                 .expect("pipeline runs")

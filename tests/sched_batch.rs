@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use celer::matte::StageTimings;
-use celer::replica::cpu::CpuPipeline;
+use celer::replica::cpu::CpuStages;
 use celer::spec::{BatchingSpec, PipelineSpec};
 use image::{Rgb, RgbImage};
 
@@ -36,7 +36,7 @@ fn batched_equals_alone(dir: &str) {
         max_batch: 4,
         max_wait_us: 0,
     };
-    let mut pipeline = CpuPipeline::load(&spec, 1).expect("fixture loads with batching");
+    let mut pipeline = CpuStages::load(&spec, 1).expect("fixture loads with batching");
     let images = images();
     let refs: Vec<&RgbImage> = images.iter().collect();
     let mut timings = vec![StageTimings::default(); refs.len()];
@@ -84,7 +84,7 @@ fn batching_is_refused_for_a_fixed_batch_dimension() {
         max_batch: 2,
         max_wait_us: 1_000,
     };
-    let error = match CpuPipeline::load(&spec, 1) {
+    let error = match CpuStages::load(&spec, 1) {
         Ok(_) => panic!("U2NetP's batch is fixed at 1: batching must be refused"),
         Err(e) => e.to_string(),
     };

@@ -16,8 +16,8 @@ use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
 use celer::http::{routes, AppState, FrontEnd};
 use celer::replica::cpu::cpu_device_setup;
-use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::{BatchingSpec, OutputKind, PipelineSpec};
 use http_body_util::BodyExt;
 use image::{Rgb, RgbImage};
@@ -28,10 +28,10 @@ use tower::ServiceExt;
 struct GatedPipeline(Arc<Gate>);
 
 impl Executor for GatedPipeline {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
-    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, inputs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         self.0.pass(vec![inputs.len() as u32])?;
         Ok(inputs
             .iter()
@@ -53,7 +53,7 @@ fn limits() -> RequestLimits {
 }
 
 /// The HTTP state over `router`, answering alpha PNGs by default.
-fn alpha_server(router: Router<BoxedPipelineExecutor>) -> Arc<AppState> {
+fn alpha_server(router: Scheduler<BoxedMatteExecutor>) -> Arc<AppState> {
     Arc::new(AppState::new(
         router,
         FrontEnd::new(limits(), OutputKind::Alpha),
@@ -123,21 +123,21 @@ fn assert_has(metrics: &str, line: &str) {
 async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
     let gate = Gate::closed();
     let held = gate.clone();
-    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+    let device: DeviceSetup<BoxedMatteExecutor> = DeviceSetup {
         name: "gated".into(),
         replicas: 1,
         batching: BatchingSpec::OFF,
-        load: Arc::new(move |_| Ok(Box::new(GatedPipeline(held.clone())) as BoxedPipelineExecutor)),
+        load: Arc::new(move |_| Ok(Box::new(GatedPipeline(held.clone())) as BoxedMatteExecutor)),
     };
-    let pipeline_router = Router::start(
+    let scheduler = Scheduler::start(
         vec![device],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 2,
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
-    pipeline_router.wait_ready().expect("ready");
-    let state = alpha_server(pipeline_router);
+    scheduler.wait_ready().expect("ready");
+    let state = alpha_server(scheduler);
     let app = routes(state.clone());
     let image = png(48, 32);
 
@@ -152,7 +152,7 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         clients.push(tokio::spawn(app.clone().oneshot(invocation(image.clone()))));
     }
     let deadline = Instant::now() + PATIENCE;
-    while state.router.in_flight() < 3 || state.router.devices()[0].queued < 2 {
+    while state.scheduler.in_flight() < 3 || state.scheduler.devices()[0].queued < 2 {
         assert!(
             Instant::now() < deadline,
             "the requests never filled the queue"
@@ -230,7 +230,7 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         &after,
         r#"celer_http_requests_total{path="/invocations",status="200",outcome="success"} 3"#,
     );
-    state.router.shutdown();
+    state.scheduler.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,11 +243,11 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         max_wait_us: 1_000,
     };
     let devices = vec![cpu_device_setup(&spec, 2, 1, 0)];
-    let pipeline_router = Router::start(devices, RouterConfig::default());
-    let loaded = tokio::task::block_in_place(|| pipeline_router.wait_ready());
+    let scheduler = Scheduler::start(devices, SchedulerConfig::default());
+    let loaded = tokio::task::block_in_place(|| scheduler.wait_ready());
     loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");
     let state = Arc::new(AppState::new(
-        pipeline_router,
+        scheduler,
         FrontEnd::new(limits(), OutputKind::Cutout),
     ));
     let app = routes(state.clone());
@@ -280,7 +280,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         &figures,
         r#"celer_inference_stage_duration_us_count{stage="model"} 6"#,
     );
-    state.router.shutdown();
+    state.scheduler.shutdown();
 }
 
 /// A device still loading (a GPU building its engines at start-up takes minutes) keeps
@@ -290,18 +290,18 @@ async fn ping_is_503_until_every_replica_has_loaded() {
     let (finish_loading, loading) = std::sync::mpsc::channel::<()>();
     let loading = std::sync::Mutex::new(loading);
     let gate = Gate::closed();
-    let device: DeviceSetup<BoxedPipelineExecutor> = DeviceSetup {
+    let device: DeviceSetup<BoxedMatteExecutor> = DeviceSetup {
         name: "slow-to-load".into(),
         replicas: 1,
         batching: BatchingSpec::OFF,
         load: Arc::new(move |_| {
             // Stands for an engine build: returns when the test says so.
             let _ = loading.lock().map(|rx| rx.recv());
-            Ok(Box::new(GatedPipeline(gate.clone())) as BoxedPipelineExecutor)
+            Ok(Box::new(GatedPipeline(gate.clone())) as BoxedMatteExecutor)
         }),
     };
-    let pipeline_router = Router::start(vec![device], RouterConfig::default());
-    let state = alpha_server(pipeline_router);
+    let scheduler = Scheduler::start(vec![device], SchedulerConfig::default());
+    let state = alpha_server(scheduler);
     let app = routes(state.clone());
 
     let ping = app.clone().oneshot(get("/ping")).await.expect("answer");
@@ -321,5 +321,5 @@ async fn ping_is_503_until_every_replica_has_loaded() {
         assert!(Instant::now() < deadline, "/ping never became 200");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    state.router.shutdown();
+    state.scheduler.shutdown();
 }

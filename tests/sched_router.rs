@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime};
 use celer::sched::{
-    Done, JobError, QueueBudget, Router, RouterConfig, Routing, SubmitError, Ticket,
+    Done, JobError, QueueBudget, Routing, Scheduler, SchedulerConfig, SubmitError, Ticket,
 };
 use celer::spec::BatchingSpec;
 use sched_support::{eventually, gated, Gate, GateExecutor};
@@ -36,9 +36,9 @@ fn answer_later(
 
 fn start(
     devices: Vec<celer::sched::DeviceSetup<GateExecutor>>,
-    config: RouterConfig,
-) -> Router<GateExecutor> {
-    let router = Router::start(devices, config);
+    config: SchedulerConfig,
+) -> Scheduler<GateExecutor> {
+    let router = Scheduler::start(devices, config);
     router.wait_ready().expect("gate devices load");
     router
 }
@@ -50,7 +50,7 @@ fn least_busy_places_by_estimated_completion() {
     let (fast, slow) = (Gate::closed(), Gate::closed());
     let router = start(
         vec![gated("fast", 1, OFF, &fast), gated("slow", 1, OFF, &slow)],
-        RouterConfig::default(),
+        SchedulerConfig::default(),
     );
     router.seed_service_time(0, Duration::from_millis(10));
     router.seed_service_time(1, Duration::from_millis(25));
@@ -77,7 +77,7 @@ fn an_unmeasured_device_is_tried_before_a_busy_measured_one() {
     let (a, b) = (Gate::closed(), Gate::closed());
     let router = start(
         vec![gated("a", 1, OFF, &a), gated("b", 1, OFF, &b)],
-        RouterConfig::default(),
+        SchedulerConfig::default(),
     );
     router.seed_service_time(0, Duration::from_millis(10));
     let first = router.submit(0, far()).expect("admitted");
@@ -103,10 +103,10 @@ fn round_robin_and_random_are_the_baselines() {
     };
     let rr = start(
         devices(&gates),
-        RouterConfig {
+        SchedulerConfig {
             routing: Routing::RoundRobin,
             // Seeded so that least busy would send everything to d2.
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     rr.seed_service_time(2, Duration::from_nanos(1));
@@ -118,10 +118,10 @@ fn round_robin_and_random_are_the_baselines() {
 
     let random = start(
         devices(&gates),
-        RouterConfig {
+        SchedulerConfig {
             routing: Routing::Random,
             queue_capacity: 100,
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     random.seed_service_time(2, Duration::from_nanos(1));
@@ -151,10 +151,10 @@ fn a_failing_device_is_avoided_until_a_health_check_passes() {
     bad.set_failing(true);
     let router = start(
         vec![gated("bad", 1, OFF, &bad), gated("good", 1, OFF, &good)],
-        RouterConfig {
+        SchedulerConfig {
             unhealthy_after_failures: 2,
             health_check_interval: Duration::from_millis(20),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     // bad looks fastest, so it gets every request while it is healthy.
@@ -200,10 +200,10 @@ fn in_flight_work_fails_over_once() {
             gated("first", 1, OFF, &first),
             gated("second", 1, OFF, &second),
         ],
-        RouterConfig {
+        SchedulerConfig {
             unhealthy_after_failures: 1,
             health_check_interval: Duration::from_secs(600),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     router.seed_service_time(0, Duration::from_nanos(1));
@@ -251,9 +251,9 @@ fn a_run_past_its_deadline_marks_the_device_unhealthy_and_moves_its_queue() {
             gated("stuck", 1, OFF, &stuck),
             gated("spare", 1, OFF, &spare),
         ],
-        RouterConfig {
+        SchedulerConfig {
             health_check_interval: Duration::from_millis(10),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     router.seed_service_time(0, Duration::from_nanos(1));
@@ -281,9 +281,9 @@ fn overload_is_refused_at_once_and_memory_stays_bounded() {
     let gate = Gate::closed();
     let router = start(
         vec![gated("only", 1, OFF, &gate)],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 2,
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     let running = router.submit(0, far()).expect("admitted");
@@ -319,10 +319,10 @@ fn the_global_in_flight_limit_refuses_before_any_queue_is_full() {
     let (a, b) = (Gate::closed(), Gate::closed());
     let router = start(
         vec![gated("a", 1, OFF, &a), gated("b", 1, OFF, &b)],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 16,
             max_in_flight: Some(3),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     let held: Vec<_> = (0..3)
@@ -346,10 +346,10 @@ fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
     let gate = Gate::closed();
     let router = start(
         vec![gated("slow", 1, OFF, &gate)],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 16,
             max_queue_wait: QueueBudget::Fixed(Duration::from_millis(250)),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     // 100 ms a request on one replica: the requests that find 0, 1 and 2 ahead of them
@@ -386,10 +386,10 @@ fn the_default_budget_is_a_number_of_measured_service_times() {
     let gate = Gate::closed();
     let router = start(
         vec![gated("slow", 1, OFF, &gate)],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 16,
             max_queue_wait: QueueBudget::ServiceTimes(2.5),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     // Before a service time is measured there is no budget: admission by count.
@@ -418,10 +418,10 @@ fn a_full_server_says_when_a_slot_is_expected_free() {
     let gate = Gate::closed();
     let router = start(
         vec![gated("slow", 2, OFF, &gate)],
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 16,
             max_in_flight: Some(4),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     router.seed_service_time(0, Duration::from_millis(400));
@@ -446,7 +446,10 @@ fn a_full_server_says_when_a_slot_is_expected_free() {
 #[test]
 fn expired_requests_are_dropped_before_they_run() {
     let gate = Gate::closed();
-    let router = start(vec![gated("only", 1, OFF, &gate)], RouterConfig::default());
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        SchedulerConfig::default(),
+    );
     let running = router.submit(0, far()).expect("admitted");
     gate.wait_entered(1);
     let expiring = router
@@ -465,7 +468,10 @@ fn expired_requests_are_dropped_before_they_run() {
 #[test]
 fn requests_whose_client_left_are_not_run() {
     let gate = Gate::closed();
-    let router = start(vec![gated("only", 1, OFF, &gate)], RouterConfig::default());
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        SchedulerConfig::default(),
+    );
     let running = router.submit(0, far()).expect("admitted");
     gate.wait_entered(1);
     let abandoned = router.submit(1, far()).expect("admitted");
@@ -496,7 +502,7 @@ fn batches_form_under_load_and_not_when_idle() {
     };
     let router = start(
         vec![gated("batched", 1, batching, &gate)],
-        RouterConfig::default(),
+        SchedulerConfig::default(),
     );
 
     // Idle: a lone request runs alone, at once.
@@ -527,10 +533,10 @@ fn with_no_healthy_device_requests_are_refused() {
     gate.set_failing(true);
     let router = start(
         vec![gated("only", 1, OFF, &gate)],
-        RouterConfig {
+        SchedulerConfig {
             unhealthy_after_failures: 1,
             health_check_interval: Duration::from_secs(600),
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     // The request whose run failed gets that failure (the server's error) or, when the
@@ -564,11 +570,11 @@ fn simulated_devices_run_through_the_same_router() {
         0.0,
         3,
     );
-    let router = Arc::new(Router::start(
+    let router = Arc::new(Scheduler::start(
         setups,
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: 512,
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     ));
     router.wait_ready().expect("simulated devices load");

@@ -14,7 +14,7 @@ use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
 use celer::engines::select::GpuModels;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
-use celer::sched::{Readiness, Router, RouterConfig};
+use celer::sched::{Readiness, Scheduler, SchedulerConfig};
 
 const HIDE_DRIVER: (&str, &str) = ("CELER_LIBCUDA_PATH", "/nonexistent/libcuda.so.1");
 
@@ -132,7 +132,7 @@ fn a_gpu_device_that_cannot_open_fails_its_load_and_the_router_says_why() {
     let setup = gpu_device_setup(&spec, plan, 2, 1, GpuLimits::default());
     assert_eq!(setup.name, "gpu0");
     assert_eq!(setup.replicas, 2);
-    let router = Router::start(vec![setup], RouterConfig::default());
+    let router = Scheduler::start(vec![setup], SchedulerConfig::default());
     let started = std::time::Instant::now();
     let reason = loop {
         match router.readiness() {

@@ -1,6 +1,6 @@
 //! TensorRT engines against ONNX Runtime, end to end on a GPU: U2NetP and the matting
 //! fixture are built with `engines::store` into a temporary engines folder, deserialised,
-//! and served by `GpuPipeline` from the engine; the same pipeline with ONNX Runtime for the
+//! and served by `GpuStages` from the engine; the same pipeline with ONNX Runtime for the
 //! models is the reference. Precisions: fp32 and fp16 on TensorRT 10, the model's own on
 //! 11. (ISNet, fetched by `make models-all`, is tests/tensorrt_engine_isnet.rs.)
 //!

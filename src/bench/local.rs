@@ -11,7 +11,7 @@ use crate::codec::{render, RenderError};
 use crate::matte::StageTimings;
 use crate::ort::session::OpThreads;
 use crate::ort::OrtError;
-use crate::replica::cpu::{cpu_cores, timed_cutout, CpuPipeline, PipelineError};
+use crate::replica::cpu::{cpu_cores, timed_cutout, CpuError, CpuStages};
 use crate::spec::{OutputKind, PipelineSpec};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,7 +19,7 @@ pub enum LocalBenchError {
     #[error(transparent)]
     Backend(#[from] OrtError),
     #[error(transparent)]
-    Pipeline(#[from] PipelineError),
+    Pipeline(#[from] CpuError),
     #[error(transparent)]
     Render(#[from] RenderError),
     #[error(transparent)]
@@ -42,7 +42,7 @@ pub fn stage_timings(
     iterations: usize,
 ) -> Result<Vec<StageTimings>, LocalBenchError> {
     let cores = Arc::new(cpu_cores(spec, threads, solo_threads)?);
-    let mut pipeline = CpuPipeline::on(spec, threads, cores)?;
+    let mut pipeline = CpuStages::on(spec, threads, cores)?;
     let mut measured = Vec::with_capacity(iterations);
     for i in 0..warmup + iterations {
         let t = Instant::now();

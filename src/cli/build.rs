@@ -26,7 +26,7 @@ use crate::engines::store::{
     StoredEngine,
 };
 use crate::ort::session::OrtModel;
-use crate::replica::cpu::CpuPipeline;
+use crate::replica::cpu::CpuStages;
 use crate::spec::PipelineSpec;
 use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
@@ -121,7 +121,7 @@ fn validate_on_cpu(
             .with_context(|| format!("optimisation profile for {}", m.path.display()))?;
         print_profile(&profile);
     }
-    CpuPipeline::load(spec, 1)
+    CpuStages::load(spec, 1)
         .with_context(|| format!("the models do not fit {}", spec.source.display()))?;
     println!(
         "ONNX Runtime: every model loads and fits {}",

@@ -10,7 +10,7 @@ use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::plan_gpus;
 use crate::replica::cpu::cpu_device_setup;
 use crate::replica::gpu::{gpu_device_setup, GpuLimits};
-use crate::replica::BoxedPipelineExecutor;
+use crate::replica::BoxedMatteExecutor;
 use crate::sched::{Device, DeviceSetup};
 use crate::spec::PipelineSpec;
 
@@ -23,7 +23,7 @@ pub fn device_setups(
     replicas: &Replicas,
     device: &Devices,
     max_pixels: u64,
-) -> anyhow::Result<Vec<DeviceSetup<BoxedPipelineExecutor>>> {
+) -> anyhow::Result<Vec<DeviceSetup<BoxedMatteExecutor>>> {
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();

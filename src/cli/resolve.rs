@@ -9,7 +9,7 @@ use super::args::ServeArgs;
 use crate::codec::decode::DecodeLimits;
 use crate::config::hosting::{BatchJob, Explicit};
 use crate::config::{ConfigError, Fetch, HostingPlan, RequestLimits, ServerConfig};
-use crate::sched::{QueueBudget, RouterConfig};
+use crate::sched::{QueueBudget, SchedulerConfig};
 
 /// The server's configuration from `args` and the environment, read through `var`
 /// (`std::env::var` in the server): a hosting mode's limits under the settings given
@@ -49,13 +49,13 @@ pub fn resolve(
             } else {
                 QueueBudget::ServiceTimes(2.0)
             });
-    let router = RouterConfig {
+    let scheduler = SchedulerConfig {
         routing: args.admission.routing,
         queue_capacity: hosting.queue_capacity(args.admission.queue_capacity),
         max_in_flight: args.admission.max_in_flight,
         max_queue_wait,
         health_check_interval: Duration::from_millis(args.admission.health_check_interval_ms),
-        ..RouterConfig::default()
+        ..SchedulerConfig::default()
     };
     let mut replicas = args.runtime.replicas();
     replicas.replicas = hosting.replicas;
@@ -69,7 +69,7 @@ pub fn resolve(
             .limits()
             .fit_to_bodies(requests.max_body_bytes, requests.deadline),
         requests,
-        router,
+        scheduler,
         replicas,
         devices: args.device.devices(),
         fetch: Fetch {
@@ -108,12 +108,12 @@ mod tests {
             ],
         );
         assert_eq!(c.hosting.mode, HostingMode::Batch);
-        assert_eq!(c.router.queue_capacity, 12);
-        assert_eq!(c.router.max_queue_wait, QueueBudget::Off);
+        assert_eq!(c.scheduler.queue_capacity, 12);
+        assert_eq!(c.scheduler.max_queue_wait, QueueBudget::Off);
         // A wait budget given explicitly holds in every mode.
         let c = resolved(&["--max-queue-wait=3s"], &[("SAGEMAKER_BATCH", "true")]);
         assert_eq!(
-            c.router.max_queue_wait,
+            c.scheduler.max_queue_wait,
             QueueBudget::Fixed(Duration::from_secs(3))
         );
     }
@@ -121,7 +121,7 @@ mod tests {
     #[test]
     fn realtime_defaults_to_two_service_times_and_serverless_to_one_replica() {
         let c = resolved(&[], &[]);
-        assert_eq!(c.router.max_queue_wait, QueueBudget::ServiceTimes(2.0));
+        assert_eq!(c.scheduler.max_queue_wait, QueueBudget::ServiceTimes(2.0));
         assert_eq!(c.replicas.replicas, None);
         let c = resolved(&["--hosting=serverless"], &[]);
         assert_eq!(c.replicas.replicas, Some(1));

@@ -15,8 +15,8 @@ use super::args::{DeviceArgs, RuntimeArgs};
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::render;
 use crate::matte::StageTimings;
-use crate::replica::{BoxedPipelineExecutor, PipelineJob, PipelineRouter};
-use crate::sched::{Router, RouterConfig, Ticket};
+use crate::replica::{BoxedMatteExecutor, MatteJob, MatteScheduler};
+use crate::sched::{Scheduler, SchedulerConfig, Ticket};
 use crate::spec::OutputKind;
 
 #[derive(Debug, Clone, Args)]
@@ -58,11 +58,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     )?;
     // Two images per replica in flight: one running, one decoded and waiting.
     let in_flight = devices.iter().map(|d| d.replicas).sum::<usize>() * 2;
-    let pool = Router::start(
+    let pool = Scheduler::start(
         devices,
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: in_flight,
-            ..RouterConfig::default()
+            ..SchedulerConfig::default()
         },
     );
     pool.wait_ready()
@@ -105,10 +105,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 struct Pending {
     file: PathBuf,
-    ticket: Ticket<BoxedPipelineExecutor>,
+    ticket: Ticket<BoxedMatteExecutor>,
 }
 
-fn submit(pool: &PipelineRouter, file: &Path, output: OutputKind) -> anyhow::Result<Pending> {
+fn submit(pool: &MatteScheduler, file: &Path, output: OutputKind) -> anyhow::Result<Pending> {
     let bytes = std::fs::read(file).context("cannot read")?;
     let t = Instant::now();
     let image = Arc::new(decode(&bytes, &DecodeLimits::default())?);
@@ -117,7 +117,7 @@ fn submit(pool: &PipelineRouter, file: &Path, output: OutputKind) -> anyhow::Res
         ..StageTimings::default()
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
-    let job = PipelineJob::new(image, timings, output);
+    let job = MatteJob::new(image, timings, output);
     let ticket = pool.submit(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
         file: file.to_path_buf(),

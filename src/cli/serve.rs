@@ -11,7 +11,7 @@ use super::args::ServeArgs;
 use crate::config::ServerConfig;
 use crate::host::cpus::CpuBudget;
 use crate::http::{routes, AppState, FrontEnd, Hosting, ServedModel, UrlFetcher};
-use crate::sched::{Readiness, Router};
+use crate::sched::{Readiness, Scheduler};
 
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
 static HEAP_TRIM: OnceLock<fn()> = OnceLock::new();
@@ -73,11 +73,11 @@ async fn trim_when_idle(state: Arc<AppState>) {
             heap_trim();
         }
     }
-    let mut idle = IdleTrim::new(state.router.admitted(), Instant::now());
+    let mut idle = IdleTrim::new(state.scheduler.admitted(), Instant::now());
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        let (in_flight, admitted) = (state.router.in_flight(), state.router.admitted());
+        let (in_flight, admitted) = (state.scheduler.in_flight(), state.scheduler.admitted());
         if idle.tick(Instant::now(), in_flight, admitted) {
             let _ = tokio::task::spawn_blocking(trim).await;
         }
@@ -122,7 +122,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_batch = spec.batching.max_batch,
         "starting the devices"
     );
-    let router = Router::start(setups, config.router.clone());
+    let scheduler = Scheduler::start(setups, config.scheduler.clone());
     let front = FrontEnd {
         limits: config.requests.clone(),
         default_output: spec.default_output,
@@ -132,14 +132,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             config.hosting.max_body_bytes,
         ),
         server_timing: config.server_timing,
-        hosting: Hosting::from_plan(&config.hosting, router.admission_limit()),
+        hosting: Hosting::from_plan(&config.hosting, scheduler.admission_limit()),
         model: ServedModel {
             name: config.model_name.clone(),
             max_batch: spec.batching.max_batch,
             max_wait_us: spec.batching.max_wait_us,
         },
     };
-    let state = Arc::new(AppState::new(router, front));
+    let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))
 }
 
@@ -214,10 +214,10 @@ async fn run_server(
 /// Logs when every replica is ready; on a load failure stops the server and returns it.
 async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> Option<String> {
     loop {
-        match state.router.readiness() {
+        match state.scheduler.readiness() {
             Readiness::Ready => {
                 let devices: Vec<String> = state
-                    .router
+                    .scheduler
                     .devices()
                     .iter()
                     .map(|d| format!("{} x{}", d.name, d.replicas))

@@ -12,7 +12,7 @@ use clap::Args;
 use crate::sched::sim::{
     drive, parse_sim_devices, sim_devices, Arrivals, LoadReport, LoadSpec, ServiceTime,
 };
-use crate::sched::{Router, RouterConfig, Routing};
+use crate::sched::{Routing, Scheduler, SchedulerConfig};
 use crate::spec::BatchingSpec;
 
 #[derive(Debug, Clone, Args)]
@@ -106,12 +106,12 @@ impl Sim {
             0.0,
             seed,
         );
-        let router = Arc::new(Router::start(
+        let router = Arc::new(Scheduler::start(
             setups,
-            RouterConfig {
+            SchedulerConfig {
                 routing: point.routing,
                 queue_capacity: point.queue,
-                ..RouterConfig::default()
+                ..SchedulerConfig::default()
             },
         ));
         router.wait_ready().map_err(anyhow::Error::msg)?;

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::codec::decode::DecodeLimits;
-use crate::sched::{DeviceSelection, RouterConfig};
+use crate::sched::{DeviceSelection, SchedulerConfig};
 
 pub use conn::ConnLimits;
 pub use hosting::{HostingMode, HostingPlan};
@@ -68,7 +68,7 @@ pub struct ServerConfig {
     pub requests: RequestLimits,
     /// Fitted to the hosting mode's largest body (`ConnLimits::fit_to_bodies`).
     pub connections: ConnLimits,
-    pub router: RouterConfig,
+    pub scheduler: SchedulerConfig,
     pub replicas: Replicas,
     pub devices: Devices,
     pub fetch: Fetch,
@@ -120,10 +120,10 @@ impl fmt::Display for ServerConfig {
         writeln!(
             f,
             "routing {}, queue {} per device, in flight {}, queue wait budget {}",
-            self.router.routing,
-            self.router.queue_capacity,
-            count(self.router.max_in_flight),
-            self.router.max_queue_wait
+            self.scheduler.routing,
+            self.scheduler.queue_capacity,
+            count(self.scheduler.max_in_flight),
+            self.scheduler.max_queue_wait
         )?;
         writeln!(
             f,

@@ -137,7 +137,7 @@ impl Hosting {
 pub async fn execution_parameters(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let hosting = &state.hosting;
     Json(serde_json::json!({
-        "MaxConcurrentTransforms": hosting.concurrency(&state.router.devices()),
+        "MaxConcurrentTransforms": hosting.concurrency(&state.scheduler.devices()),
         "BatchStrategy": BatchStrategy::SingleRecord.name(),
         "MaxPayloadInMB": hosting.max_payload_in_mb,
     }))

@@ -23,7 +23,7 @@ use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::matte::StageTimings;
-use crate::replica::{PipelineJob, PipelineOutput};
+use crate::replica::{MatteJob, MatteOutput};
 use crate::sched::Admission;
 use crate::spec::OutputKind;
 use image::RgbImage;
@@ -106,7 +106,7 @@ pub async fn invocations(
 
 /// What a device made of one image, and how long the image waited for it.
 pub(super) struct Served {
-    pub output: PipelineOutput,
+    pub output: MatteOutput,
     pub queued: Duration,
 }
 
@@ -125,8 +125,8 @@ pub(super) async fn run_image(
         decode: decode_time,
         ..StageTimings::default()
     };
-    let job = PipelineJob::new(Arc::new(image), timings, output);
-    let ticket = state.router.submit_admitted(admission, job, deadline)?;
+    let job = MatteJob::new(Arc::new(image), timings, output);
+    let ticket = state.scheduler.submit_admitted(admission, job, deadline)?;
     let done = ticket.wait().await?;
     Ok(Served {
         output: done.output,
@@ -146,9 +146,9 @@ pub(super) async fn admit_and_read(
     body: Body,
 ) -> Result<(Admission, Bytes), ApiError> {
     check_declared_length(headers, state.limits.max_body_bytes)?;
-    state.router.check_admission()?;
+    state.scheduler.check_admission()?;
     let bytes = read_body(body, state.limits.max_body_bytes).await?;
-    let admission = state.router.admit()?;
+    let admission = state.scheduler.admit()?;
     Ok((admission, bytes))
 }
 

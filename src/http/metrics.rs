@@ -133,7 +133,7 @@ pub async fn track(State(state): State<Arc<AppState>>, request: Request, next: N
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    state.router.refresh_gauges();
+    state.scheduler.refresh_gauges();
     match state.metrics.encode() {
         Ok(text) => {
             let mut response = (StatusCode::OK, Body::from(text)).into_response();

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::config::RequestLimits;
-use crate::replica::PipelineRouter;
+use crate::replica::MatteScheduler;
 use crate::sched::Readiness;
 use crate::spec::OutputKind;
 use error::ApiError;
@@ -33,7 +33,7 @@ pub use metrics::HttpMetrics;
 
 /// Everything a handler needs, shared by all requests.
 pub struct AppState {
-    pub router: PipelineRouter,
+    pub scheduler: MatteScheduler,
     pub limits: RequestLimits,
     pub default_output: OutputKind,
     /// `None`: JSON bodies may not name a `url`.
@@ -94,10 +94,10 @@ impl Default for ServedModel {
 }
 
 impl AppState {
-    pub fn new(router: PipelineRouter, front: FrontEnd) -> Self {
-        let metrics = HttpMetrics::new(router.metrics());
+    pub fn new(scheduler: MatteScheduler, front: FrontEnd) -> Self {
+        let metrics = HttpMetrics::new(scheduler.metrics());
         Self {
-            router,
+            scheduler,
             limits: front.limits,
             default_output: front.default_output,
             fetcher: front.fetcher,
@@ -109,7 +109,7 @@ impl AppState {
     }
 }
 
-/// The HTTP routes (an axum `Router`; the scheduler's router is `AppState::router`).
+/// The HTTP routes (an axum `Router`; the scheduler behind them is `AppState::scheduler`).
 pub fn routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/ping", get(ping))
@@ -170,8 +170,8 @@ async fn method_not_allowed() -> ApiError {
 /// if loading failed, and while every device is unhealthy (SageMaker then replaces the
 /// instance). Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
-    match state.router.readiness() {
-        Readiness::Ready if !state.router.devices().iter().any(|d| d.healthy) => (
+    match state.scheduler.readiness() {
+        Readiness::Ready if !state.scheduler.devices().iter().any(|d| d.healthy) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({ "status": "unhealthy", "reason": "no device can serve" })),
         )

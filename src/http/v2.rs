@@ -103,8 +103,8 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 
 /// 200 and true when the replicas are loaded and a device is healthy, else 503 and false.
 fn readiness(state: &AppState) -> (StatusCode, bool) {
-    let ready = matches!(state.router.readiness(), Readiness::Ready)
-        && state.router.devices().iter().any(|d| d.healthy);
+    let ready = matches!(state.scheduler.readiness(), Readiness::Ready)
+        && state.scheduler.devices().iter().any(|d| d.healthy);
     if ready {
         (StatusCode::OK, true)
     } else {

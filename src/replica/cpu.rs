@@ -11,7 +11,7 @@ use image::{GrayImage, RgbImage, RgbaImage};
 
 use super::cores::CoreShare;
 use super::models::{self, nchw, ModelError};
-use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::matte::{Matte, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::ort::OrtError;
@@ -24,7 +24,7 @@ use crate::tensor::Tensor;
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
 #[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
+pub enum CpuError {
     #[error(transparent)]
     Backend(#[from] OrtError),
     #[error(transparent)]
@@ -43,8 +43,8 @@ pub enum PipelineError {
 }
 
 /// The error of `stage`, for `map_err`.
-fn in_stage(stage: &'static str) -> impl Fn(StageError) -> PipelineError {
-    move |source| PipelineError::Stage { stage, source }
+fn in_stage(stage: &'static str) -> impl Fn(StageError) -> CpuError {
+    move |source| CpuError::Stage { stage, source }
 }
 
 /// How a set of sessions makes the alpha at the source size. The matting model's session
@@ -73,7 +73,7 @@ struct MattingModel {
 impl Matting {
     /// The matting `spec` describes, its model (if any) on `threads`, checked against the
     /// names the description gives.
-    fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
+    fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, CpuError> {
         Ok(match &spec.matting {
             &MattingSpec::GuidedFilter {
                 radius_px,
@@ -111,7 +111,7 @@ pub struct Sessions {
 impl Sessions {
     /// Every model of `spec` on `threads`, checked against the names the description
     /// gives.
-    pub fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, PipelineError> {
+    pub fn load(spec: &PipelineSpec, threads: OpThreads) -> Result<Self, CpuError> {
         let segmentation = models::segmentation(spec).load_ort(threads)?;
         check_batching(&segmentation, spec)?;
         let matting = Matting::load(spec, threads)?;
@@ -136,7 +136,7 @@ pub fn cpu_cores(
     spec: &PipelineSpec,
     replica_threads: usize,
     solo_threads: usize,
-) -> Result<CpuCores, PipelineError> {
+) -> Result<CpuCores, CpuError> {
     let solo = (solo_threads > replica_threads)
         .then(|| {
             Sessions::load(
@@ -154,7 +154,7 @@ pub fn cpu_cores(
 /// One replica on the CPU: its own sessions (so `run` needs no lock), the device's solo
 /// sessions it may borrow, and scratch reused from request to request, so the hot path
 /// allocates little.
-pub struct CpuPipeline {
+pub struct CpuStages {
     sessions: Sessions,
     cores: Arc<CpuCores>,
     /// Requests waiting for the device as the next run starts (`note_waiting`).
@@ -190,10 +190,10 @@ fn prepare_into(
     preprocess::normalize_into(resized, &spec.normalize, out);
 }
 
-impl CpuPipeline {
+impl CpuStages {
     /// A replica alone on the cores: every model of `spec` with `intra_threads` ONNX
     /// Runtime threads each, checked against the names the description gives.
-    pub fn load(spec: &PipelineSpec, intra_threads: usize) -> Result<Self, PipelineError> {
+    pub fn load(spec: &PipelineSpec, intra_threads: usize) -> Result<Self, CpuError> {
         Self::on(spec, intra_threads, Arc::new(CoreShare::new(None)))
     }
 
@@ -203,7 +203,7 @@ impl CpuPipeline {
         spec: &PipelineSpec,
         intra_threads: usize,
         cores: Arc<CpuCores>,
-    ) -> Result<Self, PipelineError> {
+    ) -> Result<Self, CpuError> {
         let sessions = Sessions::load(spec, intra_threads.into())?;
         Ok(Self {
             sessions,
@@ -221,14 +221,10 @@ impl CpuPipeline {
 
     /// Runs every stage between decode and composite on `image`, recording the time of
     /// each in `timings`: a batch of one.
-    pub fn run(
-        &mut self,
-        image: &RgbImage,
-        timings: &mut StageTimings,
-    ) -> Result<Matte, PipelineError> {
+    pub fn run(&mut self, image: &RgbImage, timings: &mut StageTimings) -> Result<Matte, CpuError> {
         self.run_batch(&[image], std::slice::from_mut(timings))?
             .pop()
-            .ok_or_else(|| PipelineError::Batch {
+            .ok_or_else(|| CpuError::Batch {
                 stage: "batch",
                 reason: "no matte for the image".into(),
             })
@@ -248,7 +244,7 @@ impl CpuPipeline {
         &mut self,
         images: &[&RgbImage],
         timings: &mut [StageTimings],
-    ) -> Result<Vec<Matte>, PipelineError> {
+    ) -> Result<Vec<Matte>, CpuError> {
         let running = self.cores.enter();
         let mut solo = self
             .cores
@@ -271,9 +267,9 @@ impl Stages {
         sessions: &mut Sessions,
         images: &[&RgbImage],
         timings: &mut [StageTimings],
-    ) -> Result<Vec<Matte>, PipelineError> {
+    ) -> Result<Vec<Matte>, CpuError> {
         if images.len() != timings.len() {
-            return Err(PipelineError::Batch {
+            return Err(CpuError::Batch {
                 stage: "batch",
                 reason: format!("{} images but {} timings", images.len(), timings.len()),
             });
@@ -314,7 +310,7 @@ impl Stages {
         image: &RgbImage,
         out: &Tensor,
         timings: &mut StageTimings,
-    ) -> Result<Matte, PipelineError> {
+    ) -> Result<Matte, CpuError> {
         let (width, height) = image.dimensions();
         let t = Instant::now();
         let (mut small_trimap, coarse) = self.trimap(out)?;
@@ -370,7 +366,7 @@ impl Stages {
     }
 
     /// The trimap at the segmentation output's resolution, and the coarse mask in [0, 1].
-    fn trimap(&self, out: &Tensor) -> Result<(GrayImage, Plane), PipelineError> {
+    fn trimap(&self, out: &Tensor) -> Result<(GrayImage, Plane), CpuError> {
         match &self.spec.segmentation.mask {
             MaskKind::Probability { minmax } => {
                 let mask = trimap::probability_mask(out, *minmax).map_err(in_stage("trimap"))?;
@@ -397,7 +393,7 @@ fn run_matting_model(
     spec: &ImageInputSpec,
     trimap_input: &str,
     output: &str,
-) -> Result<Plane, PipelineError> {
+) -> Result<Plane, CpuError> {
     let trimap = resample::resize_nearest(small_trimap, spec.width, spec.height);
     let trimap: Vec<f32> = trimap
         .as_raw()
@@ -413,7 +409,7 @@ fn run_matting_model(
     )?;
     match out.shape.as_slice() {
         [1, 1, h, w] => Ok(Plane::new(*w as u32, *h as u32, out.data)),
-        shape => Err(PipelineError::AlphaShape(shape.to_vec())),
+        shape => Err(CpuError::AlphaShape(shape.to_vec())),
     }
 }
 
@@ -446,9 +442,9 @@ fn check_batching(model: &OrtModel, spec: &PipelineSpec) -> Result<(), OrtError>
 }
 
 /// Splits a [N, ...] model output into N outputs of shape [1, ...].
-fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, PipelineError> {
+fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, CpuError> {
     if out.shape.first() != Some(&n) || n == 0 || !out.data.len().is_multiple_of(n) {
-        return Err(PipelineError::Batch {
+        return Err(CpuError::Batch {
             stage: "model",
             reason: format!("a batch of {n} gave an output of shape {:?}", out.shape),
         });
@@ -479,22 +475,22 @@ pub fn timed_cutout(image: &RgbImage, matte: &Matte, timings: &mut StageTimings)
 
 /// One CPU replica as the scheduler runs it.
 pub struct CpuExecutor {
-    pipeline: CpuPipeline,
+    pipeline: CpuStages,
 }
 
 impl CpuExecutor {
-    pub fn new(pipeline: CpuPipeline) -> Self {
+    pub fn new(pipeline: CpuStages) -> Self {
         Self { pipeline }
     }
 }
 
 impl Executor for CpuExecutor {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
     /// One segmentation run for the batch; each job that asked for the cut-out gets it
     /// composited here, on the replica, as a GPU makes it on the device.
-    fn run_batch(&mut self, jobs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, jobs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         let images: Vec<&RgbImage> = jobs.iter().map(|j| j.image.as_ref()).collect();
         let mut timings: Vec<StageTimings> = jobs.iter().map(|j| j.timings).collect();
         let mattes = self.pipeline.run_batch(&images, &mut timings)?;
@@ -506,7 +502,7 @@ impl Executor for CpuExecutor {
                 let cutout = job
                     .cutout
                     .then(|| timed_cutout(&job.image, &matte, &mut timings));
-                PipelineOutput {
+                MatteOutput {
                     matte,
                     cutout,
                     timings,
@@ -536,13 +532,13 @@ pub fn cpu_device_setup(
     replicas: usize,
     threads: usize,
     solo_threads: usize,
-) -> DeviceSetup<BoxedPipelineExecutor> {
+) -> DeviceSetup<BoxedMatteExecutor> {
     let batching = spec.batching;
     let spec = spec.clone();
     // Loaded with the first replica (loading can fail, and fails as a replica's load
     // does), then shared by every replica of the device, replacements included.
     let cores: Arc<std::sync::Mutex<Option<Arc<CpuCores>>>> = Arc::default();
-    let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |_replica| {
+    let load: LoadFn<BoxedMatteExecutor> = Arc::new(move |_replica| {
         let shared = {
             let mut cores = cores.lock().unwrap_or_else(|p| p.into_inner());
             match &*cores {
@@ -552,8 +548,8 @@ pub fn cpu_device_setup(
                     .clone(),
             }
         };
-        let pipeline = CpuPipeline::on(&spec, threads, shared)?;
-        Ok(Box::new(CpuExecutor::new(pipeline)) as BoxedPipelineExecutor)
+        let pipeline = CpuStages::on(&spec, threads, shared)?;
+        Ok(Box::new(CpuExecutor::new(pipeline)) as BoxedMatteExecutor)
     });
     DeviceSetup {
         name: Device::Cpu.to_string(),

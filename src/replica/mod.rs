@@ -16,13 +16,13 @@ use std::sync::Arc;
 use image::{RgbImage, RgbaImage};
 
 use crate::matte::{Matte, StageTimings};
-use crate::sched::{Executor, Router};
+use crate::sched::{Executor, Scheduler};
 use crate::spec::OutputKind;
 
 /// The device stages' input: a decoded image, the times of the stages before, and
 /// whether the answer shows the cut-out (decided once, from the output kind).
 #[derive(Debug, Clone)]
-pub struct PipelineJob {
+pub struct MatteJob {
     pub image: Arc<RgbImage>,
     pub timings: StageTimings,
     /// Make the RGBA cut-out too: the GPU before its one download, the CPU on its
@@ -30,7 +30,7 @@ pub struct PipelineJob {
     pub cutout: bool,
 }
 
-impl PipelineJob {
+impl MatteJob {
     pub fn new(image: Arc<RgbImage>, timings: StageTimings, output: OutputKind) -> Self {
         Self {
             image,
@@ -41,7 +41,7 @@ impl PipelineJob {
 }
 
 #[derive(Debug)]
-pub struct PipelineOutput {
+pub struct MatteOutput {
     pub matte: Matte,
     /// The cut-out: `Some` exactly when the job asked for it.
     pub cutout: Option<RgbaImage>,
@@ -50,10 +50,10 @@ pub struct PipelineOutput {
 
 /// Any executor of the pipeline's stages: the CPU's (`cpu::CpuExecutor`), a GPU's
 /// (`gpu::GpuExecutor`), a stand-in in tests.
-pub type BoxedPipelineExecutor = Box<dyn Executor<Input = PipelineJob, Output = PipelineOutput>>;
+pub type BoxedMatteExecutor = Box<dyn Executor<Input = MatteJob, Output = MatteOutput>>;
 
 /// The scheduler `celer serve` and `celer run` use: the real pipeline on every device.
-pub type PipelineRouter = Router<BoxedPipelineExecutor>;
+pub type MatteScheduler = Scheduler<BoxedMatteExecutor>;
 
 /// The image a health check runs: small and not uniform, so every stage (min-max,
 /// trimap, matting) has work.
@@ -69,8 +69,8 @@ pub(crate) fn health_check_image() -> RgbImage {
 }
 
 /// A health check's job: its image, alpha only.
-pub(crate) fn health_check_job() -> PipelineJob {
-    PipelineJob {
+pub(crate) fn health_check_job() -> MatteJob {
+    MatteJob {
         image: Arc::new(health_check_image()),
         timings: StageTimings::default(),
         cutout: false,

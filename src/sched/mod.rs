@@ -13,7 +13,7 @@ pub mod device;
 mod executor;
 mod job;
 pub mod metrics;
-mod router;
+mod scheduler;
 pub mod sim;
 mod state;
 mod worker;
@@ -23,9 +23,9 @@ use std::time::Duration;
 pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor, LoadFn, Recovery};
 pub use metrics::SchedMetrics;
-pub use router::{
+pub use scheduler::{
     estimated_completion, Admission, Answer, DeviceSetup, DeviceView, QueueBudget,
-    QueueBudgetError, Router, RouterConfig, Routing, Ticket,
+    QueueBudgetError, Routing, Scheduler, SchedulerConfig, Ticket,
 };
 
 /// A finished request: the executor's output and where and how it ran.

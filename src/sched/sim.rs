@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::router::{DeviceSetup, Router};
+use super::scheduler::{DeviceSetup, Scheduler};
 use super::{ExecError, Executor, SubmitError};
 use crate::spec::BatchingSpec;
 
@@ -214,7 +214,7 @@ pub struct LoadReport {
     /// Mean cost of one `submit` call (admission, placement, enqueue and the wake-up of
     /// a sleeping replica), nanoseconds.
     pub submit_ns: f64,
-    /// Mean cost of the placement decision alone (`Router::choose` under the same live
+    /// Mean cost of the placement decision alone (`Scheduler::choose` under the same live
     /// load, sampled every `DECISION_SAMPLE_EVERY` requests), nanoseconds.
     pub decision_ns: f64,
 }
@@ -225,7 +225,7 @@ const DECISION_SAMPLE_EVERY: usize = 32;
 const DECISIONS_PER_SAMPLE: u32 = 16;
 
 /// Mean time of one placement decision on `router` as it is now.
-fn time_decisions<E: Executor>(router: &Router<E>) -> Duration {
+fn time_decisions<E: Executor>(router: &Scheduler<E>) -> Duration {
     let t = Instant::now();
     for _ in 0..DECISIONS_PER_SAMPLE {
         let _ = std::hint::black_box(router.choose());
@@ -243,7 +243,7 @@ struct Sample {
 /// Runs `load` against `router`; answers are awaited on `runtime`. Blocks until every
 /// admitted request has its answer.
 pub fn drive<E>(
-    router: &Arc<Router<E>>,
+    router: &Arc<Scheduler<E>>,
     runtime: &tokio::runtime::Runtime,
     load: &LoadSpec,
 ) -> LoadReport

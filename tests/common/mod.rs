@@ -10,7 +10,7 @@ use celer::codec::decode::DecodeLimits;
 use celer::config::RequestLimits;
 use celer::http::{AppState, FrontEnd, UrlFetcher};
 use celer::replica::cpu::cpu_device_setup;
-use celer::sched::{Router, RouterConfig};
+use celer::sched::{Scheduler, SchedulerConfig};
 use celer::spec::OutputKind;
 use image::{ImageEncoder, Rgb, RgbImage};
 
@@ -136,9 +136,9 @@ pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
         options.threads,
         options.solo_threads,
     )];
-    let router = Router::start(
+    let router = Scheduler::start(
         devices,
-        RouterConfig {
+        SchedulerConfig {
             queue_capacity: options.queue_capacity,
             ..Default::default()
         },
@@ -201,9 +201,9 @@ pub fn jpeg_bytes(image: &RgbImage, quality: u8) -> Vec<u8> {
 
 /// What a stand-in device answers for `job` without a model: opaque alpha and trimap of
 /// the image's size, no cut-out.
-pub fn opaque_output(job: &celer::replica::PipelineJob) -> celer::replica::PipelineOutput {
+pub fn opaque_output(job: &celer::replica::MatteJob) -> celer::replica::MatteOutput {
     let (w, h) = job.image.dimensions();
-    celer::replica::PipelineOutput {
+    celer::replica::MatteOutput {
         matte: celer::matte::Matte {
             alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
             trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),

@@ -1,5 +1,5 @@
 //! What the TensorRT engine tests share: an engine built from each model of a pipeline
-//! on GPU 0 with `engines::store`, served by `GpuPipeline`, against the same pipeline with
+//! on GPU 0 with `engines::store`, served by `GpuStages`, against the same pipeline with
 //! ONNX Runtime for the models (tests/tensorrt_engine.rs, tests/tensorrt_engine_isnet.rs).
 #![allow(dead_code)]
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use celer::cuda::GpuDevice;
 use celer::engines::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
 use celer::matte::StageTimings;
-use celer::replica::gpu::{GpuLimits, GpuPipeline, ModelSource};
+use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
 use celer::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use celer::tensorrt::{Precision, TensorRt};
 use image::RgbImage;
@@ -84,7 +84,7 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
     let photos = photos();
     assert!(!photos.is_empty(), "no test photos: run `make models`");
     let limits = GpuLimits::default();
-    let mut reference = GpuPipeline::load(
+    let mut reference = GpuStages::load(
         &spec,
         device.clone(),
         ModelSource::OnnxRuntime { intra_threads: 4 },
@@ -125,7 +125,7 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
             built.push((model.key, runtime.deserialize(&plan).unwrap()));
         }
         let engine = |key: &str| built.iter().find(|(k, _)| *k == key).map(|(_, e)| e);
-        let mut served = GpuPipeline::load(
+        let mut served = GpuStages::load(
             &spec,
             device.clone(),
             ModelSource::TensorRt {

@@ -1,4 +1,4 @@
-//! A GPU replica: the GPU stages of a request on one stream (`pipeline`, with one file
+//! A GPU replica: the GPU stages of a request on one stream (`stages`, with one file
 //! per stage: `input`, `model`, `mask`, `matting`, `transfer`, `clock`, and the leaves
 //! they share: `buffers`, `error`), and the `Executor` the scheduler runs it through.
 //! Whichever replica of a GPU starts first opens the device (context, kernels) and loads
@@ -13,7 +13,7 @@ mod input;
 mod mask;
 mod matting;
 pub mod model;
-mod pipeline;
+mod stages;
 mod transfer;
 
 use std::sync::{Arc, Mutex};
@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 pub use buffers::GpuLimits;
 pub use error::{GpuError, OpenError};
 pub use model::ModelSource;
-pub use pipeline::{GpuMatte, GpuPipeline};
+pub use stages::{GpuMatte, GpuStages};
 
-use super::{health_check_job, BoxedPipelineExecutor, PipelineJob, PipelineOutput};
+use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::cuda::GpuDevice;
 use crate::engines::plan::{GpuEngines, GpuPlan};
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
@@ -54,7 +54,7 @@ enum Opening {
     Failed(Arc<OpenError>),
 }
 
-/// One GPU and its replicas' pipelines. A CUDA context is shared by every replica of a
+/// One GPU and its replicas' stages. A CUDA context is shared by every replica of a
 /// GPU, so when it is lost (a sticky error) it is lost for all of them: recovery empties
 /// every replica's slot and drops the GPU, which destroys the context with its last
 /// reference (or resets it, where TensorRT holds one of its own), then opens the GPU
@@ -67,14 +67,14 @@ struct GpuReplicas {
     limits: GpuLimits,
     /// The opened GPU, and the generation of its context (one more per recovery).
     opened: Mutex<(u64, Opening)>,
-    /// One slot per replica, held while that replica runs: its pipeline (stream, buffers,
+    /// One slot per replica, held while that replica runs: its stages (stream, buffers,
     /// execution contexts), emptied while the GPU is reopened.
-    pipelines: Vec<Mutex<Option<GpuPipeline>>>,
+    stages: Vec<Mutex<Option<GpuStages>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A poisoned lock only means a replica panicked while holding it; the data is whole
-    // (a pipeline is dropped, not half-written, by an unwinding run).
+    // (the stages are dropped, not half-written, by an unwinding run).
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -106,9 +106,9 @@ impl GpuReplicas {
         lock(&self.opened).0
     }
 
-    /// A new pipeline for one replica on the opened GPU: its own stream, buffers and
+    /// New stages for one replica on the opened GPU: its own stream, buffers and
     /// execution contexts.
-    fn load_pipeline(&self, gpu: &LoadedGpu) -> Result<GpuPipeline, ExecError> {
+    fn load_stages(&self, gpu: &LoadedGpu) -> Result<GpuStages, ExecError> {
         let source = match &gpu.engines {
             Some(engines) => ModelSource::TensorRt {
                 segmentation: &engines.segmentation,
@@ -118,7 +118,7 @@ impl GpuReplicas {
                 intra_threads: self.ort_threads,
             },
         };
-        Ok(GpuPipeline::load(
+        Ok(GpuStages::load(
             &self.spec,
             gpu.device.clone(),
             source,
@@ -128,11 +128,11 @@ impl GpuReplicas {
 
     /// Reopens the GPU after its context was lost in generation `lost_in`: nothing when
     /// another replica already did (and it worked). Waits for the runs in flight on the other replicas
-    /// (they fail fast in a lost context), drops every pipeline and the GPU, opens it
+    /// (they fail fast in a lost context), drops every replica's stages and the GPU, opens it
     /// again and reloads every replica.
     fn recover(&self, lost_in: u64) -> Result<Recovery, ExecError> {
         // Slots first, then the GPU: the order every path takes.
-        let mut slots: Vec<_> = self.pipelines.iter().map(lock).collect();
+        let mut slots: Vec<_> = self.stages.iter().map(lock).collect();
         {
             let mut opened = lock(&self.opened);
             let recovered_since = opened.0 != lost_in
@@ -167,7 +167,7 @@ impl GpuReplicas {
         }
         let (_, gpu) = self.gpu()?;
         for slot in slots.iter_mut() {
-            **slot = Some(self.load_pipeline(&gpu)?);
+            **slot = Some(self.load_stages(&gpu)?);
         }
         Ok(Recovery::Reopened)
     }
@@ -181,7 +181,7 @@ pub fn gpu_device_setup(
     replicas: usize,
     ort_threads: usize,
     limits: GpuLimits,
-) -> DeviceSetup<BoxedPipelineExecutor> {
+) -> DeviceSetup<BoxedMatteExecutor> {
     let name = Device::Gpu(plan.info.ordinal as u32).to_string();
     let replicas = replicas.max(1);
     let shared = Arc::new(GpuReplicas {
@@ -191,28 +191,25 @@ pub fn gpu_device_setup(
         ort_threads,
         limits,
         opened: Mutex::new((0, Opening::Closed)),
-        pipelines: (0..replicas).map(|_| Mutex::new(None)).collect(),
+        stages: (0..replicas).map(|_| Mutex::new(None)).collect(),
     });
-    let load: LoadFn<BoxedPipelineExecutor> = Arc::new(move |replica| {
+    let load: LoadFn<BoxedMatteExecutor> = Arc::new(move |replica| {
         // The first replica opens the GPU and loads (or builds) the engines; the others
         // wait for it and share the result.
         let (generation, gpu) = shared.gpu()?;
-        let pipeline = shared.load_pipeline(&gpu)?;
-        let backend = pipeline.model_backend();
-        let slot = shared
-            .pipelines
-            .get(replica)
-            .ok_or_else(|| GpuError::NoSlot {
-                device: shared.name.clone(),
-                replica,
-            })?;
-        *lock(slot) = Some(pipeline);
+        let stages = shared.load_stages(&gpu)?;
+        let backend = stages.model_backend();
+        let slot = shared.stages.get(replica).ok_or_else(|| GpuError::NoSlot {
+            device: shared.name.clone(),
+            replica,
+        })?;
+        *lock(slot) = Some(stages);
         tracing::info!(device = %shared.name, replica, models = backend, "GPU replica ready");
         Ok(Box::new(GpuExecutor {
             shared: shared.clone(),
             replica,
             lost_in: generation,
-        }) as BoxedPipelineExecutor)
+        }) as BoxedMatteExecutor)
     });
     DeviceSetup {
         name,
@@ -254,20 +251,20 @@ pub struct GpuExecutor {
 }
 
 impl GpuExecutor {
-    fn run_one(&mut self, job: &PipelineJob) -> Result<PipelineOutput, ExecError> {
-        let mut slot = lock(&self.shared.pipelines[self.replica]);
+    fn run_one(&mut self, job: &MatteJob) -> Result<MatteOutput, ExecError> {
+        let mut slot = lock(&self.shared.stages[self.replica]);
         let generation = self.shared.generation();
         // Emptied by a recovery, which left it so when it failed: the device is still
         // lost, so that the next failed health check tries the recovery again.
-        let Some(pipeline) = slot.as_mut() else {
+        let Some(stages) = slot.as_mut() else {
             return Err(ExecError::device_lost(GpuError::NotLoaded {
                 device: self.shared.name.clone(),
                 replica: self.replica,
             }));
         };
         let mut timings = job.timings;
-        match pipeline.run(&job.image, job.cutout, &mut timings) {
-            Ok(done) => Ok(PipelineOutput {
+        match stages.run(&job.image, job.cutout, &mut timings) {
+            Ok(done) => Ok(MatteOutput {
                 matte: done.matte,
                 cutout: done.cutout,
                 timings,
@@ -282,12 +279,12 @@ impl GpuExecutor {
 }
 
 impl Executor for GpuExecutor {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
     /// One image at a time: the replica's buffers are sized for one; the device's other
     /// replicas overlap their copies and kernels with this one's.
-    fn run_batch(&mut self, inputs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, inputs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         inputs.iter().map(|job| self.run_one(job)).collect()
     }
 

@@ -23,8 +23,8 @@ use celer::config::RequestLimits;
 use celer::engines::manifest::{EngineManifest, EngineRequirements, GpuIdentity};
 use celer::http::{routes, AppState, FrontEnd};
 use celer::matte::Matte;
-use celer::replica::{BoxedPipelineExecutor, PipelineJob, PipelineOutput};
-use celer::sched::{DeviceSetup, ExecError, Executor, Router, RouterConfig};
+use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
+use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::BatchingSpec;
 use celer::spec::{OutputKind, PipelineSpec};
 use celer::tensorrt::TrtVersion;
@@ -54,15 +54,15 @@ pub fn decode(data: &[u8]) {
 struct Standin;
 
 impl Executor for Standin {
-    type Input = PipelineJob;
-    type Output = PipelineOutput;
+    type Input = MatteJob;
+    type Output = MatteOutput;
 
-    fn run_batch(&mut self, jobs: &[&PipelineJob]) -> Result<Vec<PipelineOutput>, ExecError> {
+    fn run_batch(&mut self, jobs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         Ok(jobs
             .iter()
             .map(|job| {
                 let (w, h) = job.image.dimensions();
-                PipelineOutput {
+                MatteOutput {
                     matte: Matte {
                         alpha: GrayImage::from_pixel(w, h, Luma([255])),
                         trimap: GrayImage::from_pixel(w, h, Luma([128])),
@@ -89,15 +89,15 @@ struct Served {
 fn served() -> &'static Served {
     static SERVED: OnceLock<Served> = OnceLock::new();
     SERVED.get_or_init(|| {
-        let load = Arc::new(|_replica: usize| Ok(Box::new(Standin) as BoxedPipelineExecutor));
-        let router = Router::start(
+        let load = Arc::new(|_replica: usize| Ok(Box::new(Standin) as BoxedMatteExecutor));
+        let router = Scheduler::start(
             vec![DeviceSetup {
                 name: "standin".into(),
                 replicas: 1,
                 batching: BatchingSpec::OFF,
                 load,
             }],
-            RouterConfig::default(),
+            SchedulerConfig::default(),
         );
         let limits = RequestLimits {
             max_body_bytes: 256 * 1024,

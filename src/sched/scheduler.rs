@@ -1,4 +1,4 @@
-//! The router: one bounded queue per device, placement of each request (least busy by
+//! The scheduler: one bounded queue per device, placement of each request (least busy by
 //! estimated completion, or the round-robin and random baselines), admission (queue
 //! bounds and a global in-flight limit, refused at once), device health with a watchdog
 //! and health checks, and one fail-over per request. It never runs a model itself.
@@ -53,7 +53,7 @@ pub struct DeviceSetup<E> {
 }
 
 #[derive(Debug, Clone)]
-pub struct RouterConfig {
+pub struct SchedulerConfig {
     pub routing: Routing,
     /// Requests that may wait per device, besides those its replicas run.
     pub queue_capacity: usize,
@@ -61,7 +61,7 @@ pub struct RouterConfig {
     /// replicas plus queue, summed.
     pub max_in_flight: Option<usize>,
     /// The longest a new request may be expected to wait before a replica starts it
-    /// (`Router::estimated_wait`); beyond it admission refuses.
+    /// (`Scheduler::estimated_wait`); beyond it admission refuses.
     pub max_queue_wait: QueueBudget,
     /// Failed runs in a row that make a device unhealthy.
     pub unhealthy_after_failures: u32,
@@ -69,7 +69,7 @@ pub struct RouterConfig {
     pub health_check_interval: Duration,
 }
 
-impl Default for RouterConfig {
+impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             routing: Routing::LeastBusy,
@@ -161,7 +161,7 @@ pub struct DeviceView {
     pub service_s: Option<f64>,
 }
 
-pub struct Router<E: Executor> {
+pub struct Scheduler<E: Executor> {
     shared: Arc<Shared<E>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -190,10 +190,10 @@ struct DeviceSlot<E: Executor> {
     drain: Receiver<Work<E>>,
 }
 
-impl<E: Executor> Router<E> {
+impl<E: Executor> Scheduler<E> {
     /// Starts every device's replicas (each loads on its own thread; see `readiness`)
     /// and the health watchdog. Returns at once.
-    pub fn start(devices: Vec<DeviceSetup<E>>, config: RouterConfig) -> Self {
+    pub fn start(devices: Vec<DeviceSetup<E>>, config: SchedulerConfig) -> Self {
         let epoch = Instant::now();
         let metrics = SchedMetrics::default();
         let queue_capacity = config.queue_capacity.max(1);
@@ -424,7 +424,7 @@ impl<E: Executor> Router<E> {
         self.shared.in_flight.load(Ordering::Acquire)
     }
 
-    /// The most requests admitted at once: `RouterConfig::max_in_flight`, or by default
+    /// The most requests admitted at once: `SchedulerConfig::max_in_flight`, or by default
     /// each device's replicas plus its queue capacity, summed (the one place that
     /// default is computed).
     pub fn admission_limit(&self) -> usize {
@@ -471,7 +471,7 @@ impl<E: Executor> Router<E> {
     }
 }
 
-impl<E: Executor> Drop for Router<E> {
+impl<E: Executor> Drop for Scheduler<E> {
     fn drop(&mut self) {
         // The replicas end when the last ticket lets go of the queues; the watchdog
         // ends at its next tick.
@@ -735,7 +735,7 @@ fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {
     }
 }
 
-/// An in-flight slot taken by `Router::admit`; `Router::submit_admitted` turns it into
+/// An in-flight slot taken by `Scheduler::admit`; `Scheduler::submit_admitted` turns it into
 /// a `Ticket`. Dropping it gives the slot back. Not generic over the executor, so that
 /// a handler can hold it across awaits (reading and decoding the body).
 #[derive(Debug)]

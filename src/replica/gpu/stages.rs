@@ -1,4 +1,4 @@
-//! `GpuPipeline`: one replica's stages between decode and encode on one GPU stream. The
+//! `GpuStages`: one replica's stages between decode and encode on one GPU stream. The
 //! decoded RGB8 goes up once (`transfer`), the segmentation input is made (`input`) and
 //! its model runs (`model`), the trimap (`mask`) and matting (`matting`) follow, and
 //! alpha, trimap and the cut-out come down once, with one synchronisation at the end
@@ -39,7 +39,7 @@ struct Segmentation {
 }
 
 /// One replica of the pipeline on one GPU.
-pub struct GpuPipeline {
+pub struct GpuStages {
     spec: PipelineSpec,
     limits: GpuLimits,
     segmentation: Segmentation,
@@ -52,7 +52,7 @@ pub struct GpuPipeline {
     device: Arc<GpuDevice>,
 }
 
-impl GpuPipeline {
+impl GpuStages {
     /// Sets up the models of `spec` from `source` (each learns its output's shape), and
     /// every device buffer for images up to `limits`, on a new stream of `device`.
     pub fn load(
