@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::sched::sim::{
     drive, parse_sim_devices, sim_devices, Arrivals, LoadReport, LoadSpec, ServiceTime,
+    SimDevicesError,
 };
 use crate::sched::{Routing, Scheduler, SchedulerConfig};
 use crate::spec::BatchingSpec;
@@ -71,7 +72,7 @@ pub struct SimArgs {
 #[derive(Debug, Clone)]
 pub struct Speeds(Vec<f64>);
 
-fn speeds(text: &str) -> Result<Speeds, String> {
+fn speeds(text: &str) -> Result<Speeds, SimDevicesError> {
     parse_sim_devices(text).map(Speeds)
 }
 

@@ -799,8 +799,16 @@ impl<E: Executor> Ticket<E> {
                 // Before the health signal: the watchdog marks a device unhealthy when a
                 // run passes its deadline, and that request's answer is its deadline.
                 () = tokio::time::sleep_until(self.deadline.into()) => Err(JobError::DeadlineExceeded),
-                () = health_lost(&mut placed.health) => Err(JobError::DeviceUnhealthy {
-                    device: state.name.clone(),
+                // A timer past its deadline fires on the timer's next turn, not at its
+                // first poll, while a lost device's signal is ready at once: a ticket
+                // first polled after both (a busy machine) is still answered by its
+                // deadline.
+                () = health_lost(&mut placed.health) => Err(if Instant::now() >= self.deadline {
+                    JobError::DeadlineExceeded
+                } else {
+                    JobError::DeviceUnhealthy {
+                        device: state.name.clone(),
+                    }
                 }),
             };
             let m = &state.metrics;

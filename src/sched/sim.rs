@@ -39,15 +39,28 @@ pub fn standard_normal(rng: &mut fastrand::Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
+/// Simulated devices written wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimDevicesError {
+    #[error("`{0}`: simulated devices are written sim:SPEED,SPEED,... (e.g. sim:1,1,1,0.5)")]
+    NotSim(String),
+    #[error("`{speed}` in `{text}`: a speed is a positive number")]
+    Speed { speed: String, text: String },
+}
+
 /// `sim:1.0,1.0,0.5`: one simulated device per speed factor (1.0 = the reference).
-pub fn parse_sim_devices(text: &str) -> Result<Vec<f64>, String> {
-    let list = text.trim().strip_prefix("sim:").ok_or_else(|| {
-        format!("`{text}`: simulated devices are written sim:SPEED,SPEED,... (e.g. sim:1,1,1,0.5)")
-    })?;
+pub fn parse_sim_devices(text: &str) -> Result<Vec<f64>, SimDevicesError> {
+    let list = text
+        .trim()
+        .strip_prefix("sim:")
+        .ok_or_else(|| SimDevicesError::NotSim(text.to_string()))?;
     list.split(',')
         .map(|s| match s.trim().parse::<f64>() {
             Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-            _ => Err(format!("`{s}` in `{text}`: a speed is a positive number")),
+            _ => Err(SimDevicesError::Speed {
+                speed: s.to_string(),
+                text: text.to_string(),
+            }),
         })
         .collect()
 }
