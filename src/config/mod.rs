@@ -79,21 +79,22 @@ pub struct ServerConfig {
 }
 
 impl fmt::Display for ServerConfig {
-    /// The configuration in a few lines, for the start-up log.
+    /// The configuration on one line (log collectors split lines into events), for the
+    /// start-up log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let count = |n: Option<usize>| n.map_or("auto".to_string(), |n| n.to_string());
-        writeln!(f, "{}", self.hosting.describe())?;
-        writeln!(
+        write!(f, "{}; ", self.hosting.describe())?;
+        write!(
             f,
-            "model {} ({}), listening on {}:{}",
+            "model {} ({}), listening on {}:{}; ",
             self.model_dir.display(),
             self.model_name,
             self.bind,
             self.port
         )?;
-        writeln!(
+        write!(
             f,
-            "devices {}, replicas {}, threads per replica {}, engines {}{}",
+            "devices {}, replicas {}, threads per replica {}, engines {}{}; ",
             match &self.devices.selection {
                 DeviceSelection::Auto => "auto".to_string(),
                 DeviceSelection::Cpu => "cpu".to_string(),
@@ -117,17 +118,17 @@ impl fmt::Display for ServerConfig {
                 ""
             }
         )?;
-        writeln!(
+        write!(
             f,
-            "routing {}, queue {} per device, in flight {}, queue wait budget {}",
+            "routing {}, queue {} per device, in flight {}, queue wait budget {}; ",
             self.scheduler.routing,
             self.scheduler.queue_capacity,
             count(self.scheduler.max_in_flight),
             self.scheduler.max_queue_wait
         )?;
-        writeln!(
+        write!(
             f,
-            "images up to {} pixels (sides {} to {}), fetching {}",
+            "images up to {} pixels (sides {} to {}), fetching {}; ",
             self.requests.decode.max_pixels,
             self.requests.decode.min_side_px,
             self.requests.decode.max_side_px,
