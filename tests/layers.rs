@@ -180,19 +180,24 @@ fn heads(code: &str, prefix: &str) -> Vec<(String, usize)> {
     found
 }
 
-/// The arrows that break the allow-list in `text`, a file of module `module`.
-fn forbidden_arrows(module: &str, text: &str) -> Vec<(String, usize)> {
-    let allowed: BTreeSet<&str> = ALLOWED
-        .iter()
-        .find(|(m, _)| *m == module)
-        .map(|(_, a)| a.iter().copied().collect())
-        .unwrap_or_default();
-    let modules: BTreeSet<&str> = ALLOWED.iter().map(|(m, _)| *m).collect();
+/// The modules of the allow-list other than `module` that `text`, a file of `module`,
+/// names, each with its line.
+fn named_modules(module: &str, text: &str) -> Vec<(String, usize)> {
     heads(&code_only(text), "crate::")
         .into_iter()
-        .filter(|(name, _)| {
-            name != module && modules.contains(name.as_str()) && !allowed.contains(name.as_str())
-        })
+        .filter(|(name, _)| name != module && ALLOWED.iter().any(|(m, _)| m == name))
+        .collect()
+}
+
+/// The arrows that break the allow-list in `text`, a file of module `module`.
+fn forbidden_arrows(module: &str, text: &str) -> Vec<(String, usize)> {
+    let allowed: &[&str] = ALLOWED
+        .iter()
+        .find(|(m, _)| *m == module)
+        .map_or(&[], |(_, a)| *a);
+    named_modules(module, text)
+        .into_iter()
+        .filter(|(name, _)| !allowed.contains(&name.as_str()))
         .collect()
 }
 
@@ -218,22 +223,29 @@ fn module_of(file: &Path) -> String {
         .to_string()
 }
 
-#[test]
-fn each_module_imports_only_what_the_allow_list_gives_it() {
+/// Every file of `src` but the crate roots: its path, its module and its text.
+fn sources() -> Vec<(PathBuf, String, String)> {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
-    let modules: BTreeSet<&str> = ALLOWED.iter().map(|(m, _)| *m).collect();
+    files
+        .into_iter()
+        .map(|file| {
+            let module = module_of(&file);
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            (file, module, text)
+        })
+        .filter(|(_, module, _)| module != "lib" && module != "main")
+        .collect()
+}
+
+#[test]
+fn each_module_imports_only_what_the_allow_list_gives_it() {
     let mut broken = Vec::new();
-    for file in files {
-        let module = module_of(&file);
-        if module == "lib" || module == "main" {
-            continue;
-        }
+    for (file, module, text) in sources() {
         assert!(
-            modules.contains(module.as_str()),
+            ALLOWED.iter().any(|(m, _)| *m == module),
             "src/{module} is not in the allow-list of tests/layers.rs (nor docs/architecture.md)"
         );
-        let text = std::fs::read_to_string(&file).expect("a source file");
         for (name, line) in forbidden_arrows(&module, &text) {
             broken.push(format!(
                 "src/{}:{line}: `{module}` may not import `{name}`",
@@ -246,18 +258,12 @@ fn each_module_imports_only_what_the_allow_list_gives_it() {
 
 /// The arrows the code has: for each module, the modules its files name.
 fn arrows_in_code() -> BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let modules: BTreeSet<&str> = ALLOWED.iter().map(|(m, _)| *m).collect();
     let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in files {
-        let module = module_of(&file);
-        let text = std::fs::read_to_string(&file).expect("a source file");
-        for (name, _) in heads(&code_only(&text), "crate::") {
-            if name != module && modules.contains(name.as_str()) {
-                arrows.entry(module.clone()).or_default().insert(name);
-            }
-        }
+    for (_, module, text) in sources() {
+        let named = named_modules(&module, &text)
+            .into_iter()
+            .map(|(name, _)| name);
+        arrows.entry(module).or_default().extend(named);
     }
     arrows
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::args::ServeArgs;
 use crate::codec::decode::DecodeLimits;
 use crate::config::hosting::{BatchJob, Explicit};
-use crate::config::{ConfigError, Fetch, HostingPlan, RequestLimits, ServerConfig};
+use crate::config::{ConfigError, Fetch, HostingPlan, Replicas, RequestLimits, ServerConfig};
 use crate::sched::{QueueBudget, SchedulerConfig};
 
 /// The server's configuration from `args` and the environment, read through `var`
@@ -57,8 +57,11 @@ pub fn resolve(
         health_check_interval: Duration::from_millis(args.admission.health_check_interval_ms),
         ..SchedulerConfig::default()
     };
-    let mut replicas = args.runtime.replicas();
-    replicas.replicas = hosting.replicas;
+    // The hosting plan already holds `--replicas` over the mode's own count.
+    let replicas = Replicas {
+        replicas: hosting.replicas,
+        ..args.runtime.replicas()
+    };
     Ok(ServerConfig {
         model_dir: args.runtime.model_dir.clone(),
         model_name: args.listen.model_name.clone(),

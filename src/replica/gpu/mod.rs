@@ -27,8 +27,7 @@ use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::cuda::GpuDevice;
 use crate::engines::plan::{GpuEngines, GpuPlan};
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
-use crate::spec::BatchingSpec;
-use crate::spec::PipelineSpec;
+use crate::spec::{BatchingSpec, PipelineSpec};
 
 /// A GPU opened, with its engines deserialised: shared by its replicas.
 struct LoadedGpu {
