@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use image::GrayImage;
+use image::{GrayImage, RgbaImage};
 use serde::Serialize;
 
 /// The result of the device stages for one image, at the source size.
@@ -12,6 +12,81 @@ use serde::Serialize;
 pub struct Matte {
     pub alpha: GrayImage,
     pub trimap: GrayImage,
+}
+
+/// Which planes an answer shows, and so which a device hands back: a GPU downloads only
+/// these (a cut-out's alpha travels inside it), the CPU composites the cut-out only when
+/// it is asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Planes {
+    pub alpha: bool,
+    pub trimap: bool,
+    pub cutout: bool,
+}
+
+impl Planes {
+    pub const ALL: Planes = Planes {
+        alpha: true,
+        trimap: true,
+        cutout: true,
+    };
+    pub const ALPHA: Planes = Planes {
+        alpha: true,
+        trimap: false,
+        cutout: false,
+    };
+    pub const CUTOUT: Planes = Planes {
+        alpha: false,
+        trimap: false,
+        cutout: true,
+    };
+}
+
+/// A plane an answer needed that the device did not hand back: the server's fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the device did not hand back the {0} plane")]
+pub struct MissingPlane(pub &'static str);
+
+/// What a device hands back for one image: the planes asked for (others may be there
+/// too, where they cost nothing), at the source size.
+#[derive(Debug, Clone)]
+pub struct MattePlanes {
+    pub width: u32,
+    pub height: u32,
+    pub alpha: Option<GrayImage>,
+    pub trimap: Option<GrayImage>,
+    pub cutout: Option<RgbaImage>,
+}
+
+impl MattePlanes {
+    /// The CPU's result: alpha and trimap always (they are made anyway), the cut-out
+    /// when it was composited.
+    pub fn from_matte(matte: Matte, cutout: Option<RgbaImage>) -> Self {
+        let (width, height) = matte.alpha.dimensions();
+        Self {
+            width,
+            height,
+            alpha: Some(matte.alpha),
+            trimap: Some(matte.trimap),
+            cutout,
+        }
+    }
+
+    pub fn dimensions(&self) -> (u32, u32) {
+        (self.width, self.height)
+    }
+
+    pub fn alpha(&self) -> Result<&GrayImage, MissingPlane> {
+        self.alpha.as_ref().ok_or(MissingPlane("alpha"))
+    }
+
+    pub fn trimap(&self) -> Result<&GrayImage, MissingPlane> {
+        self.trimap.as_ref().ok_or(MissingPlane("trimap"))
+    }
+
+    pub fn cutout(&self) -> Result<&RgbaImage, MissingPlane> {
+        self.cutout.as_ref().ok_or(MissingPlane("cut-out"))
+    }
 }
 
 /// Wall time of each stage of one request. Zero for a stage that did not run.

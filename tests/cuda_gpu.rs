@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
-use celer::matte::StageTimings;
+use celer::matte::{Planes, StageTimings};
 use celer::replica::cpu::CpuStages;
 use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
 use celer::spec::MattingSpec;
@@ -593,17 +593,19 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
         GpuLimits {
             max_pixels: 4032 * 3024,
             max_side_px: 4032,
+            ..GpuLimits::default()
         },
     )
     .expect("GPU pipeline");
     for (name, image) in images {
         let want = cpu.run(image, &mut StageTimings::default()).unwrap();
-        let got = gpu.run(image, true, &mut StageTimings::default()).unwrap();
-        assert_eq!(got.matte.trimap, want.trimap, "{name}: trimap");
-        let worst = max_difference(got.matte.alpha.as_raw(), want.alpha.as_raw());
-        let differ = got
-            .matte
-            .alpha
+        let got = gpu
+            .run(image, Planes::ALL, &mut StageTimings::default())
+            .unwrap();
+        assert_eq!(got.trimap.as_ref(), Some(&want.trimap), "{name}: trimap");
+        let got_alpha = got.alpha.as_ref().expect("alpha asked for");
+        let worst = max_difference(got_alpha.as_raw(), want.alpha.as_raw());
+        let differ = got_alpha
             .as_raw()
             .iter()
             .zip(want.alpha.as_raw())
@@ -616,12 +618,8 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
             image.height()
         );
         assert!(worst <= 1, "{name}: alpha differs by {worst}");
-        let cut = got.cutout.expect("cut-out asked for");
-        assert_eq!(
-            cut,
-            composite::cutout(image, &got.matte.alpha),
-            "{name}: cut-out"
-        );
+        let cut = got.cutout.as_ref().expect("cut-out asked for");
+        assert_eq!(cut, &composite::cutout(image, got_alpha), "{name}: cut-out");
     }
 }
 
@@ -715,7 +713,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
                 MatteJob {
                     image: image.clone(),
                     timings: StageTimings::default(),
-                    cutout: true,
+                    planes: Planes::ALL,
                 },
                 std::time::Instant::now() + std::time::Duration::from_secs(60),
             )
@@ -723,8 +721,13 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         let done = waiter.block_on(ticket.wait()).expect("served");
         let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
         let got = done.output;
-        assert_eq!(got.matte.trimap, want.trimap, "{w}x{h}: trimap");
-        let worst = max_difference(got.matte.alpha.as_raw(), want.alpha.as_raw());
+        assert_eq!(
+            got.planes.trimap.as_ref(),
+            Some(&want.trimap),
+            "{w}x{h}: trimap"
+        );
+        let got_alpha = got.planes.alpha.as_ref().expect("alpha asked for");
+        let worst = max_difference(got_alpha.as_raw(), want.alpha.as_raw());
         assert!(worst <= 1, "{w}x{h}: alpha differs by {worst}");
         // The GPU stages' times come from CUDA events: recorded, not left at zero.
         assert!(
@@ -734,9 +737,11 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
             got.timings
         );
         assert_eq!(
-            got.cutout
+            got.planes
+                .cutout
+                .clone()
                 .expect("the GPU makes the cut-out it was asked for"),
-            composite::cutout(&image, &got.matte.alpha),
+            composite::cutout(&image, got_alpha),
             "{w}x{h}: cut-out"
         );
     }
@@ -788,13 +793,18 @@ fn the_context_synchronises_by_blocking_not_spinning() {
     );
 }
 
-/// Pinned staging follows the requests: nothing much pinned at load (not the 9 bytes a
-/// pixel the limits would allow), grown to the largest image served, and kept.
+/// Pinned staging is pinned at load for `staging_pixels` (not the 9 bytes a pixel the
+/// limits would allow) and never on the request path: a larger image is served through
+/// pageable memory, and staging of its size is pinned in the background, taken up by a
+/// later request.
 #[test]
-fn pinned_staging_grows_with_the_images_served() {
+fn pinned_staging_is_pinned_at_load_and_grown_in_the_background() {
     let dev = gpu_support::gpu();
     let spec = PipelineSpec::load_dir(&repo("onnx/fixtures/prob-guided")).expect("fixture");
-    let limits = GpuLimits::default();
+    let limits = GpuLimits {
+        staging_pixels: 640 * 480,
+        ..GpuLimits::default()
+    };
     let mut pipeline = GpuStages::load(
         &spec,
         dev,
@@ -803,24 +813,40 @@ fn pinned_staging_grows_with_the_images_served() {
     )
     .expect("GPU pipeline");
     let at_load = pipeline.pinned_host_bytes();
-    let at_limits = limits.max_pixels as usize * 9;
-    assert!(
-        at_load < 16 << 20,
-        "{at_load} bytes pinned at load (the limits would pin {at_limits})"
-    );
-    let run = |p: &mut GpuStages, w: u32, h: u32| {
-        p.run(&texture(w, h, 3), true, &mut StageTimings::default())
+    assert_eq!(at_load, 9 * 640 * 480, "pinned at load");
+    let mut cpu = CpuStages::load(&spec, 1).expect("CPU pipeline");
+    let mut run = |p: &mut GpuStages, w: u32, h: u32| {
+        let image = texture(w, h, 3);
+        let got = p
+            .run(&image, Planes::ALL, &mut StageTimings::default())
             .expect("served");
+        let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
+        assert_eq!(got.trimap.as_ref(), Some(&want.trimap), "{w}x{h}: trimap");
         p.pinned_host_bytes()
     };
-    let hd = run(&mut pipeline, 1920, 1080);
-    let pixels = 1920 * 1080;
-    assert!(
-        hd >= at_load + 9 * pixels && hd <= at_load + 9 * pixels * 3 / 2,
-        "after 1920x1080: {hd} bytes pinned"
+    assert_eq!(
+        run(&mut pipeline, 640, 480),
+        at_load,
+        "fits: nothing pinned"
     );
-    assert_eq!(run(&mut pipeline, 320, 240), hd, "kept, not shrunk");
-    let big = run(&mut pipeline, 2560, 1600);
-    assert!(big >= at_load + 9 * 2560 * 1600, "after 2560x1600: {big}");
-    assert_eq!(run(&mut pipeline, 1920, 1080), big);
+    // Larger than the staging: served (through pageable memory) with the staging as it was.
+    assert_eq!(run(&mut pipeline, 1280, 720), at_load);
+    // A later request takes up the staging pinned in the background meanwhile.
+    let mut grown = at_load;
+    for _ in 0..200 {
+        grown = run(&mut pipeline, 64, 48);
+        if grown > at_load {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        grown >= 9 * 1280 * 720,
+        "staging not grown for 1280x720: {grown} bytes pinned"
+    );
+    assert_eq!(
+        run(&mut pipeline, 1280, 720),
+        grown,
+        "kept, not grown again"
+    );
 }

@@ -22,7 +22,7 @@ use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::probe;
 use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
-use celer::matte::StageTimings;
+use celer::matte::{Planes, StageTimings};
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
 use celer::replica::{MatteJob, MatteScheduler};
 use celer::sched::metrics::DeviceLabel;
@@ -43,15 +43,20 @@ fn serve(router: &MatteScheduler, image: &Arc<RgbImage>) -> Result<GrayImage, St
             MatteJob {
                 image: image.clone(),
                 timings: StageTimings::default(),
-                cutout: true,
+                planes: Planes::ALL,
             },
             Instant::now() + Duration::from_secs(60),
         )
         .map_err(|e| e.to_string())?;
     waiter
         .block_on(ticket.wait())
-        .map(|done| done.output.matte.alpha)
         .map_err(|e| e.to_string())
+        .and_then(|done| {
+            done.output
+                .planes
+                .alpha
+                .ok_or_else(|| "no alpha".to_string())
+        })
 }
 
 /// Loses GPU 0's context: a kernel of this test writes to an unmapped address in it.
@@ -116,6 +121,7 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
         GpuLimits {
             max_pixels: 1 << 20,
             max_side_px: 2048,
+            staging_pixels: 1 << 20,
         },
     );
     let router = Scheduler::start(

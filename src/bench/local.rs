@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::codec::decode::{decode, DecodeLimits};
 use crate::codec::{render, RenderError};
-use crate::matte::StageTimings;
+use crate::matte::{MattePlanes, StageTimings};
 use crate::ort::session::OpThreads;
 use crate::ort::OrtError;
 use crate::replica::cpu::{cpu_cores, timed_cutout, CpuError, CpuStages};
@@ -55,7 +55,11 @@ pub fn stage_timings(
         let cutout = output
             .needs_cutout()
             .then(|| timed_cutout(&image, &matte, &mut timings));
-        render(&matte, cutout.as_ref(), output, &mut timings)?;
+        render(
+            &MattePlanes::from_matte(matte, cutout),
+            output,
+            &mut timings,
+        )?;
         if i >= warmup {
             measured.push(timings);
         }

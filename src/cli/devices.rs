@@ -83,6 +83,7 @@ pub fn device_setups(
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
+        staging_pixels: GpuLimits::default().staging_pixels.min(max_pixels),
         ..GpuLimits::default()
     };
     Ok(plans

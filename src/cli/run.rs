@@ -117,7 +117,7 @@ fn submit(pool: &MatteScheduler, file: &Path, output: OutputKind) -> anyhow::Res
         ..StageTimings::default()
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
-    let job = MatteJob::new(image, timings, output);
+    let job = MatteJob::new(image, timings, crate::codec::planes_of(output));
     let ticket = pool.submit(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
         file: file.to_path_buf(),
@@ -136,12 +136,7 @@ fn finish(
     let result = (|| -> anyhow::Result<StageTimings> {
         let done = waiter.block_on(p.ticket.wait())?;
         let mut timings = done.output.timings;
-        let rendered = render(
-            &done.output.matte,
-            done.output.cutout.as_ref(),
-            output,
-            &mut timings,
-        )?;
+        let rendered = render(&done.output.planes, output, &mut timings)?;
         let ext = if output == OutputKind::Json {
             "json"
         } else {

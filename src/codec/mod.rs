@@ -8,4 +8,4 @@ pub mod encode;
 pub mod render;
 
 pub use encode::EncodeError;
-pub use render::{render, render_as, ImageFormat, RenderError, Rendered};
+pub use render::{planes_of, render, render_as, ImageFormat, RenderError, Rendered};

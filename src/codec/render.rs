@@ -6,10 +6,10 @@
 
 use std::time::Instant;
 
-use image::{ExtendedColorType, GrayImage, RgbaImage};
+use image::{ExtendedColorType, GrayImage};
 
 use super::encode::{self, EncodeError};
-use crate::matte::{Matte, StageTimings};
+use crate::matte::{MattePlanes, MissingPlane, Planes, StageTimings};
 use crate::spec::OutputKind;
 
 /// How an image answer is encoded.
@@ -68,31 +68,49 @@ pub enum RenderError {
     },
     #[error("encoding the JSON: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("the {kind} output shows a cut-out, but the device made none")]
-    NoCutout { kind: &'static str },
+    #[error("the {kind} output: {missing}")]
+    Missing {
+        kind: &'static str,
+        missing: MissingPlane,
+    },
 }
 
-/// Encodes `matte` (and the device's `cutout`, which every output showing one needs) as
-/// `kind`, images as PNG. JSON carries every PNG (base64) and the timings, which is why
-/// `timings.encode` is set before the JSON is written.
+/// The planes the answer of `kind` shows: all that a device need hand back for it.
+pub fn planes_of(kind: OutputKind) -> Planes {
+    match kind {
+        OutputKind::Cutout => Planes::CUTOUT,
+        OutputKind::Alpha => Planes::ALPHA,
+        OutputKind::Trimap => Planes {
+            trimap: true,
+            ..Planes::default()
+        },
+        OutputKind::Json => Planes::ALL,
+    }
+}
+
+/// Encodes the device's `planes` (those of `planes_of(kind)`) as `kind`, images as PNG.
+/// JSON carries every PNG (base64) and the timings, which is why `timings.encode` is set
+/// before the JSON is written.
 pub fn render(
-    matte: &Matte,
-    cutout: Option<&RgbaImage>,
+    planes: &MattePlanes,
     kind: OutputKind,
     timings: &mut StageTimings,
 ) -> Result<Rendered, RenderError> {
-    render_as(matte, cutout, kind, ImageFormat::Png, timings)
+    render_as(planes, kind, ImageFormat::Png, timings)
 }
 
 /// As `render`, the cut-out, alpha or trimap in `format` (JSON's images stay PNG).
 pub fn render_as(
-    matte: &Matte,
-    cutout: Option<&RgbaImage>,
+    planes: &MattePlanes,
     kind: OutputKind,
     format: ImageFormat,
     timings: &mut StageTimings,
 ) -> Result<Rendered, RenderError> {
-    let (w, h) = matte.alpha.dimensions();
+    let (w, h) = planes.dimensions();
+    let missing = |missing| RenderError::Missing {
+        kind: kind.name(),
+        missing,
+    };
     let encode_as = |format: ImageFormat, what: &'static str, pixels: &[u8], color| {
         format
             .encode(pixels, w, h, color)
@@ -100,7 +118,9 @@ pub fn render_as(
     };
     let png = |what, pixels: &[u8], color| encode_as(ImageFormat::Png, what, pixels, color);
     let gray = |what, g: &GrayImage| png(what, g.as_raw(), ExtendedColorType::L8);
-    let cutout = || cutout.ok_or(RenderError::NoCutout { kind: kind.name() });
+    let cutout = || planes.cutout().map_err(missing);
+    let alpha = || planes.alpha().map_err(missing);
+    let trimap = || planes.trimap().map_err(missing);
     let t = Instant::now();
     let (content_type, body) = match kind {
         OutputKind::Cutout => (
@@ -114,23 +134,18 @@ pub fn render_as(
         ),
         OutputKind::Alpha => (
             format.content_type(),
-            encode_as(format, "alpha", matte.alpha.as_raw(), ExtendedColorType::L8)?,
+            encode_as(format, "alpha", alpha()?.as_raw(), ExtendedColorType::L8)?,
         ),
         OutputKind::Trimap => (
             format.content_type(),
-            encode_as(
-                format,
-                "trimap",
-                matte.trimap.as_raw(),
-                ExtendedColorType::L8,
-            )?,
+            encode_as(format, "trimap", trimap()?.as_raw(), ExtendedColorType::L8)?,
         ),
         OutputKind::Json => {
             use base64::Engine;
             let b64 = |bytes: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(bytes);
             let cutout_png = png("cut-out", cutout()?.as_raw(), ExtendedColorType::Rgba8)?;
-            let alpha = gray("alpha", &matte.alpha)?;
-            let trimap = gray("trimap", &matte.trimap)?;
+            let alpha = gray("alpha", alpha()?)?;
+            let trimap = gray("trimap", trimap()?)?;
             timings.encode = t.elapsed();
             let body = serde_json::to_vec(&serde_json::json!({
                 "width": w,

@@ -164,3 +164,60 @@ pub fn pinned<T: DeviceRepr + ValidAsZeroBits>(
     unsafe { std::ptr::write_bytes(ptr, 0, len) };
     Ok(buf)
 }
+
+/// Page-locked bytes for a stream's staging, read and written as plain slices without a
+/// host synchronisation: cudarc's `PinnedHostSlice::as_slice` waits on an event of its
+/// own each time (a host synchronisation per call, though the event is never recorded
+/// when copies are given plain slices, as here). The owner orders host and device access
+/// itself: it synchronises the stream before reading what a copy wrote, or writing what
+/// a queued copy reads.
+pub struct PinnedBytes {
+    /// Owns the allocation (unpinned on drop, after its event).
+    _slice: PinnedHostSlice<u8>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is to page-locked host memory owned by `_slice` (itself Send and
+// Sync); access goes through `&self`/`&mut self`, so Rust's borrow rules hold.
+unsafe impl Send for PinnedBytes {}
+// SAFETY: as above: shared access only reads.
+unsafe impl Sync for PinnedBytes {}
+
+impl PinnedBytes {
+    /// `len` zeroed bytes (at least one) in `context`; write-combined for uploads only.
+    pub fn new(
+        context: &Arc<CudaContext>,
+        len: usize,
+        write_combined: bool,
+    ) -> Result<Self, CudaError> {
+        let mut slice = pinned::<u8>(context, len, write_combined)?;
+        let len = slice.len();
+        // The one event wait, at allocation (nothing is queued on it).
+        let ptr = slice.as_mut_ptr()?;
+        Ok(Self {
+            _slice: slice,
+            ptr,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes, initialised (zeroed at allocation), for
+        // as long as `self` holds the allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}

@@ -21,7 +21,7 @@ pub mod tensor;
 pub mod trt_model;
 
 pub use arch::{Arch, UnknownArch};
-pub use device::{pinned, GpuDevice};
+pub use device::{pinned, GpuDevice, PinnedBytes};
 pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 
 /// An image's or plane's `(width, height)` in pixels.

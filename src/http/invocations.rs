@@ -22,10 +22,9 @@ use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
-use crate::matte::StageTimings;
+use crate::matte::{Planes, StageTimings};
 use crate::replica::{MatteJob, MatteOutput};
 use crate::sched::Admission;
-use crate::spec::OutputKind;
 use image::RgbImage;
 
 #[derive(Deserialize)]
@@ -67,22 +66,17 @@ pub async fn invocations(
             blocking(move || timed_decode(&encoded, &limits)).await?
         }
     };
-    let served = run_image(&state, admission, image, decode_time, output, deadline).await?;
+    let planes = codec::planes_of(output);
+    let served = run_image(&state, admission, image, decode_time, planes, deadline).await?;
 
     let queued = served.queued;
-    let dimensions = served.output.matte.alpha.dimensions();
+    let dimensions = served.output.planes.dimensions();
     let (rendered, timings) = blocking(move || {
         let out = served.output;
         let mut timings = out.timings;
-        codec::render_as(
-            &out.matte,
-            out.cutout.as_ref(),
-            output,
-            wanted.format,
-            &mut timings,
-        )
-        .map(|r| (r, timings))
-        .map_err(ApiError::internal)
+        codec::render_as(&out.planes, output, wanted.format, &mut timings)
+            .map(|r| (r, timings))
+            .map_err(ApiError::internal)
     })
     .await?;
     state.metrics.observe_stages(&timings);
@@ -118,14 +112,14 @@ pub(super) async fn run_image(
     admission: Admission,
     image: RgbImage,
     decode_time: Duration,
-    output: OutputKind,
+    planes: Planes,
     deadline: Instant,
 ) -> Result<Served, ApiError> {
     let timings = StageTimings {
         decode: decode_time,
         ..StageTimings::default()
     };
-    let job = MatteJob::new(Arc::new(image), timings, output);
+    let job = MatteJob::new(Arc::new(image), timings, planes);
     let ticket = state.scheduler.submit_admitted(admission, job, deadline)?;
     let done = ticket.wait().await?;
     Ok(Served {

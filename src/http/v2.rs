@@ -24,8 +24,8 @@ use super::invocations::{admit_and_read, base64_payload, blocking, run_image, ti
 use super::AppState;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::codec::ImageFormat;
+use crate::matte::{MattePlanes, MissingPlane, Planes};
 use crate::sched::Readiness;
-use crate::spec::OutputKind;
 
 /// The one version this server has of its model.
 pub const MODEL_VERSION: &str = "1";
@@ -275,21 +275,18 @@ pub async fn infer(
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let limits = state.limits.decode;
     let parsed = blocking(move || parse_infer(bytes, json_length, &limits)).await?;
-    let cutout = parsed
-        .asked
-        .iter()
-        .any(|a| a.tensor == OutputTensor::Cutout);
-    let kind = if cutout {
-        OutputKind::Cutout
-    } else {
-        OutputKind::Alpha
+    let asked_for = |tensor| parsed.asked.iter().any(|a| a.tensor == tensor);
+    let planes = Planes {
+        alpha: asked_for(OutputTensor::Alpha),
+        trimap: asked_for(OutputTensor::Trimap),
+        cutout: asked_for(OutputTensor::Cutout),
     };
     let served = run_image(
         &state,
         admission,
         parsed.image,
         parsed.decode_time,
-        kind,
+        planes,
         deadline,
     )
     .await?;
@@ -299,9 +296,9 @@ pub async fn infer(
         let out = served.output;
         let mut timings = out.timings;
         let t = Instant::now();
-        let answer = answer(&model, id, &asked, &out.matte, out.cutout.as_ref())?;
+        let answer = answer(&model, id, &asked, &out.planes)?;
         timings.encode = t.elapsed();
-        Ok((answer, timings, out.matte.alpha.dimensions()))
+        Ok((answer, timings, out.planes.dimensions()))
     })
     .await?;
     state.metrics.observe_stages(&timings);
@@ -622,20 +619,24 @@ fn answer(
     model: &str,
     id: Option<String>,
     asked: &[Asked],
-    matte: &crate::matte::Matte,
-    cutout: Option<&image::RgbaImage>,
+    planes: &MattePlanes,
 ) -> Result<Answer, ApiError> {
-    let (w, h) = matte.alpha.dimensions();
+    let (w, h) = planes.dimensions();
+    let missing = |e: MissingPlane| ApiError::internal(e);
     let mut binary: Vec<Vec<u8>> = Vec::new();
     let mut outputs = Vec::new();
     // Each tensor's bytes: the planes borrowed, the cut-out encoded here.
     let mut kept: Vec<(Asked, Cow<'_, [u8]>)> = Vec::with_capacity(asked.len());
     for a in asked {
         let bytes = match a.tensor {
-            OutputTensor::Alpha => Cow::Borrowed(matte.alpha.as_raw().as_slice()),
-            OutputTensor::Trimap => Cow::Borrowed(matte.trimap.as_raw().as_slice()),
+            OutputTensor::Alpha => {
+                Cow::Borrowed(planes.alpha().map_err(missing)?.as_raw().as_slice())
+            }
+            OutputTensor::Trimap => {
+                Cow::Borrowed(planes.trimap().map_err(missing)?.as_raw().as_slice())
+            }
             OutputTensor::Cutout => {
-                let rgba = cutout.ok_or_else(|| ApiError::internal("no cut-out was made"))?;
+                let rgba = planes.cutout().map_err(missing)?;
                 Cow::Owned(
                     a.format
                         .encode(rgba.as_raw(), w, h, image::ExtendedColorType::Rgba8)
@@ -797,6 +798,7 @@ mod tests {
             trimap: image::GrayImage::from_raw(2, 1, vec![0, 128]).unwrap(),
         };
         let cutout = image::RgbaImage::from_raw(2, 1, vec![0, 0, 0, 0, 1, 2, 3, 255]).unwrap();
+        let planes = MattePlanes::from_matte(matte, Some(cutout.clone()));
         let all = |binary| {
             OutputTensor::ALL.map(|tensor| Asked {
                 tensor,
@@ -804,7 +806,7 @@ mod tests {
                 format: ImageFormat::Png,
             })
         };
-        let a = answer("m", Some("x".into()), &all(false), &matte, Some(&cutout)).unwrap();
+        let a = answer("m", Some("x".into()), &all(false), &planes).unwrap();
         assert_eq!(a.json_length, None);
         let v: Value = serde_json::from_slice(&a.body).unwrap();
         assert_eq!(v["id"], "x");
@@ -818,7 +820,7 @@ mod tests {
             cutout.as_raw()
         );
 
-        let a = answer("m", None, &all(true), &matte, Some(&cutout)).unwrap();
+        let a = answer("m", None, &all(true), &planes).unwrap();
         let n = a.json_length.unwrap();
         let v: Value = serde_json::from_slice(&a.body[..n]).unwrap();
         assert_eq!(v["outputs"][0]["parameters"]["binary_data_size"], 2);

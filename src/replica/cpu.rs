@@ -12,7 +12,7 @@ use image::{GrayImage, RgbImage, RgbaImage};
 use super::cores::CoreShare;
 use super::models::{self, nchw, ModelError};
 use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
-use crate::matte::{Matte, StageTimings};
+use crate::matte::{Matte, MattePlanes, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::ort::OrtError;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
@@ -500,11 +500,11 @@ impl Executor for CpuExecutor {
             .zip(jobs)
             .map(|((matte, mut timings), job)| {
                 let cutout = job
+                    .planes
                     .cutout
                     .then(|| timed_cutout(&job.image, &matte, &mut timings));
                 MatteOutput {
-                    matte,
-                    cutout,
+                    planes: MattePlanes::from_matte(matte, cutout),
                     timings,
                 }
             })

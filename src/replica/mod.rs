@@ -13,38 +13,36 @@ pub mod models;
 
 use std::sync::Arc;
 
-use image::{RgbImage, RgbaImage};
+use image::RgbImage;
 
-use crate::matte::{Matte, StageTimings};
+use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::sched::{Executor, Scheduler};
-use crate::spec::OutputKind;
 
-/// The device stages' input: a decoded image, the times of the stages before, and
-/// whether the answer shows the cut-out (decided once, from the output kind).
+/// The device stages' input: a decoded image, the times of the stages before, and the
+/// planes the answer shows (decided once, from what the client asked for).
 #[derive(Debug, Clone)]
 pub struct MatteJob {
     pub image: Arc<RgbImage>,
     pub timings: StageTimings,
-    /// Make the RGBA cut-out too: the GPU before its one download, the CPU on its
-    /// replica, so that rendering only encodes.
-    pub cutout: bool,
+    /// What to hand back. A cut-out is made by the device (the GPU before its one
+    /// download, the CPU on its replica), so that rendering only encodes.
+    pub planes: Planes,
 }
 
 impl MatteJob {
-    pub fn new(image: Arc<RgbImage>, timings: StageTimings, output: OutputKind) -> Self {
+    pub fn new(image: Arc<RgbImage>, timings: StageTimings, planes: Planes) -> Self {
         Self {
             image,
             timings,
-            cutout: output.needs_cutout(),
+            planes,
         }
     }
 }
 
 #[derive(Debug)]
 pub struct MatteOutput {
-    pub matte: Matte,
-    /// The cut-out: `Some` exactly when the job asked for it.
-    pub cutout: Option<RgbaImage>,
+    /// At least the planes the job asked for.
+    pub planes: MattePlanes,
     pub timings: StageTimings,
 }
 
@@ -73,6 +71,6 @@ pub(crate) fn health_check_job() -> MatteJob {
     MatteJob {
         image: Arc::new(health_check_image()),
         timings: StageTimings::default(),
-        cutout: false,
+        planes: Planes::ALPHA,
     }
 }

@@ -203,12 +203,12 @@ pub fn jpeg_bytes(image: &RgbImage, quality: u8) -> Vec<u8> {
 /// the image's size, no cut-out.
 pub fn opaque_output(job: &celer::replica::MatteJob) -> celer::replica::MatteOutput {
     let (w, h) = job.image.dimensions();
+    let matte = celer::matte::Matte {
+        alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
+        trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),
+    };
     celer::replica::MatteOutput {
-        matte: celer::matte::Matte {
-            alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
-            trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),
-        },
-        cutout: None,
+        planes: celer::matte::MattePlanes::from_matte(matte, None),
         timings: job.timings,
     }
 }

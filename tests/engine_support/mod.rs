@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use celer::cuda::GpuDevice;
 use celer::engines::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
-use celer::matte::StageTimings;
+use celer::matte::{Planes, StageTimings};
 use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
 use celer::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use celer::tensorrt::{Precision, TensorRt};
@@ -95,9 +95,9 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
         .iter()
         .map(|(_, image)| {
             let out = reference
-                .run(image, false, &mut StageTimings::default())
+                .run(image, Planes::ALPHA, &mut StageTimings::default())
                 .unwrap();
-            out.matte.alpha.into_raw()
+            out.alpha.expect("alpha asked for").into_raw()
         })
         .collect();
 
@@ -142,8 +142,9 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
         };
         for ((name, image), want) in photos.iter().zip(&want) {
             let mut timings = StageTimings::default();
-            let got = served.run(image, true, &mut timings).unwrap();
-            let (mean, iou) = agreement(got.matte.alpha.as_raw(), want);
+            let got = served.run(image, Planes::ALL, &mut timings).unwrap();
+            let alpha = got.alpha.as_ref().expect("alpha asked for");
+            let (mean, iou) = agreement(alpha.as_raw(), want);
             let _ = writeln!(
                 std::io::stderr(),
                 "{} {precision} {name}: mean |alpha diff| {mean:.3}/255, IoU {iou:.5}, model {:.2} ms",

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 pub use buffers::GpuLimits;
 pub use error::{GpuError, OpenError};
 pub use model::ModelSource;
-pub use stages::{GpuMatte, GpuStages};
+pub use stages::{GpuStages, ThreadCpuClock};
 
 use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::cuda::GpuDevice;
@@ -262,12 +262,8 @@ impl GpuExecutor {
             }));
         };
         let mut timings = job.timings;
-        match stages.run(&job.image, job.cutout, &mut timings) {
-            Ok(done) => Ok(MatteOutput {
-                matte: done.matte,
-                cutout: done.cutout,
-                timings,
-            }),
+        match stages.run(&job.image, job.planes, &mut timings) {
+            Ok(planes) => Ok(MatteOutput { planes, timings }),
             Err(e) if e.is_device_lost() => {
                 self.lost_in = generation;
                 Err(ExecError::device_lost(e))

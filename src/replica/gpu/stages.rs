@@ -1,15 +1,16 @@
 //! `GpuStages`: one replica's stages between decode and encode on one GPU stream. The
 //! decoded RGB8 goes up once (`transfer`), the segmentation input is made (`input`) and
 //! its model runs (`model`), the trimap (`mask`) and matting (`matting`) follow, and
-//! alpha, trimap and the cut-out come down once, with one synchronisation at the end
-//! (`clock` reads the stage times then). Device buffers are allocated at start-up for
-//! the largest accepted image and reused: the request path allocates nothing on the GPU.
+//! the planes the answer shows come down once (a cut-out alone for a cut-out), with one
+//! synchronisation at the end (`clock` reads the stage times then). Device buffers and
+//! pinned staging are allocated at start-up and reused: the request path allocates
+//! nothing on the GPU and pins nothing.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use image::{RgbImage, RgbaImage};
+use image::RgbImage;
 
 use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, ModelPlaces, StageClock};
@@ -18,19 +19,16 @@ use super::input::InputStage;
 use super::mask::MaskStage;
 use super::matting::Matting;
 use super::model::{GpuModel, ModelSource};
-use super::transfer::Transfer;
+use super::transfer::{DevicePlanes, Transfer};
 use crate::cuda::launch::Launcher;
 use crate::cuda::GpuDevice;
-use crate::matte::{Matte, StageTimings};
+use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::replica::models;
 use crate::spec::PipelineSpec;
 
-/// The GPU stages' result: the matte, and the RGBA cut-out when it was asked for.
-#[derive(Debug, Clone)]
-pub struct GpuMatte {
-    pub matte: Matte,
-    pub cutout: Option<RgbaImage>,
-}
+/// A clock of the calling thread's CPU time, for a benchmark that splits a request's host
+/// work from its waits (`GpuStages::measure_waits`).
+pub type ThreadCpuClock = fn() -> Option<Duration>;
 
 /// The segmentation model and the making of its input.
 struct Segmentation {
@@ -50,6 +48,13 @@ pub struct GpuStages {
     clock: StageClock,
     stream: Arc<CudaStream>,
     device: Arc<GpuDevice>,
+    /// A request failed part-way, and may have left copies in flight from the staging or
+    /// into the buffers: the next one synchronises before touching either.
+    unsettled: bool,
+    /// With a benchmark's clock: the thread CPU time the last request spent waiting for
+    /// the stream (on the stand-in driver, the device's work runs there).
+    wait_clock: Option<ThreadCpuClock>,
+    last_wait_cpu: Duration,
 }
 
 impl GpuStages {
@@ -84,12 +89,18 @@ impl GpuStages {
             mask,
             matting,
             planes: SourcePlanes::alloc(&stream, &limits)?,
-            transfer: Transfer::new(&stream),
+            transfer: Transfer::new(
+                &stream,
+                usize::try_from(limits.staging_pixels).unwrap_or(usize::MAX),
+            )?,
             clock: StageClock::new(&device)?,
             spec: spec.clone(),
             limits,
             stream,
             device,
+            unsettled: false,
+            wait_clock: None,
+            last_wait_cpu: Duration::ZERO,
         };
         pipeline.stream.synchronize()?;
         Ok(pipeline)
@@ -105,26 +116,69 @@ impl GpuStages {
     }
 
     /// Host memory this replica holds page-locked now: the upload and download staging,
-    /// grown to the largest request so far (ONNX Runtime models' input staging aside).
+    /// pinned at load, grown in the background after a larger request (ONNX Runtime
+    /// models' input staging aside).
     pub fn pinned_host_bytes(&self) -> usize {
         self.transfer.pinned_bytes()
     }
 
-    /// Runs every stage between decode and encode on `image`; with `cutout`, the RGBA
-    /// cut-out is made on the GPU too. Stage times: wall time for the host parts, event
-    /// time for the GPU's.
+    /// For a benchmark: time each request's waits for the stream with `clock` (the
+    /// calling thread's CPU time), read back with `last_wait_cpu`.
+    pub fn measure_waits(&mut self, clock: Option<ThreadCpuClock>) {
+        self.wait_clock = clock;
+    }
+
+    /// The thread CPU time the last request spent in its waits for the stream (zero
+    /// without `measure_waits`).
+    pub fn last_wait_cpu(&self) -> Duration {
+        self.last_wait_cpu
+    }
+
+    /// Waits for the stream, timing the wait on the benchmark's clock if one is set.
+    fn wait_for_stream(&mut self) -> Result<(), GpuError> {
+        let before = self.wait_clock.and_then(|clock| clock());
+        self.stream.synchronize()?;
+        if let (Some(clock), Some(before)) = (self.wait_clock, before) {
+            if let Some(after) = clock() {
+                self.last_wait_cpu += after.saturating_sub(before);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs every stage between decode and encode on `image` and hands back the `planes`
+    /// asked for (a cut-out is made on the GPU). Stage times: wall time for the host
+    /// parts, event time for the GPU's.
     pub fn run(
         &mut self,
         image: &RgbImage,
-        cutout: bool,
+        planes: Planes,
         timings: &mut StageTimings,
-    ) -> Result<GpuMatte, GpuError> {
+    ) -> Result<MattePlanes, GpuError> {
         let size = self.limits.accept(image.width(), image.height())?;
         let wall = Instant::now();
-        // A request that failed half-way may have left copies in flight from the staging
-        // or into the buffers; they must finish before either is written again.
-        self.stream.synchronize()?;
-        self.prepare(size, cutout)?;
+        self.last_wait_cpu = Duration::ZERO;
+        if self.unsettled {
+            // The last request failed half-way and may have left copies in flight from the
+            // staging or into the buffers; they must finish before either is written again.
+            self.wait_for_stream()?;
+        }
+        self.unsettled = true;
+        let out = self.run_settled(image, size, planes, wall, timings)?;
+        self.unsettled = false;
+        Ok(out)
+    }
+
+    fn run_settled(
+        &mut self,
+        image: &RgbImage,
+        size: (u32, u32),
+        planes: Planes,
+        wall: Instant,
+        timings: &mut StageTimings,
+    ) -> Result<MattePlanes, GpuError> {
+        let cutout = planes.cutout;
+        self.prepare(size)?;
         let stream = self.stream.clone();
         let device = self.device.clone();
         let launcher = Launcher {
@@ -158,7 +212,7 @@ impl GpuStages {
             timings.model += host.model;
         }
         self.clock.mark(Mark::Composited, &stream)?;
-        self.finish(size, cutout, timings)
+        self.finish(size, planes, timings)
     }
 
     /// Everything a request of `size` needs before its first copy, while the stream is
@@ -166,10 +220,9 @@ impl GpuStages {
     /// memory, whose copies the driver may serialise with the stream: made mid-request,
     /// after an engine is queued, they would wait for it. The stages' own calls then find
     /// the tables in place and upload nothing.
-    fn prepare(&mut self, size: (u32, u32), cutout: bool) -> Result<(), GpuError> {
+    fn prepare(&mut self, size: (u32, u32)) -> Result<(), GpuError> {
         let stream = &self.stream;
-        self.transfer
-            .reserve(size.0 as usize * size.1 as usize, cutout)?;
+        self.transfer.settle();
         self.segmentation.input.upload_taps(stream, size)?;
         self.mask.upload_tables(stream, size)?;
         self.matting.upload_tables(stream, size, &self.mask)?;
@@ -180,24 +233,33 @@ impl GpuStages {
     fn finish(
         &mut self,
         size: (u32, u32),
-        cutout: bool,
+        planes: Planes,
         timings: &mut StageTimings,
-    ) -> Result<GpuMatte, GpuError> {
+    ) -> Result<MattePlanes, GpuError> {
         let t = Instant::now();
         let p = &self.planes;
-        let rgba = cutout.then_some(&p.rgba);
-        let down = self.transfer.download(size, &p.alpha, &p.trimap, rgba)?;
+        self.transfer.queue_download(
+            size,
+            planes,
+            DevicePlanes {
+                alpha: &p.alpha,
+                trimap: &p.trimap,
+                rgba: &p.rgba,
+            },
+        )?;
+        self.wait_for_stream()?;
+        let down = self.transfer.take()?;
         let places = ModelPlaces {
             segmentation_on_gpu: self.segmentation.model.on_gpu(),
             matting_model_on_gpu: self.matting.model_on_gpu(),
             guided: self.matting.is_guided(),
         };
         self.clock.read(places, t.elapsed(), timings);
-        Ok(GpuMatte {
-            matte: Matte {
-                alpha: down.alpha,
-                trimap: down.trimap,
-            },
+        Ok(MattePlanes {
+            width: size.0,
+            height: size.1,
+            alpha: down.alpha,
+            trimap: down.trimap,
             cutout: down.cutout,
         })
     }

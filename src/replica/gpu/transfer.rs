@@ -1,45 +1,103 @@
-//! The bus: a request's one upload (the decoded RGB8) and one download (alpha, trimap and,
-//! when asked, the RGBA cut-out, back to back before one synchronisation), through
-//! page-locked staging so the copies are DMA the host need not wait for. The staging
-//! grows to the largest request seen and is kept: not sized up front for the largest
-//! image the limits allow (9 bytes a pixel, up and down: 450 MB per replica at 50
-//! megapixels), and not per request either, pinning being slow.
+//! The bus: a request's one upload (the decoded RGB8) and one download (the planes the
+//! answer shows: the RGBA cut-out alone for a cut-out, whose alpha travels inside it;
+//! back to back before one synchronisation when there are several), through page-locked
+//! staging so the copies are DMA the host need not wait for.
+//!
+//! The staging is pinned at load for `GpuLimits::staging_pixels` (9 bytes a pixel: 3 up,
+//! 6 down for the largest answer, JSON's three planes) and never pinned, grown or freed on
+//! the request path: pinning takes milliseconds and freeing pinned memory synchronises
+//! the device. A request larger than the staging copies through pageable memory (the
+//! driver stages it, and the download waits), and asks a background thread to pin staging
+//! of its size; the replica takes it up at a later request's start, and the old staging
+//! is unpinned on that thread too.
 
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use image::{GrayImage, RgbImage, RgbaImage};
 
-use crate::cuda::{pinned, CudaError};
+use crate::cuda::{CudaError, PinnedBytes};
+use crate::matte::Planes;
 
-/// One direction's staging, grown on demand.
+/// Bytes of staging a pixel takes in each direction.
+const UP_BYTES_PER_PIXEL: usize = 3;
+const DOWN_BYTES_PER_PIXEL: usize = 6;
+
+/// One direction's staging, pinned at load and grown in the background.
 struct Staging {
     context: Arc<CudaContext>,
     write_combined: bool,
-    buffer: Option<PinnedHostSlice<u8>>,
+    bytes_per_pixel: usize,
+    buffer: PinnedBytes,
+    /// A larger staging being pinned by a background thread.
+    growing: Option<Receiver<Result<PinnedBytes, CudaError>>>,
 }
 
 impl Staging {
-    /// The staging, at least `len` bytes (one and a half times the old size when it
-    /// grows, so that a run of slightly larger images does not pin each time). Only at
-    /// the start of a request, after the stream is synchronised: no copy uses the old one.
-    fn at_least(&mut self, len: usize) -> Result<&mut PinnedHostSlice<u8>, CudaError> {
-        let have = self.buffer.as_ref().map_or(0, PinnedHostSlice::len);
-        if have < len {
-            let grown = len.max(have + have / 2);
-            // The old buffer goes first: both at once could pin twice the memory.
-            self.buffer = None;
-            self.buffer = Some(pinned(&self.context, grown, self.write_combined)?);
-        }
-        self.buffer.as_mut().ok_or(CudaError::BufferTooSmall {
-            what: "pinned staging",
-            needed: len,
-            capacity: 0,
+    fn pin(
+        context: &Arc<CudaContext>,
+        write_combined: bool,
+        bytes_per_pixel: usize,
+        pixels: usize,
+    ) -> Result<Self, CudaError> {
+        Ok(Self {
+            context: context.clone(),
+            write_combined,
+            bytes_per_pixel,
+            buffer: PinnedBytes::new(context, bytes_per_pixel * pixels, write_combined)?,
+            growing: None,
         })
     }
 
-    fn bytes(&self) -> usize {
-        self.buffer.as_ref().map_or(0, PinnedHostSlice::len)
+    /// Whether `len` bytes fit; if not, a larger staging is asked for (once) in the
+    /// background.
+    fn fits(&mut self, len: usize) -> bool {
+        if self.buffer.len() >= len {
+            return true;
+        }
+        if self.growing.is_none() {
+            let (context, write_combined) = (self.context.clone(), self.write_combined);
+            // Half as much again, so that a run of slightly larger images pins once.
+            let grown = (len + len / 2).next_multiple_of(self.bytes_per_pixel);
+            let (tx, rx) = mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("celer-pin".into())
+                .spawn(move || {
+                    let _ = tx.send(PinnedBytes::new(&context, grown, write_combined));
+                });
+            if spawned.is_ok() {
+                self.growing = Some(rx);
+            }
+        }
+        false
+    }
+
+    /// Takes up a staging pinned in the background, if one is ready. Only at the start of a
+    /// request, with the stream idle: no copy uses the old one, which is unpinned on a
+    /// thread of its own (freeing pinned memory waits for the device).
+    fn take_grown(&mut self) {
+        let Some(rx) = &self.growing else { return };
+        match rx.try_recv() {
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => self.growing = None,
+            Ok(result) => {
+                self.growing = None;
+                match result {
+                    Ok(grown) if grown.len() > self.buffer.len() => {
+                        let old = std::mem::replace(&mut self.buffer, grown);
+                        let _ = std::thread::Builder::new()
+                            .name("celer-unpin".into())
+                            .spawn(move || drop(old));
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot pin larger staging: larger images keep copying through pageable memory"
+                    ),
+                }
+            }
+        }
     }
 }
 
@@ -48,6 +106,25 @@ pub struct Transfer {
     stream: Arc<CudaStream>,
     up: Staging,
     down: Staging,
+    /// Where this request's download went.
+    pending: Option<Pending>,
+}
+
+/// Where a request's planes were downloaded to, and at which offsets.
+enum Pending {
+    Staged {
+        size: (u32, u32),
+        alpha: Option<usize>,
+        trimap: Option<usize>,
+        cutout: Option<usize>,
+    },
+    /// Larger than the staging: straight into host vectors (pageable).
+    Pageable {
+        size: (u32, u32),
+        alpha: Option<Vec<u8>>,
+        trimap: Option<Vec<u8>>,
+        cutout: Option<Vec<u8>>,
+    },
 }
 
 impl Drop for Transfer {
@@ -57,92 +134,160 @@ impl Drop for Transfer {
     }
 }
 
-/// What a request's download brings back.
+/// What a request's download brings back: the planes asked for.
 pub struct Downloaded {
-    pub alpha: GrayImage,
-    pub trimap: GrayImage,
+    pub alpha: Option<GrayImage>,
+    pub trimap: Option<GrayImage>,
     pub cutout: Option<RgbaImage>,
 }
 
+/// The device buffers a download may read, each at least the source size.
+pub struct DevicePlanes<'a> {
+    pub alpha: &'a CudaSlice<u8>,
+    pub trimap: &'a CudaSlice<u8>,
+    pub rgba: &'a CudaSlice<u8>,
+}
+
 impl Transfer {
-    pub fn new(stream: &Arc<CudaStream>) -> Self {
+    /// Staging for images up to `pixels`, pinned now.
+    pub fn new(stream: &Arc<CudaStream>, pixels: usize) -> Result<Self, CudaError> {
         let context = stream.context();
-        Self {
+        Ok(Self {
             stream: stream.clone(),
-            up: Staging {
-                context: context.clone(),
-                write_combined: true,
-                buffer: None,
-            },
-            down: Staging {
-                context: context.clone(),
-                write_combined: false,
-                buffer: None,
-            },
-        }
+            up: Staging::pin(context, true, UP_BYTES_PER_PIXEL, pixels)?,
+            down: Staging::pin(context, false, DOWN_BYTES_PER_PIXEL, pixels)?,
+            pending: None,
+        })
     }
 
     /// Host memory pinned now, both directions.
     pub fn pinned_bytes(&self) -> usize {
-        self.up.bytes() + self.down.bytes()
+        self.up.buffer.len() + self.down.buffer.len()
     }
 
-    /// Makes room for a request of `pixels` (the cut-out too when `cutout`): call with the
-    /// stream idle.
-    pub fn reserve(&mut self, pixels: usize, cutout: bool) -> Result<(), CudaError> {
-        self.up.at_least(3 * pixels)?;
-        self.down.at_least(if cutout { 6 } else { 2 } * pixels)?;
-        Ok(())
+    /// At a request's start, with the stream idle: takes up staging grown since.
+    pub fn settle(&mut self) {
+        self.up.take_grown();
+        self.down.take_grown();
+        self.pending = None;
     }
 
     /// Queues the upload of `image` into `dst` (at least its size).
     pub fn upload(&mut self, image: &RgbImage, dst: &mut CudaSlice<u8>) -> Result<(), CudaError> {
         let raw = image.as_raw();
-        let staging = self.up.at_least(raw.len())?;
-        staging.as_mut_slice()?[..raw.len()].copy_from_slice(raw);
-        let staged = &staging.as_slice()?[..raw.len()];
-        self.stream.memcpy_htod(staged, dst)?;
+        if !self.up.fits(raw.len()) {
+            // Pageable: the driver copies it out before the call returns.
+            self.stream.memcpy_htod(raw.as_slice(), dst)?;
+            return Ok(());
+        }
+        let staging = self.up.buffer.as_mut_slice();
+        staging[..raw.len()].copy_from_slice(raw);
+        self.stream.memcpy_htod(&staging[..raw.len()], dst)?;
         Ok(())
     }
 
-    /// Queues the downloads of alpha, trimap (each `w` x `h`) and, when given, the RGBA
-    /// cut-out, then synchronises the stream once and gives them back.
-    pub fn download(
+    /// Queues the download of the `wanted` planes of a `w` x `h` image from `device`; the
+    /// caller synchronises the stream, then `take`s them.
+    pub fn queue_download(
         &mut self,
         (w, h): (u32, u32),
-        alpha: &CudaSlice<u8>,
-        trimap: &CudaSlice<u8>,
-        cutout: Option<&CudaSlice<u8>>,
-    ) -> Result<Downloaded, CudaError> {
+        wanted: Planes,
+        device: DevicePlanes<'_>,
+    ) -> Result<(), CudaError> {
         let n = w as usize * h as usize;
-        let len = if cutout.is_some() { 6 * n } else { 2 * n };
+        let lens = [
+            (wanted.alpha, n),
+            (wanted.trimap, n),
+            (wanted.cutout, 4 * n),
+        ];
+        let len: usize = lens.iter().filter(|(on, _)| *on).map(|(_, l)| l).sum();
         let stream = self.stream.clone();
-        let host = self.down.at_least(len)?.as_mut_slice()?;
-        let (alpha_host, rest) = host.split_at_mut(n);
-        let (trimap_host, rest) = rest.split_at_mut(n);
-        stream.memcpy_dtoh(&alpha.slice(..n), alpha_host)?;
-        stream.memcpy_dtoh(&trimap.slice(..n), trimap_host)?;
-        if let Some(rgba) = cutout {
-            stream.memcpy_dtoh(&rgba.slice(..4 * n), &mut rest[..4 * n])?;
+        let sources = [device.alpha, device.trimap, device.rgba];
+        if !self.down.fits(len) {
+            let mut planes: [Option<Vec<u8>>; 3] = [None, None, None];
+            for (((on, l), src), out) in lens.iter().zip(sources).zip(planes.iter_mut()) {
+                if *on {
+                    *out = Some(stream.clone_dtoh(&src.slice(..*l))?);
+                }
+            }
+            let [alpha, trimap, cutout] = planes;
+            self.pending = Some(Pending::Pageable {
+                size: (w, h),
+                alpha,
+                trimap,
+                cutout,
+            });
+            return Ok(());
         }
-        stream.synchronize()?;
-        let host = self.down.at_least(len)?.as_slice()?;
-        let mismatch = |what: &str| CudaError::Stage {
+        let host = self.down.buffer.as_mut_slice();
+        let mut offsets = [None; 3];
+        let mut at = 0;
+        for (((on, l), src), offset) in lens.iter().zip(sources).zip(offsets.iter_mut()) {
+            if *on {
+                stream.memcpy_dtoh(&src.slice(..*l), &mut host[at..at + l])?;
+                *offset = Some(at);
+                at += l;
+            }
+        }
+        let [alpha, trimap, cutout] = offsets;
+        self.pending = Some(Pending::Staged {
+            size: (w, h),
+            alpha,
+            trimap,
+            cutout,
+        });
+        Ok(())
+    }
+
+    /// The planes of the last `queue_download`, once the stream is synchronised.
+    pub fn take(&mut self) -> Result<Downloaded, CudaError> {
+        let pending = self.pending.take().ok_or(CudaError::Stage {
+            stage: "download",
+            reason: "nothing was downloaded".into(),
+        })?;
+        let mismatch = |what: &str, (w, h): (u32, u32)| CudaError::Stage {
             stage: "download",
             reason: format!("{what} buffer does not match {w}x{h}"),
         };
-        Ok(Downloaded {
-            alpha: GrayImage::from_raw(w, h, host[..n].to_vec())
-                .ok_or_else(|| mismatch("alpha"))?,
-            trimap: GrayImage::from_raw(w, h, host[n..2 * n].to_vec())
-                .ok_or_else(|| mismatch("trimap"))?,
-            cutout: match cutout {
-                Some(_) => Some(
-                    RgbaImage::from_raw(w, h, host[2 * n..6 * n].to_vec())
-                        .ok_or_else(|| mismatch("cut-out"))?,
-                ),
-                None => None,
-            },
-        })
+        let gray = |size: (u32, u32), what, bytes: Option<Vec<u8>>| {
+            bytes
+                .map(|b| GrayImage::from_raw(size.0, size.1, b).ok_or_else(|| mismatch(what, size)))
+                .transpose()
+        };
+        let rgba = |size: (u32, u32), bytes: Option<Vec<u8>>| {
+            bytes
+                .map(|b| {
+                    RgbaImage::from_raw(size.0, size.1, b).ok_or_else(|| mismatch("cut-out", size))
+                })
+                .transpose()
+        };
+        match pending {
+            Pending::Pageable {
+                size,
+                alpha,
+                trimap,
+                cutout,
+            } => Ok(Downloaded {
+                alpha: gray(size, "alpha", alpha)?,
+                trimap: gray(size, "trimap", trimap)?,
+                cutout: rgba(size, cutout)?,
+            }),
+            Pending::Staged {
+                size,
+                alpha,
+                trimap,
+                cutout,
+            } => {
+                let n = size.0 as usize * size.1 as usize;
+                let host = self.down.buffer.as_slice();
+                let plane =
+                    |at: Option<usize>, len: usize| at.map(|at| host[at..at + len].to_vec());
+                Ok(Downloaded {
+                    alpha: gray(size, "alpha", plane(alpha, n))?,
+                    trimap: gray(size, "trimap", plane(trimap, n))?,
+                    cutout: rgba(size, plane(cutout, 4 * n))?,
+                })
+            }
+        }
     }
 }

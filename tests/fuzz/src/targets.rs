@@ -22,7 +22,7 @@ use celer::codec::decode::{self, DecodeLimits};
 use celer::config::RequestLimits;
 use celer::engines::manifest::{EngineManifest, EngineRequirements, GpuIdentity};
 use celer::http::{routes, AppState, FrontEnd};
-use celer::matte::Matte;
+use celer::matte::{Matte, MattePlanes};
 use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::BatchingSpec;
@@ -62,14 +62,16 @@ impl Executor for Standin {
             .iter()
             .map(|job| {
                 let (w, h) = job.image.dimensions();
+                let matte = Matte {
+                    alpha: GrayImage::from_pixel(w, h, Luma([255])),
+                    trimap: GrayImage::from_pixel(w, h, Luma([128])),
+                };
+                let cutout = job
+                    .planes
+                    .cutout
+                    .then(|| RgbaImage::from_pixel(w, h, Rgba([1, 2, 3, 255])));
                 MatteOutput {
-                    matte: Matte {
-                        alpha: GrayImage::from_pixel(w, h, Luma([255])),
-                        trimap: GrayImage::from_pixel(w, h, Luma([128])),
-                    },
-                    cutout: job
-                        .cutout
-                        .then(|| RgbaImage::from_pixel(w, h, Rgba([1, 2, 3, 255]))),
+                    planes: MattePlanes::from_matte(matte, cutout),
                     timings: job.timings,
                 }
             })
