@@ -82,7 +82,7 @@ serve: models build
 DRIVER_FLOOR := 12.2
 DRIVER_NEWEST := 13.0
 GPU_SUITE := --test cuda_gpu --test gpu_recovery --test serve_gpu --test standin_work --test standin_catches \
-	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt)
+	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt --test request_floor)
 test: reference tensorrt-headers
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets $(subst --features ,--features celer/,$(CARGO_FEATURES)) -- -D warnings

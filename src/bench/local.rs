@@ -12,6 +12,7 @@ use crate::matte::{MattePlanes, StageTimings};
 use crate::ort::session::OpThreads;
 use crate::ort::OrtError;
 use crate::replica::cpu::{cpu_cores, timed_cutout, CpuError, CpuStages};
+use crate::replica::gpu::GpuStages;
 use crate::spec::{OutputKind, PipelineSpec};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,10 @@ pub enum LocalBenchError {
     SessionPanicked,
     #[error("cannot decode the benchmark image: {0}")]
     Decode(#[from] crate::codec::decode::DecodeError),
+    #[error(transparent)]
+    Gpu(#[from] crate::replica::gpu::GpuError),
+    #[error("this thread's CPU time cannot be read (/proc/thread-self/schedstat)")]
+    NoThreadClock,
 }
 
 /// Runs decode + pipeline + render on `image_bytes` `warmup + iterations` times on one
@@ -204,4 +209,64 @@ pub fn model_only(
         mapped_mb_per_run: mapped as f64 / 1e6 / runs.len().max(1) as f64,
         cpu_ms_per_run: super::cpu::ms_per(cpu_before, cpu_after, runs.len() as u64),
     })
+}
+
+/// One GPU request's cost to the replica thread, in CPU time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuHostCpu {
+    /// The thread's CPU time in `GpuStages::run`: everything between decode and encode.
+    pub run: Duration,
+    /// Of which, waiting for the stream. On a GPU the wait sleeps; on the stand-in CUDA
+    /// driver the device's work (kernels, the stand-in TensorRT's engines) runs there.
+    pub waits: Duration,
+    /// Of which, the models on the host (ONNX Runtime, where the GPU has no engines).
+    pub host_model: Duration,
+}
+
+impl GpuHostCpu {
+    /// The replica thread's own work: run, less the waits and the host's models.
+    pub fn host(&self) -> Duration {
+        self.run
+            .saturating_sub(self.waits)
+            .saturating_sub(self.host_model)
+    }
+}
+
+/// Runs `image_bytes` (decoded once, as a server's decode would hand it over)
+/// `warmup + iterations` times through one GPU replica's stages, answering `output`;
+/// returns each measured request's stage times and host CPU.
+pub fn gpu_host_cpu(
+    stages: &mut GpuStages,
+    image_bytes: &[u8],
+    output: OutputKind,
+    warmup: usize,
+    iterations: usize,
+) -> Result<Vec<(StageTimings, GpuHostCpu)>, LocalBenchError> {
+    let image = decode(image_bytes, &DecodeLimits::default())?;
+    let planes = crate::codec::planes_of(output);
+    let models_on_host = stages.model_backend() != "TensorRT";
+    stages.measure_waits(Some(super::cpu::of_this_thread));
+    let mut measured = Vec::with_capacity(iterations);
+    for i in 0..warmup + iterations {
+        let mut timings = StageTimings::default();
+        let before = super::cpu::of_this_thread().ok_or(LocalBenchError::NoThreadClock)?;
+        stages.run(&image, planes, &mut timings)?;
+        let after = super::cpu::of_this_thread().ok_or(LocalBenchError::NoThreadClock)?;
+        if i >= warmup {
+            measured.push((
+                timings,
+                GpuHostCpu {
+                    run: after.saturating_sub(before),
+                    waits: stages.last_wait_cpu(),
+                    host_model: if models_on_host {
+                        timings.model
+                    } else {
+                        Duration::ZERO
+                    },
+                },
+            ));
+        }
+    }
+    stages.measure_waits(None);
+    Ok(measured)
 }

@@ -126,6 +126,14 @@ pub struct LocalArgs {
     /// Write the result as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run the stages on this GPU (one replica, from its engines, else with ONNX Runtime
+    /// for the models) and report the replica thread's CPU time per request outside
+    /// decode, encode, the device and the models.
+    #[arg(long)]
+    gpu: Option<u32>,
+    /// With --gpu: where the engines are (default: the model folder's engines/).
+    #[arg(long)]
+    engines_dir: Option<PathBuf>,
 }
 
 /// Which protocol `celer bench http` speaks.
@@ -401,6 +409,9 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
         .context("--image is needed for the stage timings (or pass --model-only)")?;
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let output = args.output;
+    if let Some(ordinal) = args.gpu {
+        return local_gpu(&spec, &args, ordinal, threads, &bytes);
+    }
     // One replica, the only one running: the latency of a lone request.
     let solo_threads = args.runtime.replicas().solo(threads);
     let timings = crate::bench::local::stage_timings(
@@ -435,6 +446,77 @@ fn local(args: LocalArgs) -> anyhow::Result<()> {
                 )
             })
             .collect();
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
+    }
+    Ok(())
+}
+
+/// `celer bench local --gpu N`: one replica of GPU `N` between decode and encode, and the
+/// replica thread's CPU time per request: in all, in its waits for the stream, and its own
+/// (the host work a request costs: staging, launches, unpacking the download).
+fn local_gpu(
+    spec: &PipelineSpec,
+    args: &LocalArgs,
+    ordinal: u32,
+    threads: usize,
+    bytes: &[u8],
+) -> anyhow::Result<()> {
+    use crate::engines::dirs::EngineDirs;
+    use crate::engines::plan::plan_gpus;
+    use crate::replica::gpu::{GpuLimits, SoloReplica};
+
+    let probe = crate::cuda::probe();
+    let info = probe
+        .gpus()
+        .iter()
+        .find(|g| g.ordinal as u32 == ordinal)
+        .cloned()
+        .with_context(|| format!("no GPU {ordinal}: {}", probe.summary()))?;
+    let model_dir = &args.runtime.model_dir;
+    let engines = EngineDirs::resolve(model_dir, args.engines_dir.as_deref(), false)?;
+    let plan = plan_gpus(
+        spec,
+        model_dir,
+        &engines,
+        std::slice::from_ref(&info),
+        false,
+        probe.driver_cuda_version(),
+    )?
+    .into_iter()
+    .next()
+    .context("no plan for the GPU")?;
+    let mut replica = SoloReplica::open(spec, &plan, threads, GpuLimits::default())?;
+    let backend = replica.stages().model_backend();
+    let measured = crate::bench::local::gpu_host_cpu(
+        replica.stages(),
+        bytes,
+        args.output,
+        args.warmup,
+        args.iterations,
+    )?;
+    let ms = |pick: &dyn Fn(&crate::bench::local::GpuHostCpu) -> Duration| {
+        let mut v: Vec<f64> = measured
+            .iter()
+            .map(|(_, c)| pick(c).as_secs_f64() * 1e3)
+            .collect();
+        crate::stats::median(&mut v)
+    };
+    let (run, waits, host) = (ms(&|c| c.run), ms(&|c| c.waits), ms(&|c| c.host()));
+    println!(
+        "{} requests on GPU {ordinal} ({}, models on {backend}), output {}",
+        measured.len(),
+        info.name,
+        args.output.name()
+    );
+    println!("replica thread CPU per request, median ms: run {run:.3}, of which waits {waits:.3}; host work {host:.3}");
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "gpu": ordinal,
+            "models": backend,
+            "output": args.output.name(),
+            "requests": measured.len(),
+            "replica_thread_cpu_ms_p50": {"run": run, "waits": waits, "host": host},
+        });
         std::fs::write(path, serde_json::to_vec_pretty(&json)?)?;
     }
     Ok(())

@@ -159,3 +159,49 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
         }
     }
 }
+
+/// The pipeline in `model_dir` served by `GpuStages` from engines built now (at the
+/// precision TensorRT builds by default: fp32 on 10, the model's own on 11), within
+/// `limits`. The folder holding the engines goes with the stages' last use.
+pub fn stages_on_engines(model_dir: &Path, limits: GpuLimits) -> (GpuStages, tempfile::TempDir) {
+    let spec = PipelineSpec::load_dir(model_dir)
+        .unwrap_or_else(|e| panic!("{}: the pipeline description: {e}", model_dir.display()));
+    let (device, trt) = gpu_and_tensorrt();
+    device.context().bind_to_thread().unwrap();
+    let engines = tempfile::tempdir().unwrap();
+    let store = EngineStore::new(model_dir, Some(engines.path().to_path_buf()));
+    let runtime = trt.runtime().unwrap();
+    let options = BuildOptions {
+        precision: if trt.version().major >= 11 {
+            Precision::FromModel
+        } else {
+            Precision::Fp32
+        },
+        workspace_mib: None,
+        request: Default::default(),
+    };
+    let gpu = device.info.identity();
+    let built: Vec<_> = ModelFile::of_pipeline(&spec)
+        .unwrap()
+        .iter()
+        .map(|model| {
+            let stored = build_and_store(&trt, &store, model, &gpu, None, &options, &|_| {})
+                .unwrap_or_else(|e| panic!("building {}: {e}", model.path.display()));
+            let plan = std::fs::read(&stored.engine.plan).unwrap();
+            (model.key, runtime.deserialize(&plan).unwrap())
+        })
+        .collect();
+    let engine = |key: &str| built.iter().find(|(k, _)| *k == key).map(|(_, e)| e);
+    let stages = GpuStages::load(
+        &spec,
+        device,
+        ModelSource::TensorRt {
+            segmentation: engine(SEGMENTATION_MODEL).expect("a segmentation engine"),
+            matting: engine(MATTING_MODEL),
+        },
+        limits,
+    )
+    .expect("the pipeline on engines");
+    assert_eq!(stages.model_backend(), "TensorRT");
+    (stages, engines)
+}

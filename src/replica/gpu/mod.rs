@@ -220,6 +220,44 @@ pub fn gpu_device_setup(
     }
 }
 
+/// One replica of a GPU outside a server, for `celer bench local --gpu`: the GPU opened,
+/// its engines loaded, and one replica's stages on them.
+pub struct SoloReplica {
+    // Declared first, so dropped first: the stages' buffers and execution contexts go
+    // before the engines and the device they live in.
+    stages: GpuStages,
+    _gpu: LoadedGpu,
+}
+
+impl SoloReplica {
+    /// Opens `plan`'s GPU and loads one replica (models on ONNX Runtime with
+    /// `ort_threads` where the plan has no engines), for images up to `limits`.
+    pub fn open(
+        spec: &PipelineSpec,
+        plan: &GpuPlan,
+        ort_threads: usize,
+        limits: GpuLimits,
+    ) -> Result<Self, GpuError> {
+        let name = Device::Gpu(plan.info.ordinal as u32).to_string();
+        let gpu = load_gpu(spec, plan, &name).map_err(|e| GpuError::Open(Arc::new(e)))?;
+        let source = match &gpu.engines {
+            Some(engines) => ModelSource::TensorRt {
+                segmentation: &engines.segmentation,
+                matting: engines.matting.as_ref(),
+            },
+            None => ModelSource::OnnxRuntime {
+                intra_threads: ort_threads,
+            },
+        };
+        let stages = GpuStages::load(spec, gpu.device.clone(), source, limits)?;
+        Ok(Self { stages, _gpu: gpu })
+    }
+
+    pub fn stages(&mut self) -> &mut GpuStages {
+        &mut self.stages
+    }
+}
+
 /// Opens the GPU of `plan` and loads its engines (none where its models run on ONNX
 /// Runtime).
 fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, OpenError> {
