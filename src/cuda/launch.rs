@@ -726,6 +726,8 @@ impl Launcher<'_> {
                 &ys.first, &ys.count, &ys.weights, &ys.stride,
                 rgb, trimap, &w, &h, alpha),
             Some(rgba) => {
+                // Bytes here, a u32 a pixel in the kernel: a CudaSlice starts its
+                // allocation, so it is aligned for the 32-bit stores.
                 need("rgba", rgba, n * 4)?;
                 launch!(self, "guided_alpha_cutout", n, BLOCK;
                     mean_a, mean_b, &lw,
@@ -762,6 +764,7 @@ impl Launcher<'_> {
             }
             Some((rgb, rgba)) => {
                 need("rgb", rgb, n64 * 3)?;
+                // Bytes here, a u32 a pixel in the kernel (aligned: see guided_alpha).
                 need("rgba", rgba, n64 * 4)?;
                 launch!(self, "quantize_alpha_cutout", n64, BLOCK;
                     refined, trimap, &use_trimap, rgb, &n, alpha, rgba)
