@@ -71,9 +71,8 @@ pub struct FastGuidedFilter {
     /// PIL bilinear taps of the guide's resize (unused with subsample 1).
     guide_horizontal: GpuTaps<i32>,
     guide_vertical: GpuTaps<i32>,
+    /// The guide resize's horizontal pass (its vertical pass writes the luma).
     rgb_tmp: CudaSlice<u8>,
-    rgb_small: CudaSlice<u8>,
-    rgb_max: CudaSlice<u32>,
     /// The mask's resize to the fit size.
     mask_resize: PlaneResize,
     guide: CudaSlice<f32>,
@@ -101,15 +100,11 @@ impl FastGuidedFilter {
         let s = params.s();
         let low_side = max_side.div_ceil(s);
         let low_px = low_capacity(max_pixels, max_side, s);
-        // With subsample 1 the guide is the source's luma: no RGB resize buffers.
-        let (rgb_tmp, rgb_small, guide_side) = if s > 1 {
-            (
-                horizontal_capacity(max_pixels, max_side, s) * 3,
-                low_px * 3,
-                max_side,
-            )
+        // With subsample 1 the guide is the source's luma: no RGB resize buffer.
+        let (rgb_tmp, guide_side) = if s > 1 {
+            (horizontal_capacity(max_pixels, max_side, s) * 3, max_side)
         } else {
-            (1, 1, 1)
+            (1, 1)
         };
         let (gh_out, gh_w) = taps_capacity(guide_side, low_side);
         let (up_out, up_w) = taps_capacity(low_side, max_side);
@@ -119,8 +114,6 @@ impl FastGuidedFilter {
             guide_horizontal: GpuTaps::alloc(stream, gh_out, gh_w)?,
             guide_vertical: GpuTaps::alloc(stream, gh_out, gh_w)?,
             rgb_tmp: stream.alloc_zeros(rgb_tmp)?,
-            rgb_small: stream.alloc_zeros(rgb_small)?,
-            rgb_max: stream.alloc_zeros(1)?,
             mask_resize: PlaneResize::alloc(stream, mask_max, low_side)?,
             guide: plane()?,
             p: plane()?,
@@ -175,16 +168,16 @@ impl FastGuidedFilter {
         if self.params.s() > 1 {
             self.guide_horizontal.set_fixed(stream, size.0, low.0)?;
             self.guide_vertical.set_fixed(stream, size.1, low.1)?;
-            launcher.resize_rgb8(
+            // The resize's vertical pass makes the luma itself: the resized RGB8 (and
+            // its max, which only the preprocess's "max" scale needs) is never stored.
+            launcher.resize_rgb8_luma(
                 image,
                 size,
                 &self.guide_horizontal,
                 &self.guide_vertical,
                 &mut self.rgb_tmp,
-                &mut self.rgb_small,
-                &mut self.rgb_max,
+                &mut self.guide,
             )?;
-            launcher.luma(&self.rgb_small, low32, &mut self.guide)?;
         } else {
             launcher.luma(image, low32, &mut self.guide)?;
         }

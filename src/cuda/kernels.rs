@@ -31,6 +31,7 @@ pub const PREPROCESS: KernelFile = KernelFile {
     kernels: &[
         "resize_rgb8_horizontal",
         "resize_rgb8_vertical",
+        "resize_rgb8_vertical_luma",
         "normalize_rgb8_f32",
         "normalize_rgb8_f16",
         "resize_rgb8_vertical_normalize_f32",

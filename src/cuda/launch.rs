@@ -436,7 +436,7 @@ impl Launcher<'_> {
 
     /// PIL bilinear resize of interleaved RGB8 `src` to interleaved RGB8 `out` (the
     /// taps' target size), as `preprocess::resize_rgb`; `tmp` holds the horizontal pass.
-    /// `max_value` receives the image's max (the vertical kernel computes it anyway).
+    /// `max_value` receives the image's max, which the "max" scale divides by.
     #[allow(clippy::too_many_arguments)]
     pub fn resize_rgb8(
         &self,
@@ -466,6 +466,35 @@ impl Launcher<'_> {
         launch!(self, "resize_rgb8_vertical", pixels, BLOCK;
             &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
             &vertical.weights, &vertical.stride, out, max_value)
+    }
+
+    /// The luma (`luma_rgb8`'s) of `src` resized as [`Launcher::resize_rgb8`] resizes
+    /// it, into `luma` (the taps' target size): the guided filter's guide. The resized
+    /// image is never stored, nor its max computed.
+    pub fn resize_rgb8_luma(
+        &self,
+        src: &CudaSlice<u8>,
+        (src_w, src_h): (u32, u32),
+        horizontal: &GpuTaps<i32>,
+        vertical: &GpuTaps<i32>,
+        tmp: &mut CudaSlice<u8>,
+        luma: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let resize = Separable::of("resize rgb", (src_w, src_h), horizontal, vertical)?;
+        let Separable {
+            dst: (dst_w, dst_h),
+            row0,
+            rows,
+        } = resize;
+        need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
+        need("horizontal pass", tmp, resize.horizontal_threads() * 3)?;
+        need("luma", luma, resize.pixels())?;
+        launch!(self, "resize_rgb8_horizontal", resize.horizontal_threads(), BLOCK;
+            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
+            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+        launch!(self, "resize_rgb8_vertical_luma", resize.pixels(), BLOCK;
+            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+            &vertical.weights, &vertical.stride, luma)
     }
 
     /// Channel 0 of a probability output (`w` x `h`) -> clamped (optionally min-max
@@ -726,6 +755,8 @@ impl Launcher<'_> {
                 &ys.first, &ys.count, &ys.weights, &ys.stride,
                 rgb, trimap, &w, &h, alpha),
             Some(rgba) => {
+                // Bytes here, a u32 a pixel in the kernel: a CudaSlice starts its
+                // allocation, so it is aligned for the 32-bit stores.
                 need("rgba", rgba, n * 4)?;
                 launch!(self, "guided_alpha_cutout", n, BLOCK;
                     mean_a, mean_b, &lw,
@@ -762,6 +793,7 @@ impl Launcher<'_> {
             }
             Some((rgb, rgba)) => {
                 need("rgb", rgb, n64 * 3)?;
+                // Bytes here, a u32 a pixel in the kernel (aligned: see guided_alpha).
                 need("rgba", rgba, n64 * 4)?;
                 launch!(self, "quantize_alpha_cutout", n64, BLOCK;
                     refined, trimap, &use_trimap, rgb, &n, alpha, rgba)

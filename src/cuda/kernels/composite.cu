@@ -29,16 +29,16 @@ __device__ __forceinline__ u8 composite_alpha(const float* refined, const u8* tr
 }
 
 // Pixel i's alpha `a`, and its straight RGBA cut-out from the RGB8 source; a fully
-// transparent pixel carries no colour (RGB 0), as composite::cutout.
-__device__ __forceinline__ void write_cutout(const u8* rgb, u64 i, u8 a, u8* alpha, u8* rgba) {
+// transparent pixel carries no colour (RGB 0), as composite::cutout. The pixel is one
+// 32-bit store rather than four byte stores: R in the low byte, so that memory holds
+// R, G, B, A in that order on the GPU (and the stand-in's host), both little-endian.
+// `rgba` is typed u32 so that a buffer not 4-byte aligned is refused at launch (the
+// stand-in checks it); a CudaSlice is a whole allocation, 256-byte aligned.
+__device__ __forceinline__ void write_cutout(const u8* rgb, u64 i, u8 a, u8* alpha, u32* rgba) {
     alpha[i] = a;
     const u8* p = rgb + i * 3u;
-    u8* o = rgba + i * 4u;
-    bool shown = a != 0;
-    o[0] = shown ? p[0] : 0;
-    o[1] = shown ? p[1] : 0;
-    o[2] = shown ? p[2] : 0;
-    o[3] = a;
+    u32 colour = (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16);
+    rgba[i] = (a != 0 ? colour : 0u) | ((u32)a << 24);
 }
 
 // Alpha only.
@@ -52,7 +52,7 @@ extern "C" __global__ void quantize_alpha(
 // Alpha and the RGBA cut-out in one pass over the pixels.
 extern "C" __global__ void quantize_alpha_cutout(
     const float* refined, const u8* trimap, int use_trimap, const u8* rgb, u32 n,
-    u8* alpha, u8* rgba) {
+    u8* alpha, u32* rgba) {
     u64 i = global_index();
     if (i >= n) return;
     u8 a = composite_alpha(refined, trimap, use_trimap, i);
@@ -125,7 +125,7 @@ extern "C" __global__ void guided_alpha_cutout(
     const float* mean_a, const float* mean_b, u32 lw,
     const u32* x_first, const u32* x_count, const float* x_weights, u32 x_stride,
     const u32* y_first, const u32* y_count, const float* y_weights, u32 y_stride,
-    const u8* rgb, const u8* trimap, u32 w, u32 h, u8* alpha, u8* rgba) {
+    const u8* rgb, const u8* trimap, u32 w, u32 h, u8* alpha, u32* rgba) {
     u64 i = global_index();
     if (i >= (u64)w * h) return;
     GUIDED_AXES

@@ -22,7 +22,11 @@
 //   in one-warp blocks, ceil(w / 32) of them, so that the few warps there are spread over
 //   as many SMs. A warp holds 32 consecutive columns: each step's loads and stores are 32
 //   consecutive floats of one row (coalesced). Pass 1 keeps its four sums in one thread,
-//   as four independent chains, because a and b need all four means at once.
+//   as four independent chains, because a and b need all four means at once. The column
+//   is walked 32 / KINDS rows at a time (ColumnTiles): the next tile's entering and
+//   leaving samples are loaded into registers before the current tile is summed, so a
+//   lane waits for memory once a tile rather than once a row (with so few warps, none
+//   hides another's wait).
 // Each lane's chain is sequential by construction (2 dependent f64 adds per sample), so a
 // pass takes at least w (rows) or h (columns) such steps; the row passes used to take 4w
 // (2w in pass 2) per thread, their sums one after another, on fewer SMs.
@@ -37,6 +41,9 @@
 // of a row across lanes only runs independent chains side by side; no chain is split,
 // reassociated or reordered. Lanes of rows past the image run the same steps on zeros
 // (so that every lane reaches every __syncthreads) and store nothing.
+// The column passes stay exact the same way: each column's chains are run by one lane in
+// the order they always had (box_columns_tiled says it); the tiles only load the same
+// floats earlier.
 #include "common.cuh"
 
 // Luma in [0, 1], BT.601 weights, f32 in the CPU's order.
@@ -201,6 +208,127 @@ struct CoefficientSums {
     }
 };
 
+// Rows per tile of the column passes: 32 / KINDS (8 rows of 4 sums in pass 1, 16 of 2
+// in pass 2), so that a lane's loads in flight, 2 * KINDS * ROWS = 64 floats, fit its
+// registers in both passes.
+// The tile a lane sums is kept in shared memory, and only the next one in registers
+// (`pre`), as the row passes do: a lane reads back only its own column (lane `lane` of
+// each row), so no __syncthreads is needed, and the registers hold one tile instead of
+// two.
+template <u32 KINDS>
+struct ColumnTiles {
+    static constexpr u32 ROWS = 32u / KINDS;
+    float enter[KINDS][ROWS][32];
+    float leave[KINDS][ROWS][32];
+};
+
+// Column x's entering samples (rows y + r + 1) and leaving samples (rows y - r) for the
+// outputs y = y0 .. y0 + ROWS - 1 of each input plane into registers, 0 where the row is
+// outside the image (never read then). The warp's loads of one row are 32 consecutive
+// floats (coalesced).
+template <u32 KINDS>
+__device__ __forceinline__ void load_column_tiles(
+    float (&pre)[2][KINDS][ColumnTiles<KINDS>::ROWS], const float* const (&in)[KINDS],
+    u64 x, u32 w, u32 h, u32 r, u64 y0) {
+    UNROLL for (u32 j = 0; j < ColumnTiles<KINDS>::ROWS; ++j) {
+        u64 y = y0 + j;
+        u64 enter = y + r + 1u;
+        bool enters = enter < h;
+        bool leaves = y >= r && y < h;
+        u64 leave = leaves ? y - r : 0u;
+        UNROLL for (u32 k = 0; k < KINDS; ++k) {
+            pre[0][k][j] = enters ? in[k][enter * w + x] : 0.0f;
+            pre[1][k][j] = leaves ? in[k][leave * w + x] : 0.0f;
+        }
+    }
+}
+
+// The running window sums down column x = global_index() of the KINDS row-sum planes
+// `in`, each its own f64 chain in the CPU's order: acc = 0.0, then acc = acc + v for rows
+// 0 ..= min(r, h - 1), then for each y `out.store` of the means at (x, y), acc = acc + v
+// of row y + r + 1 while y + r + 1 < h, acc = acc + -v of row y - r while y >= r (the
+// order and the negation the one-element-at-a-time version had). Tiling only changes
+// when the values are loaded: the next ROWS rows' entering and leaving samples are in
+// flight into registers while the current ones are summed from shared memory.
+template <typename Out>
+__device__ __forceinline__ void box_columns_tiled(
+    ColumnTiles<Out::KINDS>& t, const float* const (&in)[Out::KINDS], u32 w, u32 h, u32 r,
+    const Out& out) {
+    constexpr u32 KINDS = Out::KINDS;
+    constexpr u32 ROWS = ColumnTiles<KINDS>::ROWS;
+    u64 x = global_index();
+    if (x >= w) return;
+    const u32 lane = threadIdx.x;
+    float inv_count_x = 1.0f / (float)window_len((u32)x, r, w);
+    double acc[KINDS];
+    UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k] = 0.0;
+    u32 first_end = r < h - 1u ? r : h - 1u;
+    for (u32 y = 0; y <= first_end; ++y) {
+        u64 i = (u64)y * w + x;
+        UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k] = acc[k] + (double)in[k][i];
+    }
+    float pre[2][KINDS][ROWS];
+    load_column_tiles<KINDS>(pre, in, x, w, h, r, 0u);
+    for (u64 y0 = 0; y0 < h; y0 += ROWS) {
+        UNROLL for (u32 j = 0; j < ROWS; ++j) {
+            UNROLL for (u32 k = 0; k < KINDS; ++k) {
+                t.enter[k][j][lane] = pre[0][k][j];
+                t.leave[k][j][lane] = pre[1][k][j];
+            }
+        }
+        if (y0 + ROWS < h) load_column_tiles<KINDS>(pre, in, x, w, h, r, y0 + ROWS);
+        UNROLL for (u32 j = 0; j < ROWS; ++j) {
+            u64 y = y0 + j;
+            if (y >= h) break;
+            float inv_count_y = 1.0f / (float)window_len((u32)y, r, h);
+            out.store(acc, inv_count_x, inv_count_y, y * w + x);
+            if (y + r + 1u < h) {
+                UNROLL for (u32 k = 0; k < KINDS; ++k) {
+                    acc[k] = acc[k] + (double)t.enter[k][j][lane];
+                }
+            }
+            if (y >= r) {
+                UNROLL for (u32 k = 0; k < KINDS; ++k) {
+                    acc[k] = acc[k] + -(double)t.leave[k][j][lane];
+                }
+            }
+        }
+    }
+}
+
+// Pass 1's outputs from the four column sums: the means, then a and b, each f32
+// expression as `coefficients` writes it.
+struct CoefficientsOut {
+    static constexpr u32 KINDS = 4u;
+    float epsilon;
+    float* a;
+    float* b;
+    __device__ __forceinline__ void store(
+        const double (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
+        float mean_i = (float)acc[0] * inv_count_x * inv_count_y;
+        float mean_p = (float)acc[1] * inv_count_x * inv_count_y;
+        float corr_ip = (float)acc[2] * inv_count_x * inv_count_y;
+        float corr_ii = (float)acc[3] * inv_count_x * inv_count_y;
+        float cov = corr_ip - mean_i * mean_p;
+        float var = corr_ii - mean_i * mean_i;
+        float ak = cov / (var + epsilon);
+        a[i] = ak;
+        b[i] = mean_p - ak * mean_i;
+    }
+};
+
+// Pass 2's outputs: mean_a and mean_b.
+struct MeansOut {
+    static constexpr u32 KINDS = 2u;
+    float* mean_a;
+    float* mean_b;
+    __device__ __forceinline__ void store(
+        const double (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
+        mean_a[i] = (float)acc[0] * inv_count_x * inv_count_y;
+        mean_b[i] = (float)acc[1] * inv_count_x * inv_count_y;
+    }
+};
+
 // Pass 1, rows: window sums of I, p, I*p and I*I along each row; p is read clamped to
 // [0, 1]. One-warp blocks of 8 rows x 4 sums (see the header).
 extern "C" __global__ void box_rows_guide(
@@ -216,45 +344,9 @@ extern "C" __global__ void box_rows_guide(
 extern "C" __global__ void box_columns_coefficients(
     const float* sum_i, const float* sum_p, const float* sum_ip, const float* sum_ii,
     u32 w, u32 h, u32 r, float epsilon, float* a, float* b) {
-    u64 x = global_index();
-    if (x >= w) return;
-    float inv_count_x = 1.0f / (float)window_len((u32)x, r, w);
-    double acc_i = 0.0, acc_p = 0.0, acc_ip = 0.0, acc_ii = 0.0;
-    u32 first_end = r < h - 1u ? r : h - 1u;
-    for (u32 y = 0; y <= first_end; ++y) {
-        u64 k = (u64)y * w + x;
-        acc_i = acc_i + (double)sum_i[k];
-        acc_p = acc_p + (double)sum_p[k];
-        acc_ip = acc_ip + (double)sum_ip[k];
-        acc_ii = acc_ii + (double)sum_ii[k];
-    }
-    for (u32 y = 0; y < h; ++y) {
-        float inv_count_y = 1.0f / (float)window_len(y, r, h);
-        float mean_i = (float)acc_i * inv_count_x * inv_count_y;
-        float mean_p = (float)acc_p * inv_count_x * inv_count_y;
-        float corr_ip = (float)acc_ip * inv_count_x * inv_count_y;
-        float corr_ii = (float)acc_ii * inv_count_x * inv_count_y;
-        float cov = corr_ip - mean_i * mean_p;
-        float var = corr_ii - mean_i * mean_i;
-        float ak = cov / (var + epsilon);
-        u64 k = (u64)y * w + x;
-        a[k] = ak;
-        b[k] = mean_p - ak * mean_i;
-        if ((u64)y + r + 1u < h) {
-            u64 n = ((u64)y + r + 1u) * w + x;
-            acc_i = acc_i + (double)sum_i[n];
-            acc_p = acc_p + (double)sum_p[n];
-            acc_ip = acc_ip + (double)sum_ip[n];
-            acc_ii = acc_ii + (double)sum_ii[n];
-        }
-        if (y >= r) {
-            u64 o = ((u64)y - r) * w + x;
-            acc_i = acc_i + -(double)sum_i[o];
-            acc_p = acc_p + -(double)sum_p[o];
-            acc_ip = acc_ip + -(double)sum_ip[o];
-            acc_ii = acc_ii + -(double)sum_ii[o];
-        }
-    }
+    __shared__ ColumnTiles<CoefficientsOut::KINDS> tiles;
+    const float* const in[CoefficientsOut::KINDS] = {sum_i, sum_p, sum_ip, sum_ii};
+    box_columns_tiled(tiles, in, w, h, r, CoefficientsOut{epsilon, a, b});
 }
 
 // Pass 2, rows: window sums of a and b along each row. One-warp blocks of 16 rows x 2
@@ -270,27 +362,7 @@ extern "C" __global__ void box_rows_coefficients(
 extern "C" __global__ void box_columns_means(
     const float* sum_a, const float* sum_b, u32 w, u32 h, u32 r,
     float* mean_a, float* mean_b) {
-    u64 x = global_index();
-    if (x >= w) return;
-    float inv_count_x = 1.0f / (float)window_len((u32)x, r, w);
-    double acc_a = 0.0, acc_b = 0.0;
-    u32 first_end = r < h - 1u ? r : h - 1u;
-    for (u32 y = 0; y <= first_end; ++y) {
-        acc_a = acc_a + (double)sum_a[(u64)y * w + x];
-        acc_b = acc_b + (double)sum_b[(u64)y * w + x];
-    }
-    for (u32 y = 0; y < h; ++y) {
-        float inv_count_y = 1.0f / (float)window_len(y, r, h);
-        u64 k = (u64)y * w + x;
-        mean_a[k] = (float)acc_a * inv_count_x * inv_count_y;
-        mean_b[k] = (float)acc_b * inv_count_x * inv_count_y;
-        if ((u64)y + r + 1u < h) {
-            acc_a = acc_a + (double)sum_a[((u64)y + r + 1u) * w + x];
-            acc_b = acc_b + (double)sum_b[((u64)y + r + 1u) * w + x];
-        }
-        if (y >= r) {
-            acc_a = acc_a + -(double)sum_a[((u64)y - r) * w + x];
-            acc_b = acc_b + -(double)sum_b[((u64)y - r) * w + x];
-        }
-    }
+    __shared__ ColumnTiles<MeansOut::KINDS> tiles;
+    const float* const in[MeansOut::KINDS] = {sum_a, sum_b};
+    box_columns_tiled(tiles, in, w, h, r, MeansOut{mean_a, mean_b});
 }

@@ -83,6 +83,22 @@ extern "C" __global__ void resize_rgb8_vertical(
     }
 }
 
+// The guided filter's guide (guided_filter.rs `fit` with subsample > 1): the vertical
+// pass, and straight away the luma of each resized pixel into `luma` (w x h), the same
+// f32 expression luma_rgb8 evaluates on the stored RGB8. Nothing else reads the resized
+// image, so it is never stored, and neither is its max: one launch less than the resize
+// then luma_rgb8, and no max to zero beforehand.
+extern "C" __global__ void resize_rgb8_vertical_luma(
+    const u8* tmp, u32 w, u32 h, u32 tmp_row0,
+    const u32* first, const u32* count, const i32* weights, u32 max_taps, float* luma) {
+    u64 i = global_index();
+    if (i >= (u64)w * h) return;
+    u8 px[3];
+    vertical_pixel(tmp, w, tmp_row0, first, count, weights, max_taps,
+                   (u32)(i % w), (u32)(i / w), px);
+    luma[i] = luma_of(px);
+}
+
 // `v * s - mean` then `/ std`, each rounded to f32 as the CPU's lookup table is built.
 __device__ __forceinline__ float normalized(u8 v, float s, float mean, float stdev) {
     return ((float)v * s - mean) / stdev;
