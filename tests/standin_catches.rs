@@ -327,3 +327,61 @@ fn injected_faults_fail_a_launch_or_poison_the_context() {
     let gpu = Gpu::new();
     gpu.stream.alloc_zeros::<f32>(1).expect("a fresh context");
 }
+
+#[test]
+fn counters_count_each_kind_of_call() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let before = gpu.standin.counters();
+    // One of each: an allocation (zeroed: a memset), an upload, a copy on the device, a
+    // launch, a download into pageable memory (a host wait), a stream, event and context
+    // synchronisation, a pinned allocation and its free, a device free.
+    let mut a = s.alloc_zeros::<f32>(256).unwrap();
+    s.memcpy_htod(&[1.0f32; 256], &mut a).unwrap();
+    let mut b = s.alloc_zeros::<f32>(256).unwrap();
+    s.memcpy_dtod(&a, &mut b).unwrap();
+    let scale = gpu.kernel("scale");
+    let (n, factor) = (256u32, 2.0f32);
+    let mut launch = s.launch_builder(&scale);
+    launch.arg(&a).arg(&n).arg(&factor).arg(&mut b);
+    // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+    unsafe { launch.launch(blocks(256, 64)) }.unwrap();
+    let mut host = vec![0.0f32; 256];
+    s.memcpy_dtoh(&b, &mut host).unwrap();
+    s.synchronize().unwrap();
+    s.record_event(None).unwrap().synchronize().unwrap();
+    gpu.context.synchronize().unwrap();
+    let pinned = celer::cuda::pinned::<u8>(&gpu.context, 4096, false).unwrap();
+    drop(pinned);
+    drop(a);
+    s.synchronize().unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!(host, vec![2.0f32; 256]);
+    assert_eq!(d.device_allocs, 2, "{d:?}");
+    assert_eq!(d.device_frees, 1, "{d:?}");
+    assert_eq!((d.memsets, d.memset_bytes), (2, 2 * 1024), "{d:?}");
+    assert_eq!((d.htod_copies, d.htod_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.dtod_copies, d.dtod_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.dtoh_copies, d.dtoh_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.launches_enqueued, d.launches_run), (1, 1), "{d:?}");
+    assert_eq!(
+        (d.pinned_allocs, d.pinned_alloc_bytes, d.pinned_frees),
+        (1, 4096, 1),
+        "{d:?}"
+    );
+    assert!(
+        d.event_syncs >= 1 && d.ctx_syncs >= 1 && d.stream_syncs >= 2,
+        "{d:?}"
+    );
+    assert_eq!(
+        d.host_syncs,
+        d.stream_syncs + d.event_syncs + d.ctx_syncs + 1,
+        "the pageable download waits too: {d:?}"
+    );
+    assert_eq!(d.sticky_errors, 0, "{d:?}");
+    // Every field is a counter the driver knows.
+    for name in celer_cuda_standin::Counters::NAMES {
+        assert_ne!(gpu.standin.counter(name), u64::MAX, "{name}");
+    }
+}

@@ -248,8 +248,20 @@ struct Counters {
     std::atomic<uint64_t> htod_bytes{0};
     std::atomic<uint64_t> dtoh_copies{0};
     std::atomic<uint64_t> dtoh_bytes{0};
+    std::atomic<uint64_t> dtod_copies{0};
+    std::atomic<uint64_t> dtod_bytes{0};
+    std::atomic<uint64_t> memsets{0};
+    std::atomic<uint64_t> memset_bytes{0};
     std::atomic<uint64_t> contexts_created{0};
     std::atomic<uint64_t> stream_syncs{0};
+    std::atomic<uint64_t> event_syncs{0};
+    std::atomic<uint64_t> ctx_syncs{0};
+    std::atomic<uint64_t> host_syncs{0};
+    std::atomic<uint64_t> device_allocs{0};
+    std::atomic<uint64_t> device_frees{0};
+    std::atomic<uint64_t> pinned_allocs{0};
+    std::atomic<uint64_t> pinned_alloc_bytes{0};
+    std::atomic<uint64_t> pinned_frees{0};
     std::atomic<uint64_t> sticky_errors{0};
     std::atomic<uint64_t> work_enqueued{0};
     std::atomic<uint64_t> work_run{0};
@@ -1088,7 +1100,8 @@ EXPORT CUresult cuCtxSynchronize() {
         streams.push_back(c->null_stream);
     }
     for (Stream* s : streams) run_until(s, UINT64_MAX);
-    counters.stream_syncs++;
+    counters.ctx_syncs++;
+    counters.host_syncs++;
     return sticky_error(c);
 }
 
@@ -1204,6 +1217,7 @@ EXPORT CUresult cuStreamSynchronize(void* stream) {
     }
     run_until(s, UINT64_MAX);
     counters.stream_syncs++;
+    counters.host_syncs++;
     return sticky_error(s->context);
 }
 
@@ -1331,6 +1345,8 @@ EXPORT CUresult cuEventSynchronize(void* event) {
         }
     }
     if (s != nullptr) run_until(s, seq);
+    counters.event_syncs++;
+    counters.host_syncs++;
     return sticky_error(c);
 }
 
@@ -1400,6 +1416,7 @@ static CUresult alloc_in(Context* c, CUdeviceptr* pointer, size_t bytes, const c
     }
     uintptr_t base = 0;
     if (int r = device_alloc(bytes, c->generation, &base)) return r;
+    counters.device_allocs++;
     *pointer = base;
     return SUCCESS;
 }
@@ -1437,6 +1454,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
                                               pointer_text(pointer).c_str()));
         }
         st.freeing.insert(pointer);
+        counters.device_frees++;
         op.kind = Op::Free;
         op.device = pointer;
         op.label = format("cuMemFreeAsync(%s) on %s", pointer_text(pointer).c_str(), stream_text(s).c_str());
@@ -1448,7 +1466,9 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
 EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
     Lock lock(state().mutex);
     if (int r = check_device_range(pointer, 0, "cuMemFree", "pointer")) return r;
-    return device_free(pointer, "cuMemFree");
+    int r = device_free(pointer, "cuMemFree");
+    if (r == SUCCESS) counters.device_frees++;
+    return r;
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
@@ -1467,6 +1487,8 @@ EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags)
     if (pointer == nullptr) return INVALID_VALUE;
     void* p = pinned_alloc(bytes, flags);
     if (p == nullptr) return fail(OUT_OF_MEMORY, format("cuMemHostAlloc(%zu bytes): no memory", bytes));
+    counters.pinned_allocs++;
+    counters.pinned_alloc_bytes += bytes;
     *pointer = p;
     return SUCCESS;
 }
@@ -1476,6 +1498,7 @@ EXPORT CUresult cuMemFreeHost(void* pointer) {
     if (!pinned_free(pointer)) {
         return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc", pointer));
     }
+    counters.pinned_frees++;
     return SUCCESS;
 }
 
@@ -1495,8 +1518,13 @@ static CUresult memset_d8(CUdeviceptr pointer, unsigned char value, size_t bytes
         op.label = format("%s(%s, %u, %zu bytes) on %s", call, pointer_text(pointer).c_str(), value, bytes,
                           stream_text(s).c_str());
     }
+    counters.memsets++;
+    counters.memset_bytes += bytes;
     uint64_t seq = enqueue(s, std::move(op));
-    if (synchronous) run_until(s, seq);
+    if (synchronous) {
+        counters.host_syncs++;
+        run_until(s, seq);
+    }
     return sticky_error(s->context);
 }
 
@@ -1538,7 +1566,10 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
     counters.htod_copies++;
     counters.htod_bytes += bytes;
     uint64_t seq = enqueue(s, std::move(op));
-    if (synchronous) run_until(s, seq);
+    if (synchronous) {
+        counters.host_syncs++;
+        run_until(s, seq);
+    }
     return sticky_error(s->context);
 }
 
@@ -1577,7 +1608,10 @@ static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream
     if (asynchronous) memset(dst, kGarbage, bytes);
     uint64_t seq = enqueue(s, std::move(op));
     // Into pageable memory the copy is complete when the call returns, as CUDA documents.
-    if (!asynchronous) run_until(s, seq);
+    if (!asynchronous) {
+        counters.host_syncs++;
+        run_until(s, seq);
+    }
     return sticky_error(s->context);
 }
 
@@ -1605,6 +1639,8 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t by
         op.label = format("cuMemcpyDtoDAsync(%s <- %s, %zu bytes) on %s", pointer_text(dst).c_str(),
                           pointer_text(src).c_str(), bytes, stream_text(s).c_str());
     }
+    counters.dtod_copies++;
+    counters.dtod_bytes += bytes;
     enqueue(s, std::move(op));
     return sticky_error(s->context);
 }
@@ -1766,22 +1802,58 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
     if (kind == 1) counters.sticky_launch_at = at;
 }
 
-// A counter by name: launches_enqueued, launches_run, htod_copies, htod_bytes,
-// dtoh_copies, dtoh_bytes, contexts_created, stream_syncs, sticky_errors, work_enqueued,
-// work_run, device_bytes.
+// A counter by name (UINT64_MAX for a name it does not know). All count calls made since
+// the library was loaded, in every context:
+//   launches_enqueued, launches_run   cuLaunchKernel calls queued, launches run
+//   htod_copies, htod_bytes           cuMemcpyHtoD(Async) calls and their bytes
+//   dtoh_copies, dtoh_bytes           cuMemcpyDtoH(Async)
+//   dtod_copies, dtod_bytes           cuMemcpyDtoDAsync
+//   memsets, memset_bytes             cuMemsetD8(Async)
+//   stream_syncs                      cuStreamSynchronize
+//   event_syncs                       cuEventSynchronize
+//   ctx_syncs                         cuCtxSynchronize
+//   host_syncs                        every call at which the host waits for the device:
+//                                     stream_syncs + event_syncs + ctx_syncs, plus each
+//                                     copy or memset that returns only once its stream ran
+//                                     it (cuMemcpyHtoD, cuMemcpyDtoH, cuMemsetD8, and
+//                                     cuMemcpyDtoHAsync into pageable memory, which CUDA
+//                                     completes before returning). Not the polls
+//                                     (cuStreamQuery, cuEventQuery) nor cuStreamDestroy.
+//   device_allocs, device_frees       cuMemAlloc(Async) that succeeded; cuMemFree and
+//                                     cuMemFreeAsync accepted (frees of a context's memory
+//                                     with the context are not counted)
+//   pinned_allocs, pinned_alloc_bytes cuMemHostAlloc
+//   pinned_frees                      cuMemFreeHost
+//   contexts_created, sticky_errors, work_enqueued, work_run
+//   device_bytes                      device memory in use now (not a count)
 EXPORT uint64_t celer_standin_counter(const char* name) {
     std::string n = name == nullptr ? "" : name;
-    if (n == "launches_enqueued") return counters.launches_enqueued;
-    if (n == "launches_run") return counters.launches_run;
-    if (n == "htod_copies") return counters.htod_copies;
-    if (n == "htod_bytes") return counters.htod_bytes;
-    if (n == "dtoh_copies") return counters.dtoh_copies;
-    if (n == "dtoh_bytes") return counters.dtoh_bytes;
-    if (n == "contexts_created") return counters.contexts_created;
-    if (n == "stream_syncs") return counters.stream_syncs;
-    if (n == "sticky_errors") return counters.sticky_errors;
-    if (n == "work_enqueued") return counters.work_enqueued;
-    if (n == "work_run") return counters.work_run;
+#define COUNTER(field) \
+    if (n == #field) return counters.field;
+    COUNTER(launches_enqueued)
+    COUNTER(launches_run)
+    COUNTER(htod_copies)
+    COUNTER(htod_bytes)
+    COUNTER(dtoh_copies)
+    COUNTER(dtoh_bytes)
+    COUNTER(dtod_copies)
+    COUNTER(dtod_bytes)
+    COUNTER(memsets)
+    COUNTER(memset_bytes)
+    COUNTER(contexts_created)
+    COUNTER(stream_syncs)
+    COUNTER(event_syncs)
+    COUNTER(ctx_syncs)
+    COUNTER(host_syncs)
+    COUNTER(device_allocs)
+    COUNTER(device_frees)
+    COUNTER(pinned_allocs)
+    COUNTER(pinned_alloc_bytes)
+    COUNTER(pinned_frees)
+    COUNTER(sticky_errors)
+    COUNTER(work_enqueued)
+    COUNTER(work_run)
+#undef COUNTER
     if (n == "device_bytes") return device_bytes_in_use();
     return UINT64_MAX;
 }

@@ -388,12 +388,104 @@ impl StandIn {
         QueuedWork { result, calls }
     }
 
-    /// A counter of the stand-in: `launches_run`, `htod_copies`, `dtoh_copies`,
-    /// `contexts_created`, `sticky_errors`, `work_enqueued`, `work_run`, `device_bytes`,
-    /// ... (see driver.cpp).
+    /// A counter of the stand-in by name (the fields of [`Counters`], and `device_bytes`:
+    /// device memory in use now); `u64::MAX` for a name it does not know.
     pub fn counter(&self, name: &str) -> u64 {
         let name = CString::new(name).expect("counter names have no NUL");
         // SAFETY: a NUL-terminated name that outlives the call.
         unsafe { (self.counter)(name.as_ptr()) }
+    }
+
+    /// Every counter now. Take one before and one after the code under test, and
+    /// `after - before` (or [`Counters::delta`]) is what that code did. Each field is read
+    /// on its own: take the two while no other thread of the process uses CUDA.
+    pub fn counters(&self) -> Counters {
+        let read = |name: &str| {
+            let v = self.counter(name);
+            assert_ne!(v, u64::MAX, "the stand-in driver has no counter {name:?}");
+            v
+        };
+        Counters::read(read)
+    }
+}
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// The stand-in's counters ([`StandIn::counters`]): calls made since the library was
+        /// loaded, in every context (driver/driver.cpp, `celer_standin_counter`).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Counters {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        impl Counters {
+            /// The names `celer_standin_counter` knows them by (the field names).
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field),)*];
+
+            fn read(mut read: impl FnMut(&str) -> u64) -> Counters {
+                Counters { $($field: read(stringify!($field)),)* }
+            }
+
+            /// What happened since `earlier` (each field `self - earlier`, saturating at 0).
+            pub fn delta(&self, earlier: &Counters) -> Counters {
+                Counters { $($field: self.$field.saturating_sub(earlier.$field),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// `cuLaunchKernel` calls that queued a launch.
+    launches_enqueued,
+    /// Launches that ran (their stream got to them).
+    launches_run,
+    /// `cuMemcpyHtoD` and `cuMemcpyHtoDAsync` calls.
+    htod_copies,
+    htod_bytes,
+    /// `cuMemcpyDtoH` and `cuMemcpyDtoHAsync` calls.
+    dtoh_copies,
+    dtoh_bytes,
+    /// `cuMemcpyDtoDAsync` calls.
+    dtod_copies,
+    dtod_bytes,
+    /// `cuMemsetD8` and `cuMemsetD8Async` calls (cudarc's `alloc_zeros`, `memset_zeros`).
+    memsets,
+    memset_bytes,
+    /// Contexts made (a primary context retained after its last release or a reset).
+    contexts_created,
+    /// `cuStreamSynchronize` calls.
+    stream_syncs,
+    /// `cuEventSynchronize` calls.
+    event_syncs,
+    /// `cuCtxSynchronize` calls.
+    ctx_syncs,
+    /// Every call at which the host waited for the device: `stream_syncs + event_syncs +
+    /// ctx_syncs`, plus each copy or memset that returns only once its stream ran it
+    /// (`cuMemcpyHtoD`, `cuMemcpyDtoH`, `cuMemsetD8`, and `cuMemcpyDtoHAsync` into pageable
+    /// memory, which CUDA completes before returning). Polls (`cuStreamQuery`,
+    /// `cuEventQuery`) are not waits.
+    host_syncs,
+    /// `cuMemAlloc` and `cuMemAllocAsync` calls that allocated.
+    device_allocs,
+    /// `cuMemFree` and `cuMemFreeAsync` calls accepted (not memory freed with its context).
+    device_frees,
+    /// `cuMemHostAlloc` calls that allocated, and their bytes.
+    pinned_allocs,
+    pinned_alloc_bytes,
+    /// `cuMemFreeHost` calls accepted.
+    pinned_frees,
+    /// Context errors that became sticky.
+    sticky_errors,
+    /// Device work queued (`celer_standin_enqueue_work`), and run.
+    work_enqueued,
+    work_run,
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+
+    /// [`Counters::delta`].
+    fn sub(self, earlier: Counters) -> Counters {
+        self.delta(&earlier)
     }
 }
