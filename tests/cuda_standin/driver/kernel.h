@@ -41,6 +41,11 @@ extern thread_local LaneCoordinates lane;
 uint64_t shuffle_down(unsigned int mask, uint64_t value, unsigned int delta, int width);
 // Parks the running lane until every lane of its block that has not returned arrives.
 void sync_threads();
+// Called (by code build.rs adds after each `__shared__` declaration) when a lane reaches
+// the declaration of the `__shared__` variable at `address`: the first lane of each
+// block to reach it fills it with poison bytes, so that a read before any lane of this
+// block wrote it reads poison instead of what the previous block left there.
+void shared_reached(void* address, size_t bytes);
 
 template <typename T>
 inline T shuffle_down_as(unsigned int mask, T value, unsigned int delta, int width) {
@@ -67,7 +72,11 @@ inline T shuffle_down_as(unsigned int mask, T value, unsigned int delta, int wid
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
+// Read from the CUBIN (cuLaunchKernel refuses a larger block, as CUDA does).
+#define __launch_bounds__(...)
 // One copy per OS thread: a block's lanes all run on one thread, one block at a time.
+// build.rs follows each declaration with a call of ::standin::shared_reached, which
+// poisons it when a block starts.
 #define __shared__ static thread_local
 
 template <typename T>

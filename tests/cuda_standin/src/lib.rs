@@ -257,6 +257,13 @@ pub struct StandIn {
     clear_last_error: unsafe extern "C" fn(),
     inject: unsafe extern "C" fn(c_int, u64),
     counter: unsafe extern "C" fn(*const c_char) -> u64,
+    set_order: unsafe extern "C" fn(*const c_char) -> c_int,
+    order: unsafe extern "C" fn() -> *const c_char,
+    set_shared_poison: unsafe extern "C" fn(c_int) -> c_int,
+    set_hazards: unsafe extern "C" fn(c_int) -> c_int,
+    poison_live: unsafe extern "C" fn(u8) -> u64,
+    mark_writes: unsafe extern "C" fn(),
+    poison_written: unsafe extern "C" fn(u8) -> u64,
     enqueue_work: EnqueueWork,
     _library: libloading::Library,
 }
@@ -289,6 +296,27 @@ impl StandIn {
                             .map_err(|e| e.to_string())?,
                         counter: *library
                             .get(b"celer_standin_counter\0")
+                            .map_err(|e| e.to_string())?,
+                        set_order: *library
+                            .get(b"celer_standin_set_order\0")
+                            .map_err(|e| e.to_string())?,
+                        order: *library
+                            .get(b"celer_standin_order\0")
+                            .map_err(|e| e.to_string())?,
+                        set_shared_poison: *library
+                            .get(b"celer_standin_set_shared_poison\0")
+                            .map_err(|e| e.to_string())?,
+                        set_hazards: *library
+                            .get(b"celer_standin_set_hazards\0")
+                            .map_err(|e| e.to_string())?,
+                        poison_live: *library
+                            .get(b"celer_standin_poison_live\0")
+                            .map_err(|e| e.to_string())?,
+                        mark_writes: *library
+                            .get(b"celer_standin_mark_writes\0")
+                            .map_err(|e| e.to_string())?,
+                        poison_written: *library
+                            .get(b"celer_standin_poison_written\0")
                             .map_err(|e| e.to_string())?,
                         enqueue_work: *library
                             .get(b"celer_standin_enqueue_work\0")
@@ -394,6 +422,64 @@ impl StandIn {
         let name = CString::new(name).expect("counter names have no NUL");
         // SAFETY: a NUL-terminated name that outlives the call.
         unsafe { (self.counter)(name.as_ptr()) }
+    }
+
+    /// The order blocks run in and lanes start in, from the next launch that runs on:
+    /// `forward`, `reverse` or `random:<seed>`, as `CELER_CUDA_STANDIN_ORDER` takes it
+    /// (which sets it at `cuInit`; set it here after the first CUDA call). `Err` (and the
+    /// order unchanged) for anything else.
+    pub fn set_order(&self, order: &str) -> Result<(), String> {
+        let text = CString::new(order).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated string that outlives the call.
+        match unsafe { (self.set_order)(text.as_ptr()) } {
+            0 => Ok(()),
+            _ => Err(self.last_error()),
+        }
+    }
+
+    /// The order now (`forward`, `reverse`, `random:<seed>`).
+    pub fn order(&self) -> String {
+        // SAFETY: a NUL-terminated string owned by the calling thread, copied at once.
+        unsafe { CStr::from_ptr((self.order)()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Turns the poisoning of `__shared__` variables at each block's start on or off
+    /// (`CELER_CUDA_STANDIN_POISON_SHARED`); returns whether it was on.
+    pub fn set_shared_poison(&self, on: bool) -> bool {
+        // SAFETY: a plain value, stored in an atomic.
+        unsafe { (self.set_shared_poison)(c_int::from(on)) != 0 }
+    }
+
+    /// Turns the cross-stream hazard check on or off (`CELER_CUDA_STANDIN_HAZARDS`);
+    /// returns whether it was on. Turning it off forgets the accesses recorded.
+    pub fn set_hazards(&self, on: bool) -> bool {
+        // SAFETY: a plain value; the driver takes its own lock.
+        unsafe { (self.set_hazards)(c_int::from(on)) != 0 }
+    }
+
+    /// Runs every stream's queued work, then fills every live device allocation with
+    /// `byte`; returns how many allocations it filled.
+    pub fn poison_live(&self, byte: u8) -> u64 {
+        // SAFETY: a plain value; the driver takes its own locks.
+        unsafe { (self.poison_live)(byte) }
+    }
+
+    /// Starts tracking which device allocations are written (a copy or memset into them, a
+    /// launch with a pointer to non-const data into them, device work with a written range
+    /// in them), forgetting what was tracked before.
+    pub fn mark_writes(&self) {
+        // SAFETY: no arguments; the driver takes its own locks.
+        unsafe { (self.mark_writes)() }
+    }
+
+    /// Runs every stream's queued work, then fills with `byte` every live allocation
+    /// written since [`StandIn::mark_writes`] (or the last call of this), and tracks anew
+    /// from here; returns how many allocations it filled.
+    pub fn poison_written(&self, byte: u8) -> u64 {
+        // SAFETY: a plain value; the driver takes its own locks.
+        unsafe { (self.poison_written)(byte) }
     }
 
     /// Every counter now. Take one before and one after the code under test, and
