@@ -355,8 +355,9 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
     None
 }
 
-/// `text` (of `source`) with ` ::standin::shared_reached(&name, sizeof(name));` after each
-/// `__shared__` declaration (outside comments and literals), and a `#line` so that the
+/// `text` (of `source`) with each `__shared__` declaration (outside comments and literals)
+/// made a `__standin_shared__` one followed by ` ::standin::shared_reached(&name,
+/// sizeof(name));`, and a `#line` so that the
 /// compiler's messages name the original file and lines. One variable per declaration:
 /// anything else is refused rather than left unpoisoned.
 fn poison_shared(source: &Path, text: &str) -> Result<String, String> {
@@ -459,7 +460,11 @@ fn poison_shared(source: &Path, text: &str) -> Result<String, String> {
                 source.display()
             ));
         }
-        out.push_str(&text[copied..=j]);
+        // `__standin_shared__` (kernel.h): a `__shared__` left as it is, in a header this
+        // does not rewrite, fails to compile instead of going unpoisoned.
+        out.push_str(&text[copied..i]);
+        out.push_str("__standin_shared__");
+        out.push_str(&text[start..=j]);
         out.push_str(&format!(
             " ::standin::shared_reached(&{name}, sizeof({name}));"
         ));

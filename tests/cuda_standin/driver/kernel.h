@@ -75,9 +75,12 @@ inline T shuffle_down_as(unsigned int mask, T value, unsigned int delta, int wid
 // Read from the CUBIN (cuLaunchKernel refuses a larger block, as CUDA does).
 #define __launch_bounds__(...)
 // One copy per OS thread: a block's lanes all run on one thread, one block at a time.
-// build.rs follows each declaration with a call of ::standin::shared_reached, which
-// poisons it when a block starts.
-#define __shared__ static thread_local
+// build.rs rewrites each `__shared__` declaration of a `.cu` file into a
+// `__standin_shared__` one followed by a call of ::standin::shared_reached, which poisons
+// the variable when a block starts; a `__shared__` it did not rewrite (in a header) does
+// not compile, rather than go unpoisoned.
+#define __standin_shared__ static thread_local
+#define __shared__ __shared___outside_a_cu_file_is_not_poisoned_by_the_stand_in_move_it_to_the_cu_file
 
 template <typename T>
 inline T __shfl_down_sync(unsigned int mask, T var, unsigned int delta, int width = 32) {
