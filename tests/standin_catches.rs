@@ -816,3 +816,35 @@ fn settings_from_the_environment() {
     assert_eq!(s.clone_dtoh(&weights).unwrap(), vec![0xCDCD_CDCDu32; 16]);
     assert_eq!(s.clone_dtoh(&other).unwrap(), vec![3u32; 16]);
 }
+
+#[test]
+fn a_block_needing_more_registers_than_an_sm_has_is_refused() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let src = s.clone_htod(&[1.0f32; 96]).unwrap();
+    let mut dst = s.alloc_zeros::<f32>(1024).unwrap();
+    let kernel = gpu.kernel("many_registers");
+    let launch = |dst: &mut cudarc::driver::CudaSlice<f32>, block: u32| {
+        let mut l = s.launch_builder(&kernel);
+        l.arg(&src).arg(dst);
+        // SAFETY: the arguments match many_registers(const volatile float*, float*); src
+        // holds 96 floats, dst one per thread.
+        unsafe { l.launch(blocks(1024, block)) }
+    };
+    // Planted: 1024 threads of a kernel of about 100 registers each.
+    let err = launch(&mut dst, 1024).expect_err("more registers than an SM has");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("kernel many_registers")
+            && why.contains("a block of 1024 threads needs")
+            && why.contains("more than the 65536 of an SM"),
+        "{why}"
+    );
+    // The twin: 128 threads per block.
+    launch(&mut dst, 128).expect("fits");
+    // 1 + 0.5 + 0.25 + ...: the sum of 96 halvings of 1.
+    let want = (0..96).fold(0.0f32, |acc, _| acc * 0.5 + 1.0);
+    assert_eq!(s.clone_dtoh(&dst).unwrap(), vec![want; 1024]);
+}

@@ -115,3 +115,16 @@ extern "C" __global__ void __launch_bounds__(64) scale_bounded(const float* src,
     if (i >= n) return;
     dst[i] = src[i] * factor;
 }
+
+// Holds 96 values live at once (volatile loads in order, used in reverse), so that it
+// needs about 100 registers per thread: a block of 1024 threads needs more than an SM's
+// 65536 registers and is refused at launch; 128 threads fit.
+extern "C" __global__ void many_registers(const volatile float* src, float* dst) {
+    float v[96];
+#pragma unroll
+    for (int k = 0; k < 96; ++k) v[k] = src[k];
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 95; k >= 0; --k) acc = acc * 0.5f + v[k];
+    dst[thread_index()] = acc;
+}
