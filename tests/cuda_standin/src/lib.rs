@@ -16,6 +16,13 @@
 //!
 //! [`StandIn::enqueue_work`] queues device work as the stand-in TensorRT does
 //! (driver/celer_standin_work.h), with Rust closures, for the stand-in's own tests.
+//!
+//! The stand-in's modes (driver/driver.cpp's header: execution order, `__shared__` and
+//! device memory poison, cross-stream hazards, launch limits) are set by environment
+//! variables at `cuInit`; in this process [`StandIn::set_order`],
+//! [`StandIn::set_shared_poison`], [`StandIn::set_hazards`], [`StandIn::mark_writes`],
+//! [`StandIn::poison_written`] and [`StandIn::poison_live`] change or use them, and
+//! [`StandIn::counters`] says what the code did on the device.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
