@@ -78,16 +78,20 @@ serve: models build
 # The GPU suite runs twice on the stand-in CUDA driver: as a driver of celer's floor, CUDA
 # 12.2 (R535; with every other test), where an entry point of a newer driver is missing as
 # it is on a real one, then as CUDA 13.0. CELER_TEST_CUDA_DRIVER picks the stand-in's
-# version; it does not apply to a real GPU.
+# version; it does not apply to a real GPU. The first run has the stand-in run each
+# launch's blocks (and each block's lanes) in reverse order, the second in a random order
+# from ORDER_SEED (the same seed, the same order: a failure replays with it), so that code
+# that depends on CUDA's order without a barrier fails here too.
 DRIVER_FLOOR := 12.2
 DRIVER_NEWEST := 13.0
+ORDER_SEED ?= 7
 GPU_SUITE := --test cuda_gpu --test gpu_recovery --test serve_gpu --test standin_work --test standin_catches \
 	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt --test request_floor)
 test: reference tensorrt-headers
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets $(subst --features ,--features celer/,$(CARGO_FEATURES)) -- -D warnings
-	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) cargo test --release $(CARGO_FEATURES)
-	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_NEWEST) cargo test --release $(CARGO_FEATURES) $(GPU_SUITE)
+	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) CELER_CUDA_STANDIN_ORDER=reverse cargo test --release $(CARGO_FEATURES)
+	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_NEWEST) CELER_CUDA_STANDIN_ORDER=random:$(ORDER_SEED) cargo test --release $(CARGO_FEATURES) $(GPU_SUITE)
 	@if [[ -n "$(CARGO_FEATURES)" ]]; then scripts/check-shim-symbols; fi
 
 # TensorRT engines against ONNX Runtime on a GPU with the real TensorRT (its headers:

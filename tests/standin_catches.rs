@@ -327,3 +327,524 @@ fn injected_faults_fail_a_launch_or_poison_the_context() {
     let gpu = Gpu::new();
     gpu.stream.alloc_zeros::<f32>(1).expect("a fresh context");
 }
+
+#[test]
+fn counters_count_each_kind_of_call() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let before = gpu.standin.counters();
+    // One of each: an allocation (zeroed: a memset), an upload, a copy on the device, a
+    // launch, a download into pageable memory (a host wait), a stream, event and context
+    // synchronisation, a pinned allocation and its free, a device free.
+    let mut a = s.alloc_zeros::<f32>(256).unwrap();
+    s.memcpy_htod(&[1.0f32; 256], &mut a).unwrap();
+    let mut b = s.alloc_zeros::<f32>(256).unwrap();
+    s.memcpy_dtod(&a, &mut b).unwrap();
+    let scale = gpu.kernel("scale");
+    let (n, factor) = (256u32, 2.0f32);
+    let mut launch = s.launch_builder(&scale);
+    launch.arg(&a).arg(&n).arg(&factor).arg(&mut b);
+    // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+    unsafe { launch.launch(blocks(256, 64)) }.unwrap();
+    let mut host = vec![0.0f32; 256];
+    s.memcpy_dtoh(&b, &mut host).unwrap();
+    s.synchronize().unwrap();
+    s.record_event(None).unwrap().synchronize().unwrap();
+    gpu.context.synchronize().unwrap();
+    let pinned = celer::cuda::pinned::<u8>(&gpu.context, 4096, false).unwrap();
+    drop(pinned);
+    drop(a);
+    s.synchronize().unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!(host, vec![2.0f32; 256]);
+    assert_eq!(d.device_allocs, 2, "{d:?}");
+    assert_eq!(d.device_frees, 1, "{d:?}");
+    assert_eq!((d.memsets, d.memset_bytes), (2, 2 * 1024), "{d:?}");
+    assert_eq!((d.htod_copies, d.htod_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.dtod_copies, d.dtod_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.dtoh_copies, d.dtoh_bytes), (1, 1024), "{d:?}");
+    assert_eq!((d.launches_enqueued, d.launches_run), (1, 1), "{d:?}");
+    assert_eq!(
+        (d.pinned_allocs, d.pinned_alloc_bytes, d.pinned_frees),
+        (1, 4096, 1),
+        "{d:?}"
+    );
+    assert!(
+        d.event_syncs >= 1 && d.ctx_syncs >= 1 && d.stream_syncs >= 2,
+        "{d:?}"
+    );
+    assert_eq!(
+        d.host_syncs,
+        d.stream_syncs + d.event_syncs + d.ctx_syncs + 1,
+        "the pageable download waits too: {d:?}"
+    );
+    assert_eq!(d.sticky_errors, 0, "{d:?}");
+    // Every field is a counter the driver knows.
+    for name in celer_cuda_standin::Counters::NAMES {
+        assert_ne!(gpu.standin.counter(name), u64::MAX, "{name}");
+    }
+}
+
+/// Sets the stand-in's execution order until dropped, then puts back the one before (the
+/// suite may run with CELER_CUDA_STANDIN_ORDER set).
+struct OrderFor {
+    standin: &'static StandIn,
+    before: String,
+}
+
+impl OrderFor {
+    fn new(standin: &'static StandIn, order: &str) -> OrderFor {
+        let before = standin.order();
+        standin
+            .set_order(order)
+            .expect("an order the stand-in knows");
+        OrderFor { standin, before }
+    }
+}
+
+impl Drop for OrderFor {
+    fn drop(&mut self) {
+        self.standin
+            .set_order(&self.before)
+            .expect("the order before");
+    }
+}
+
+/// Launches `name(src, n, out)` in blocks of 64 over `input` and returns `out`.
+fn run_u32_kernel(gpu: &Gpu, name: &str, input: &[u32]) -> Vec<u32> {
+    let s = &gpu.stream;
+    let src = s.clone_htod(input).unwrap();
+    let mut out = s.alloc_zeros::<u32>(input.len()).unwrap();
+    let n = input.len() as u32;
+    let kernel = gpu.kernel(name);
+    let mut launch = s.launch_builder(&kernel);
+    launch.arg(&src).arg(&n).arg(&mut out);
+    // SAFETY: the arguments match the kernel's (const u32*, u32, u32*); both hold n values.
+    unsafe { launch.launch(blocks(n, 64)) }.unwrap();
+    s.clone_dtoh(&out).unwrap()
+}
+
+#[test]
+fn a_missing_syncthreads_is_caught_when_lanes_start_in_reverse() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let input: Vec<u32> = (1..=200).collect();
+    // Thread i of each block reads thread i - 1's value.
+    let want: Vec<u32> = (0..200u32)
+        .map(|i| if i % 64 == 0 { 0 } else { i })
+        .collect();
+    {
+        // CUDA's thread order: thread i - 1 has finished before thread i starts, so the
+        // planted bug goes unseen.
+        let _order = OrderFor::new(gpu.standin, "forward");
+        assert_eq!(run_u32_kernel(&gpu, "shift_without_sync", &input), want);
+        assert_eq!(run_u32_kernel(&gpu, "shift_with_sync", &input), want);
+    }
+    for order in ["reverse", "random:7"] {
+        let _order = OrderFor::new(gpu.standin, order);
+        let got = run_u32_kernel(&gpu, "shift_without_sync", &input);
+        assert_ne!(got, want, "{order}: the missing __syncthreads is caught");
+        // What the neighbour had not written yet: the poison shared memory starts with.
+        assert!(got.contains(&0xCDCD_CDCD), "{order}: {got:?}");
+        // The twin, with the barrier, is right in every order.
+        assert_eq!(
+            run_u32_kernel(&gpu, "shift_with_sync", &input),
+            want,
+            "{order}"
+        );
+    }
+}
+
+#[test]
+fn a_kernel_that_depends_on_block_order_is_caught_in_reverse_and_random_order() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let chain = gpu.kernel("chain_blocks");
+    let run = |order: &str| {
+        let _order = OrderFor::new(gpu.standin, order);
+        let mut data = s.alloc_zeros::<u32>(16).unwrap();
+        let mut launch = s.launch_builder(&chain);
+        launch.arg(&mut data);
+        // SAFETY: chain_blocks(u32*) over 16 blocks writes data[0..16).
+        unsafe { launch.launch(blocks(16 * 32, 32)) }.unwrap();
+        s.clone_dtoh(&data).unwrap()
+    };
+    let in_order: Vec<u32> = (1..=16).collect();
+    assert_eq!(
+        run("forward"),
+        in_order,
+        "blocks in CUDA's order hide the bug"
+    );
+    for order in ["reverse", "random:7", "random:18446744073709551615"] {
+        assert_ne!(
+            run(order),
+            in_order,
+            "{order}: the block-order dependency is caught"
+        );
+    }
+    // The same seed, the same order: a failure can be replayed.
+    assert_eq!(run("random:7"), run("random:7"));
+    assert_ne!(run("random:7"), run("random:8"));
+    // Text the stand-in does not know is refused, the order unchanged.
+    let before = gpu.standin.order();
+    let err = gpu.standin.set_order("random:-1").expect_err("not a seed");
+    assert!(err.contains("random:-1"), "{err}");
+    assert_eq!(gpu.standin.order(), before);
+}
+
+#[test]
+fn shared_memory_holds_poison_when_each_block_starts() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let n = 256u32;
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let src = s.clone_htod(&input).unwrap();
+    let want: Vec<f32> = input.iter().map(|v| v * 2.0).collect();
+    let run = |name: &str| {
+        let kernel = gpu.kernel(name);
+        let mut dst = s.alloc_zeros::<f32>(n as usize).unwrap();
+        let factor = 2.0f32;
+        let mut launch = s.launch_builder(&kernel);
+        launch.arg(&src).arg(&n).arg(&factor).arg(&mut dst);
+        // SAFETY: the arguments match (const float*, u32, float, float*); n floats each.
+        unsafe { launch.launch(blocks(n, 64)) }.unwrap();
+        s.clone_dtoh(&dst).unwrap()
+    };
+    let _order = OrderFor::new(gpu.standin, "forward");
+    // Without the poison, block 1 reads what block 0 left in the shared variable: the
+    // planted bug passes, as it did before the stand-in poisoned shared memory.
+    let was_on = gpu.standin.set_shared_poison(false);
+    let unseen = run("scale_through_shared_once");
+    gpu.standin.set_shared_poison(true);
+    assert_eq!(unseen, want);
+    // With it, every block after the first reads poison.
+    let caught = run("scale_through_shared_once");
+    gpu.standin.set_shared_poison(was_on);
+    assert_eq!(caught[..64], want[..64], "block 0 set the factor");
+    assert!(
+        caught[64..]
+            .iter()
+            .zip(&input[64..])
+            .all(|(v, x)| *v == x * f32::from_bits(0xCDCD_CDCD)),
+        "blocks 1.. read the poison: {:?}",
+        &caught[64..72]
+    );
+    // The twin sets it in every block.
+    assert_eq!(run("scale_through_shared"), want);
+}
+
+#[test]
+fn cross_stream_hazards_are_refused_at_enqueue_naming_both_streams() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    // SAFETY: these slices' synchronisation is the test's own (what it plants and checks);
+    // cudarc's events would otherwise order every use across streams.
+    unsafe { gpu.context.disable_event_tracking() };
+    let a = gpu.context.new_stream().unwrap();
+    let b = gpu.context.new_stream().unwrap();
+    let scale = gpu.kernel("scale");
+    let n = 1000u32;
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let launch = |stream: &Arc<CudaStream>,
+                  src: &cudarc::driver::CudaSlice<f32>,
+                  factor: f32,
+                  dst: &mut cudarc::driver::CudaSlice<f32>| {
+        let mut l = stream.launch_builder(&scale);
+        l.arg(src).arg(&n).arg(&factor).arg(dst);
+        // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+        unsafe { l.launch(blocks(n, 256)) }
+    };
+    let stream_text = |s: &CudaStream| format!("stream {:p}", s.cu_stream());
+
+    // Planted: a producer on stream a, its consumer on stream b, nothing between them.
+    let src = a.clone_htod(&input).unwrap();
+    let mut mid = a.alloc_zeros::<f32>(n as usize).unwrap();
+    let mut out = b.alloc_zeros::<f32>(n as usize).unwrap();
+    launch(&a, &src, 2.0, &mut mid).unwrap();
+    gpu.standin.clear_last_error();
+    let err = launch(&b, &mid, 3.0, &mut out).expect_err("the hazard is refused");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("cross-stream hazard")
+            && why.contains("kernel scale (launch")
+            && why.contains(&format!("on {})", stream_text(&b)))
+            && why.contains(&format!("on {})", stream_text(&a)))
+            && why.contains("reads through parameter 0")
+            && why.contains("4000-byte allocation")
+            && why.contains("wrote"),
+        "{why}"
+    );
+    gpu.context.synchronize().unwrap();
+
+    // The twin: stream b waits on an event recorded on a after the producer.
+    launch(&a, &src, 2.0, &mut mid).unwrap();
+    b.wait(&a.record_event(None).unwrap()).unwrap();
+    launch(&b, &mid, 3.0, &mut out).expect("ordered by the event");
+    b.synchronize().unwrap();
+    let want: Vec<f32> = input.iter().map(|v| v * 6.0).collect();
+    assert_eq!(b.clone_dtoh(&out).unwrap(), want);
+
+    // Planted: a write on a of what b read, with nothing ordering it after that read.
+    let mut again = b.alloc_zeros::<f32>(n as usize).unwrap();
+    launch(&b, &mid, 3.0, &mut again).expect("after the context's synchronisation");
+    let err = launch(&a, &src, 5.0, &mut mid).expect_err("write after another stream's read");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("writes through parameter 3") && why.contains("read"),
+        "{why}"
+    );
+    gpu.context.synchronize().unwrap();
+
+    // The twin: the host synchronised stream a after the producer.
+    launch(&a, &src, 4.0, &mut mid).unwrap();
+    a.synchronize().unwrap();
+    launch(&b, &mid, 0.5, &mut out).expect("ordered by the host's synchronisation");
+    assert_eq!(
+        b.clone_dtoh(&out).unwrap(),
+        input.iter().map(|v| v * 2.0).collect::<Vec<f32>>()
+    );
+    // Every stream done before the slices are freed on theirs.
+    gpu.context.synchronize().unwrap();
+}
+
+/// A harness of two "requests" that reuse one scratch buffer: each uploads its input into
+/// the scratch buffer (unless `stale`, the planted bug: the second request skips the
+/// upload and reads what the first left) and scales it into `out`.
+fn two_requests(gpu: &Gpu, stale: bool) -> (Vec<f32>, Vec<f32>) {
+    let s = &gpu.stream;
+    let n = 512u32;
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut scratch = s.alloc_zeros::<f32>(n as usize).unwrap();
+    let mut out = s.alloc_zeros::<f32>(n as usize).unwrap();
+    let scale = gpu.kernel("scale");
+    let mut request = |first: bool| {
+        if first || !stale {
+            s.memcpy_htod(&input, &mut scratch).unwrap();
+        }
+        let factor = 2.0f32;
+        let mut launch = s.launch_builder(&scale);
+        launch.arg(&scratch).arg(&n).arg(&factor).arg(&mut out);
+        // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+        unsafe { launch.launch(blocks(n, 256)) }.unwrap();
+        s.clone_dtoh(&out).unwrap()
+    };
+    gpu.standin.mark_writes();
+    let first = request(true);
+    // Between the requests: what the first one wrote is poisoned.
+    assert!(
+        gpu.standin.poison_written(0xCD) >= 2,
+        "scratch and out were written"
+    );
+    let second = request(false);
+    (first, second)
+}
+
+#[test]
+fn device_memory_holds_poison_until_written() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    // Fresh memory is not zero: a read of memory nothing wrote reads poison...
+    // SAFETY: read back before anything writes it, which is what is tested.
+    let fresh = unsafe { s.alloc::<u32>(64) }.unwrap();
+    assert!(s
+        .clone_dtoh(&fresh)
+        .unwrap()
+        .iter()
+        .all(|&v| v == 0xCDCD_CDCD));
+    // ... and alloc_zeros does write it.
+    let zeros = s.alloc_zeros::<u32>(64).unwrap();
+    assert!(s.clone_dtoh(&zeros).unwrap().iter().all(|&v| v == 0));
+
+    // Written before the mark (weights, say): kept when what the requests wrote is poisoned.
+    let weights = s.clone_htod(&[7u32; 64]).unwrap();
+    // Planted: the second request reads the scratch buffer it did not write.
+    let (first, second) = two_requests(&gpu, true);
+    assert_ne!(first, second, "the stale read is caught");
+    assert!(
+        second
+            .iter()
+            .all(|v| v.is_nan() || v.to_bits() == (f32::from_bits(0xCDCD_CDCD) * 2.0).to_bits()),
+        "{:?}",
+        &second[..4]
+    );
+    // The twin writes what it reads in each request.
+    let (first, second) = two_requests(&gpu, false);
+    assert_eq!(first, second);
+    assert_eq!(s.clone_dtoh(&weights).unwrap(), vec![7u32; 64]);
+    // poison_live poisons everything live, weights included.
+    assert!(gpu.standin.poison_live(0xAB) >= 3);
+    assert!(s
+        .clone_dtoh(&weights)
+        .unwrap()
+        .iter()
+        .all(|&v| v == 0xABAB_ABAB));
+}
+
+#[test]
+fn launch_bounds_and_block_size_are_checked_at_launch() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let n = 256u32;
+    let src = s.clone_htod(&vec![1.5f32; n as usize]).unwrap();
+    let mut dst = s.alloc_zeros::<f32>(n as usize).unwrap();
+    let bounded = gpu.kernel("scale_bounded");
+    let factor = 2.0f32;
+    let launch = |dst: &mut cudarc::driver::CudaSlice<f32>, block: u32| {
+        let mut l = s.launch_builder(&bounded);
+        l.arg(&src).arg(&n).arg(&factor).arg(dst);
+        // SAFETY: the arguments match scale_bounded's signature; the buffers hold n floats.
+        unsafe { l.launch(blocks(n, block)) }
+    };
+    // Planted: 128 threads per block for a kernel of __launch_bounds__(64).
+    let err = launch(&mut dst, 128).expect_err("more threads than the launch bounds");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("kernel scale_bounded")
+            && why.contains("a block of 128 threads")
+            && why.contains("__launch_bounds__ 64 threads")
+            && why.contains("registers per thread")
+            && !why.contains("uses 0 registers"),
+        "{why}"
+    );
+    // The twin: 64 threads per block.
+    launch(&mut dst, 64).expect("within the bounds");
+    assert_eq!(s.clone_dtoh(&dst).unwrap(), vec![3.0f32; n as usize]);
+}
+
+/// Set in the processes that settings_from_the_environment starts: what the process is
+/// for.
+const CHILD: &str = "CELER_STANDIN_CATCHES_CHILD";
+
+/// Runs `test` of this binary in a process of its own, with `env`: the stand-in reads its
+/// settings once per process, at cuInit.
+fn in_child_process(test: &str, env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("the child process starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "in the child process: {text}"
+    );
+}
+
+#[test]
+fn settings_from_the_environment() {
+    let name = "settings_from_the_environment";
+    let file = std::env::temp_dir().join(format!("celer-poison-{}", std::process::id()));
+    match std::env::var(CHILD).as_deref() {
+        Err(_) => {
+            // Planted: a typo in each setting. cuInit refuses it, naming it.
+            for (variable, value) in [
+                ("CELER_CUDA_STANDIN_ORDER", "backwards"),
+                ("CELER_CUDA_STANDIN_ORDER", "random:"),
+                ("CELER_CUDA_STANDIN_HAZARDS", "no"),
+                ("CELER_CUDA_STANDIN_POISON_SHARED", "off"),
+                ("CELER_CUDA_STANDIN_POISON_DEVICE", "2"),
+            ] {
+                in_child_process(
+                    name,
+                    &[
+                        (CHILD, "typo"),
+                        (variable, value),
+                        ("WANT", &format!("{variable}={value}")),
+                    ],
+                );
+            }
+            // The order the variable names, and the poison file's commands.
+            in_child_process(
+                name,
+                &[
+                    (CHILD, "file"),
+                    ("CELER_CUDA_STANDIN_ORDER", "random:42"),
+                    ("CELER_CUDA_STANDIN_POISON_FILE", file.to_str().unwrap()),
+                ],
+            );
+            return;
+        }
+        Ok("typo") => {
+            let standin = standin();
+            let err = CudaContext::new(0).expect_err("cuInit refuses the setting");
+            assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+            let why = standin.last_error();
+            let want = std::env::var("WANT").unwrap();
+            assert!(why.contains(&want), "{why}");
+            return;
+        }
+        Ok(_) => {}
+    }
+    let file = std::path::PathBuf::from(std::env::var("CELER_CUDA_STANDIN_POISON_FILE").unwrap());
+    let gpu = Gpu::new();
+    assert_eq!(gpu.standin.order(), "random:42");
+    let s = &gpu.stream;
+    let weights = s.clone_htod(&[1u32; 16]).unwrap();
+    let mut scratch = s.alloc_zeros::<u32>(16).unwrap();
+    std::fs::write(&file, "mark\n").unwrap();
+    // The next enqueue call takes the command (and removes the file), before its own work.
+    s.memcpy_htod(&[2u32; 16], &mut scratch).unwrap();
+    assert!(!file.exists(), "the command was taken");
+    std::fs::write(&file, "poison 0x11").unwrap();
+    let mut other = s.alloc_zeros::<u32>(16).unwrap();
+    assert!(!file.exists());
+    assert_eq!(s.clone_dtoh(&scratch).unwrap(), vec![0x1111_1111u32; 16]);
+    assert_eq!(
+        s.clone_dtoh(&weights).unwrap(),
+        vec![1u32; 16],
+        "written before the mark"
+    );
+    assert_eq!(
+        s.clone_dtoh(&other).unwrap(),
+        vec![0u32; 16],
+        "written after the poison"
+    );
+    std::fs::write(&file, "poison_live").unwrap();
+    s.memcpy_htod(&[3u32; 16], &mut other).unwrap();
+    assert_eq!(s.clone_dtoh(&weights).unwrap(), vec![0xCDCD_CDCDu32; 16]);
+    assert_eq!(s.clone_dtoh(&other).unwrap(), vec![3u32; 16]);
+}
+
+#[test]
+fn a_block_needing_more_registers_than_an_sm_has_is_refused() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let src = s.clone_htod(&[1.0f32; 96]).unwrap();
+    let mut dst = s.alloc_zeros::<f32>(1024).unwrap();
+    let kernel = gpu.kernel("many_registers");
+    let launch = |dst: &mut cudarc::driver::CudaSlice<f32>, block: u32| {
+        let mut l = s.launch_builder(&kernel);
+        l.arg(&src).arg(dst);
+        // SAFETY: the arguments match many_registers(const volatile float*, float*); src
+        // holds 96 floats, dst one per thread.
+        unsafe { l.launch(blocks(1024, block)) }
+    };
+    // Planted: 1024 threads of a kernel of about 100 registers each.
+    let err = launch(&mut dst, 1024).expect_err("more registers than an SM has");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("kernel many_registers")
+            && why.contains("a block of 1024 threads needs")
+            && why.contains("more than the 65536 of an SM"),
+        "{why}"
+    );
+    // The twin: 128 threads per block.
+    launch(&mut dst, 128).expect("fits");
+    // 1 + 0.5 + 0.25 + ...: the sum of 96 halvings of 1.
+    let want = (0..96).fold(0.0f32, |acc, _| acc * 0.5 + 1.0);
+    assert_eq!(s.clone_dtoh(&dst).unwrap(), vec![want; 1024]);
+}

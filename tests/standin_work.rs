@@ -321,8 +321,24 @@ fn work_over_memory_freed_before_it_runs_is_an_illegal_address_and_sticky() {
         },
     );
     assert_eq!(work.result(), 0, "{}", gpu.standin.last_error());
-    gpu.free_on(buffer, &other)
-        .expect("a free on the other stream");
+    // Refused when queued, by the cross-stream hazard check, naming both...
+    let err = gpu
+        .free_on(buffer, &other)
+        .expect_err("a free racing the work");
+    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("cross-stream hazard")
+            && why.contains("cuMemFreeAsync")
+            && why.contains("TensorRT engine `u2netp`")
+            && why.contains("read"),
+        "{why}"
+    );
+    // ... and, with that check off, caught when the work runs over the freed memory.
+    let hazards = gpu.standin.set_hazards(false);
+    let freed = gpu.free_on(buffer, &other);
+    gpu.standin.set_hazards(hazards);
+    freed.expect("a free on the other stream");
     other.synchronize().expect("the free runs");
     let err = gpu
         .stream
@@ -491,15 +507,20 @@ fn work_still_queued_when_its_context_is_reset_is_dropped_and_done_once() {
 
     // The twin: a stream destroyed with work queued runs it first, as on a GPU.
     let doomed = gpu.context.new_stream().expect("a stream");
+    // The buffer is ready (allocated and zeroed on gpu.stream) before the other stream
+    // uses it.
+    gpu.stream.synchronize().unwrap();
     let work = gpu.standin.enqueue_work(
         doomed.cu_stream().cast(),
         "on a doomed stream",
         &[written(buffer, 64, "the buffer")],
         || Ok(()),
     );
-    gpu.stream.synchronize().unwrap();
     drop(doomed);
     assert_eq!((work.runs(), work.dones()), (1, 1));
+    // cuStreamDestroy does not wait for its work on a GPU: the host does, before another
+    // stream writes the buffer.
+    gpu.context.synchronize().unwrap();
 
     // Reset with work queued: it never runs, and `done` frees its state.
     let work = gpu.queue(

@@ -55,8 +55,15 @@ fn build() -> Result<(), String> {
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or("kernels");
+        // The source as compiled: each `__shared__` declaration followed by the call that
+        // poisons the variable when a block starts (kernel.h: shared_reached).
+        let text = std::fs::read_to_string(source)
+            .map_err(|e| format!("reading {}: {e}", source.display()))?;
+        let rewritten = out.join(format!("shared_{stem}.cu"));
+        std::fs::write(&rewritten, poison_shared(source, &text)?)
+            .map_err(|e| format!("writing {}: {e}", rewritten.display()))?;
         let unit = out.join(format!("kernels_{stem}.cpp"));
-        std::fs::write(&unit, registration(source, &kernels)?)
+        std::fs::write(&unit, registration(source, &rewritten, &kernels)?)
             .map_err(|e| format!("writing {}: {e}", unit.display()))?;
         units.push((unit, true));
     }
@@ -94,6 +101,10 @@ fn build() -> Result<(), String> {
             .arg("-o")
             .arg(&object);
         if *is_kernels {
+            // The rewritten sources live in OUT_DIR: their own includes come from here.
+            command.arg("-I").arg(&test_kernels);
+            // `#pragma unroll` and friends mean nothing to the host build.
+            command.arg("-Wno-unknown-pragmas");
             command.arg("-include").arg(driver_dir.join("kernel.h"));
         }
         let child = command
@@ -288,7 +299,14 @@ fn kernels_of(cxx: &str, source: &Path, include: &Path) -> Result<Vec<Kernel>, S
         let Some(after_void) = rest.trim_start().strip_prefix("void") else {
             continue;
         };
-        let after_void = after_void.trim_start();
+        let mut after_void = after_void.trim_start();
+        // `__global__ void __launch_bounds__(64) name(...)`: the bounds come first.
+        if let Some(bounds) = after_void.strip_prefix("__launch_bounds__") {
+            let Some(close) = bounds.find(')') else {
+                continue;
+            };
+            after_void = bounds[close + 1..].trim_start();
+        }
         let name: String = after_void
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -339,18 +357,135 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
     None
 }
 
-fn registration(source: &Path, kernels: &[Kernel]) -> Result<String, String> {
+/// `text` (of `source`) with each `__shared__` declaration (outside comments and literals)
+/// made a `__standin_shared__` one followed by ` ::standin::shared_reached(&name,
+/// sizeof(name));`, and a `#line` so that the
+/// compiler's messages name the original file and lines. One variable per declaration:
+/// anything else is refused rather than left unpoisoned.
+fn poison_shared(source: &Path, text: &str) -> Result<String, String> {
+    let path = source
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", source.display()))?;
+    let bytes = text.as_bytes();
+    let mut out = format!("#line 1 {:?}\n", path.display().to_string());
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    let mut copied = 0;
+    // Skips a comment or literal starting at `i`, returning where it ends (or `i`).
+    let skip = |i: usize| -> usize {
+        if bytes[i..].starts_with(b"//") {
+            return bytes[i..]
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(bytes.len(), |p| i + p);
+        }
+        if bytes[i..].starts_with(b"/*") {
+            return bytes[i + 2..]
+                .windows(2)
+                .position(|w| w == b"*/")
+                .map_or(bytes.len(), |p| i + 2 + p + 2);
+        }
+        if bytes[i] == b'"' || bytes[i] == b'\'' {
+            let quote = bytes[i];
+            let mut j = i + 1;
+            while j < bytes.len() && bytes[j] != quote {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            return (j + 1).min(bytes.len());
+        }
+        i
+    };
+    while i < bytes.len() {
+        let after = skip(i);
+        if after != i {
+            i = after;
+            continue;
+        }
+        let word = b"__shared__";
+        let starts_word = bytes[i..].starts_with(word)
+            && (i == 0 || !is_ident(bytes[i - 1]))
+            && !bytes.get(i + word.len()).is_some_and(|&c| is_ident(c));
+        if !starts_word {
+            i += 1;
+            continue;
+        }
+        // The declaration runs to the first `;` outside brackets.
+        let start = i + word.len();
+        let mut j = start;
+        let mut depth = 0i32;
+        let mut name_end = None;
+        while j < bytes.len() {
+            let after = skip(j);
+            if after != j {
+                j = after;
+                continue;
+            }
+            match bytes[j] {
+                b'(' | b'[' | b'{' | b'<' => {
+                    if depth == 0 && bytes[j] != b'<' && name_end.is_none() {
+                        name_end = Some(j);
+                    }
+                    depth += 1;
+                }
+                b')' | b']' | b'}' | b'>' => depth -= 1,
+                b'=' if depth == 0 && name_end.is_none() => name_end = Some(j),
+                b',' if depth == 0 => {
+                    return Err(format!(
+                        "{}: a `__shared__` declaration of more than one variable: declare one per line",
+                        source.display()
+                    ))
+                }
+                b';' if depth == 0 => break,
+                _ => {}
+            }
+            j += 1;
+        }
+        if j >= bytes.len() {
+            return Err(format!(
+                "{}: a `__shared__` declaration without its `;`",
+                source.display()
+            ));
+        }
+        let declarator = &text[start..name_end.unwrap_or(j)];
+        let name: String = declarator
+            .trim_end()
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(format!(
+                "{}: cannot tell the variable `__shared__{declarator}` declares",
+                source.display()
+            ));
+        }
+        // `__standin_shared__` (kernel.h): a `__shared__` left as it is, in a header this
+        // does not rewrite, fails to compile instead of going unpoisoned.
+        out.push_str(&text[copied..i]);
+        out.push_str("__standin_shared__");
+        out.push_str(&text[start..=j]);
+        out.push_str(&format!(
+            " ::standin::shared_reached(&{name}, sizeof({name}));"
+        ));
+        copied = j + 1;
+        i = j + 1;
+    }
+    out.push_str(&text[copied..]);
+    Ok(out)
+}
+
+fn registration(source: &Path, compiled: &Path, kernels: &[Kernel]) -> Result<String, String> {
     let file = source
         .file_name()
         .and_then(|f| f.to_str())
         .ok_or("a kernel file without a name")?;
-    let path = source
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", source.display()))?;
     let mut text = format!(
         "// Generated by tests/cuda_standin/build.rs from {file}: its kernels' host builds.\n\
          #include \"{}\"\n#include \"registry.h\"\nnamespace {{\nconst ::standin::KernelEntry entries[] = {{\n",
-        path.display()
+        compiled.display()
     );
     for k in kernels {
         text.push_str(&format!(

@@ -10,8 +10,9 @@
 // pages faults at once; one into that alignment padding is caught after the launch, by
 // the padding's canary (`padding_intact`), which a write changes (a read of it is not
 // caught). Freed pages go back to PROT_NONE (and their memory to the kernel).
-// Fresh pages read as zero, as most fresh GPU memory does; nothing here catches a read
-// of memory that was never written.
+// The driver fills each fresh allocation with poison bytes (driver.cpp,
+// CELER_CUDA_STANDIN_POISON_DEVICE), so that a read of memory never written reads
+// garbage, not the zeros fresh pages hold.
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -111,6 +112,15 @@ int device_alloc(size_t bytes, uint64_t generation, uintptr_t* out) {
     a.in_use += bytes;
     *out = base;
     return SUCCESS;
+}
+
+void live_allocations(std::vector<AllocationView>* out) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    out->clear();
+    for (const auto& [base, allocation] : a.allocations) {
+        if (allocation.live) out->push_back(AllocationView{base, allocation.size, true, nullptr, allocation.generation});
+    }
 }
 
 namespace {

@@ -1,6 +1,8 @@
 // Reads what the stand-in needs from NVRTC's output, a CUBIN: an ELF64 file of machine
 // EM_CUDA whose entry functions are the kernels, each with a `.nv.info.<kernel>` section
-// whose EIATTR_KPARAM_INFO records give every parameter's size. cuModuleLoadData checks
+// whose EIATTR_KPARAM_INFO records give every parameter's size (and EIATTR_MAX_THREADS
+// its __launch_bounds__), and whose global `.nv.info` gives each kernel's registers per
+// thread (EIATTR_REGCOUNT, by symbol index). cuModuleLoadData checks
 // those sizes against the host build's parameter types, so a stand-in built from other
 // sources than the ones NVRTC compiled cannot go unnoticed.
 #include <string.h>
@@ -21,6 +23,10 @@ constexpr uint8_t kSttFunc = 2;
 constexpr uint8_t kFormatSval = 4;
 constexpr uint8_t kAttrKparamInfo = 0x17;
 constexpr uint8_t kAttrCbankParamSize = 0x19;
+// __launch_bounds__'s maximum threads per block: three 32-bit values (x, y, z).
+constexpr uint8_t kAttrMaxThreads = 0x05;
+// In the global .nv.info: a function's symbol index and its registers per thread.
+constexpr uint8_t kAttrRegcount = 0x2f;
 
 struct Elf64Header {
     unsigned char ident[16];
@@ -87,6 +93,10 @@ bool read_cubin(const void* image, std::string* why, Cubin* cubin) {
         return std::string(reinterpret_cast<const char*>(bytes + names.offset + s.name));
     };
     std::map<std::string, size_t> param_bytes;
+    std::map<std::string, unsigned> registers;
+    std::map<uint32_t, std::string> symbols;  // by index in the symbol table
+    std::vector<std::pair<uint32_t, uint32_t>> register_counts;  // (symbol, registers)
+    std::map<std::string, unsigned> max_threads;
     std::vector<std::string> functions;
     for (size_t i = 0; i < header.shnum; ++i) {
         Elf64Section s = section(i);
@@ -96,9 +106,21 @@ bool read_cubin(const void* image, std::string* why, Cubin* cubin) {
             for (size_t k = 0; k < s.size / sizeof(Elf64Symbol); ++k) {
                 Elf64Symbol sym;
                 memcpy(&sym, bytes + s.offset + k * sizeof(Elf64Symbol), sizeof(sym));
-                if ((sym.info & 0xf) == kSttFunc) {
-                    functions.emplace_back(reinterpret_cast<const char*>(bytes + strings.offset + sym.name));
+                const char* symbol = reinterpret_cast<const char*>(bytes + strings.offset + sym.name);
+                symbols[uint32_t(k)] = symbol;
+                if ((sym.info & 0xf) == kSttFunc) functions.emplace_back(symbol);
+            }
+        } else if (name == ".nv.info") {
+            for (size_t at = 0; at + 4 <= s.size;) {
+                const unsigned char* entry = bytes + s.offset + at;
+                uint16_t value;
+                memcpy(&value, entry + 2, 2);
+                if (entry[0] == kFormatSval && entry[1] == kAttrRegcount && value >= 8 && at + 12 <= s.size) {
+                    uint32_t symbol_and_count[2];
+                    memcpy(symbol_and_count, entry + 4, sizeof(symbol_and_count));
+                    register_counts.emplace_back(symbol_and_count[0], symbol_and_count[1]);
                 }
+                at += 4 + (entry[0] == kFormatSval ? value : 0);
             }
         } else if (name.rfind(".nv.info.", 0) == 0) {
             // Entries: format, attribute, then a 16-bit value or (SVAL) a size and data.
@@ -111,14 +133,27 @@ bool read_cubin(const void* image, std::string* why, Cubin* cubin) {
                 uint16_t value;
                 memcpy(&value, entry + 2, 2);
                 if (attr == kAttrCbankParamSize) total = value;
+                if (attr == kAttrMaxThreads && fmt == kFormatSval && value >= 12 && at + 16 <= s.size) {
+                    uint32_t xyz[3];
+                    memcpy(xyz, entry + 4, sizeof(xyz));
+                    max_threads[kernel] = xyz[0] * xyz[1] * xyz[2];
+                }
                 at += 4 + (fmt == kFormatSval ? value : 0);
             }
             param_bytes[kernel] = total;
         }
     }
+    for (const auto& [symbol, count] : register_counts) {
+        auto named = symbols.find(symbol);
+        if (named != symbols.end()) registers[named->second] = count;
+    }
     for (const std::string& f : functions) {
         auto found = param_bytes.find(f);
-        cubin->kernels.push_back(CubinKernel{f, found == param_bytes.end() ? 0 : found->second});
+        auto regs = registers.find(f);
+        auto bound = max_threads.find(f);
+        cubin->kernels.push_back(CubinKernel{f, found == param_bytes.end() ? 0 : found->second,
+                                             regs == registers.end() ? 0 : regs->second,
+                                             bound == max_threads.end() ? 0 : bound->second});
     }
     return true;
 }

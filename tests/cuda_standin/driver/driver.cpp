@@ -23,6 +23,64 @@
 //   it) makes the context's error sticky, as on a GPU: every later call in the context
 //   fails until the context is destroyed (last cuDevicePrimaryCtxRelease) or reset.
 //
+// Modes that show what a GPU's freedom would (read at cuInit; a value other than those
+// listed makes cuInit fail with CUDA_ERROR_INVALID_VALUE naming it):
+// - Execution order, CELER_CUDA_STANDIN_ORDER: `forward` (default: CUDA's linear block
+//   order, lanes started in thread order, so a lane runs until it parks before the next
+//   starts), `reverse` (blocks last first, z then y then x descending; in each block the
+//   lanes start highest thread index first and resume from a barrier or shuffle in that
+//   order), `random:<seed>` (seed: u64 in decimal; blocks in a permutation made by
+//   Fisher-Yates with splitmix64 from the seed, the same for the same seed and grid; lanes
+//   as reverse). A kernel that reads another lane's shared slot without a __syncthreads
+//   between, or another block's output, gives another answer. In-process:
+//   celer_standin_set_order(text) (0, or CUDA_ERROR_INVALID_VALUE) and
+//   celer_standin_order().
+// - `__shared__` poison, CELER_CUDA_STANDIN_POISON_SHARED (1 default, 0 off): build.rs
+//   follows each `__shared__` declaration of a kernel source with a call that fills the
+//   variable with 0xCD bytes (as a float about -4.3e8) when the first lane of a block
+//   reaches it, instead of the previous block's values. celer_standin_set_shared_poison.
+// - Device memory poison, CELER_CUDA_STANDIN_POISON_DEVICE (1 default, 0 off): fresh
+//   allocations (cuMemAlloc, cuMemAllocAsync) hold 0xCD bytes, not zeros (cudarc's
+//   alloc_zeros memsets them, so only reads of memory nothing wrote see it). Controls:
+//   celer_standin_poison_live(byte) fills every live allocation; celer_standin_mark_writes()
+//   starts tracking which allocations are written (a copy or memset into one, a launch with
+//   a pointer to non-const data into one, device work with a written range in one);
+//   celer_standin_poison_written(byte) fills those written since the mark (or the last
+//   poison_written) and tracks anew. Both poisoning controls first run every stream's
+//   queued work (nothing in flight sees the poison) and return how many allocations they
+//   filled.
+// - CELER_CUDA_STANDIN_POISON_FILE=PATH, the same for a server in another process: at the
+//   start of each enqueue call (cuMemcpy*, cuMemsetD8*, cuLaunchKernel,
+//   celer_standin_enqueue_work), before that call's own operation is checked or queued,
+//   if PATH exists its text is read and the file removed; the text (trailing whitespace
+//   ignored) is `mark` (celer_standin_mark_writes), `poison` or `poison <byte>`
+//   (celer_standin_poison_written, byte 0xCD unless given: decimal or 0x hex), or
+//   `poison_live [<byte>]`; anything else is reported (stderr, last error) and ignored.
+//   A test writes `mark` before the first request, `poison` before the next: that
+//   request's first enqueue poisons what the first request wrote, before it runs.
+// - Cross-stream hazards, CELER_CUDA_STANDIN_HAZARDS (1 default, 0 off;
+//   celer_standin_set_hazards in-process): each stream, event and context carries a vector
+//   clock (per stream, the last of its operations ordered before this point); each
+//   allocation, per stream, its last write and its reads since. An operation enqueued on
+//   stream B that reads an allocation whose last write was on stream A (or writes one A
+//   read or wrote; a free counts as a write), when nothing orders it after that access, is
+//   refused at the enqueue call with CUDA_ERROR_INVALID_VALUE (nothing queued, nothing
+//   sticky), naming both operations (kernel names and launch numbers, or the call), both
+//   streams and the allocation. Ordered means: B waited (cuStreamWaitEvent) on an event
+//   recorded on A at or after the access, transitively through other streams' waits; or
+//   the host saw A past it (cuStreamSynchronize, cuEventSynchronize of such an event,
+//   cuCtxSynchronize, a successful cuStreamQuery/cuEventQuery, a synchronous copy or
+//   memset) before B's operation was enqueued. What an operation accesses: a launch, the
+//   allocation each pointer parameter points into (a write unless it points to const);
+//   copies and memsets their ranges; device work its declared ranges; cuMemAllocAsync is a
+//   write at the stream's position. Streams are independent of the null stream (cudarc
+//   makes non-blocking streams).
+// - Launch limits from the CUBIN: cuLaunchKernel refuses a block of more threads than the
+//   kernel's __launch_bounds__ (EIATTR_MAX_THREADS) or 1024 with CUDA_ERROR_INVALID_VALUE,
+//   and one whose registers (EIATTR_REGCOUNT per thread, allocated per warp in units of
+//   256) exceed the SM's 65536 with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, naming the kernel,
+//   its registers and its bound.
+//
 // Fault injection, for recovery tests: CELER_CUDA_STANDIN_FAIL_LAUNCH=N fails the N-th
 // cuLaunchKernel with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky);
 // CELER_CUDA_STANDIN_STICKY_LAUNCH=N makes the N-th launch fault with a sticky
@@ -91,7 +149,8 @@
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
 //              stand-in has none)
 //   stand-ins: celer_standin_enqueue_work (device work of the stand-in TensorRT), and the
-//              test controls celer_standin_* (last error, fault injection, counters)
+//              test controls celer_standin_* (last error, fault injection, counters,
+//              order, hazards, shared and device poison)
 // Not provided (cudarc panics with "Missing symbol" if one is ever called, which shows at
 // once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
 #include <stdarg.h>
@@ -233,6 +292,18 @@ bool sm_list(const char* text, size_t devices, std::vector<int>* sms) {
     return true;
 }
 
+// A switch: unset or empty is `fallback`, "1" on, "0" off; false (refused) for anything else.
+bool env_switch(const char* name, bool fallback, bool* out) {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == '\0') {
+        *out = fallback;
+        return true;
+    }
+    if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) return false;
+    *out = v[0] == '1';
+    return true;
+}
+
 long env_number(const char* name, long fallback) {
     const char* v = getenv(name);
     if (v == nullptr || *v == '\0') return fallback;
@@ -248,8 +319,20 @@ struct Counters {
     std::atomic<uint64_t> htod_bytes{0};
     std::atomic<uint64_t> dtoh_copies{0};
     std::atomic<uint64_t> dtoh_bytes{0};
+    std::atomic<uint64_t> dtod_copies{0};
+    std::atomic<uint64_t> dtod_bytes{0};
+    std::atomic<uint64_t> memsets{0};
+    std::atomic<uint64_t> memset_bytes{0};
     std::atomic<uint64_t> contexts_created{0};
     std::atomic<uint64_t> stream_syncs{0};
+    std::atomic<uint64_t> event_syncs{0};
+    std::atomic<uint64_t> ctx_syncs{0};
+    std::atomic<uint64_t> host_syncs{0};
+    std::atomic<uint64_t> device_allocs{0};
+    std::atomic<uint64_t> device_frees{0};
+    std::atomic<uint64_t> pinned_allocs{0};
+    std::atomic<uint64_t> pinned_alloc_bytes{0};
+    std::atomic<uint64_t> pinned_frees{0};
     std::atomic<uint64_t> sticky_errors{0};
     std::atomic<uint64_t> work_enqueued{0};
     std::atomic<uint64_t> work_run{0};
@@ -259,10 +342,31 @@ struct Counters {
 };
 Counters counters;
 
+// What fresh device memory holds (CELER_CUDA_STANDIN_POISON_DEVICE), and what the poison
+// controls write unless told another byte: as a float, 0xCDCDCDCD is about -4.3e8.
+constexpr unsigned char kPoison = 0xCD;
+
 // ---- objects --------------------------------------------------------------------------
 
 struct Context;
 struct Stream;
+
+// A vector clock: for each stream (by its id), the last of its operations (by seq) that
+// is ordered before this point. Streams keep one (what their next operation comes after),
+// events the one of their record, contexts the host's (what synchronisations showed done).
+using Clock = std::map<uint64_t, uint64_t>;
+
+void merge(Clock& into, const Clock& from) {
+    for (const auto& [stream, seq] : from) {
+        uint64_t& mine = into[stream];
+        if (seq > mine) mine = seq;
+    }
+}
+
+uint64_t clock_at(const Clock& clock, uint64_t stream) {
+    auto found = clock.find(stream);
+    return found == clock.end() ? 0 : found->second;
+}
 
 struct Event {
     Context* context;
@@ -274,6 +378,8 @@ struct Event {
     uint64_t seq = 0;
     bool completed = true;  // an event never recorded counts as complete
     std::chrono::steady_clock::time_point time{};
+    // The recording stream's clock at the latest record (its record included).
+    Clock clock;
 };
 
 // Device work queued by another stand-in library (celer_standin_enqueue_work): its
@@ -325,6 +431,9 @@ struct Op {
 struct Stream {
     Context* context;
     bool is_null;
+    // Never reused (unlike addresses): names the stream in clocks and access records.
+    uint64_t id = 0;
+    Clock clock;
     std::mutex queue_mutex;
     std::deque<Op> queue;
     uint64_t next_seq = 1;
@@ -344,6 +453,9 @@ struct Module {
 struct Function {
     Module* module;
     const KernelEntry* kernel;
+    // From the CUBIN: registers per thread, and __launch_bounds__'s threads (0: none).
+    unsigned registers = 0;
+    unsigned max_threads = 0;
 };
 
 struct Context {
@@ -356,6 +468,32 @@ struct Context {
     std::set<Stream*> streams;
     std::set<Event*> events;
     std::set<Module*> modules;
+    // What the host has seen done (stream, event and context synchronisations, copies
+    // that waited): every operation enqueued later comes after it.
+    Clock host_clock;
+    // The clocks of its destroyed streams (their work still counts for cuCtxSynchronize).
+    Clock retired_clock;
+};
+
+// What an operation reads or writes: a device range (a launch's pointer parameter: the
+// allocation it points into).
+struct Access {
+    uintptr_t address;
+    size_t bytes;
+    bool writes;
+    std::string what;
+    bool pointer = false;  // a launch parameter: the allocation at `address`, even if bytes is 0
+};
+
+struct AccessRecord {
+    uint64_t seq;
+    std::string label;
+    std::string stream;
+};
+
+struct AllocationAccesses {
+    std::map<uint64_t, AccessRecord> writes;  // by stream id: its last write
+    std::map<uint64_t, AccessRecord> reads;   // by stream id: its last read since
 };
 
 struct Device {
@@ -381,6 +519,19 @@ struct State {
     std::set<Function*> functions;
     // Device allocations with a cuMemFreeAsync queued: using them after that is an error.
     std::set<uintptr_t> freeing;
+    uint64_t next_stream_id = 1;
+    // CELER_CUDA_STANDIN_HAZARDS (on unless "0"): cross-stream accesses without a
+    // dependency are refused at enqueue.
+    bool hazards = true;
+    // CELER_CUDA_STANDIN_POISON_DEVICE (on unless "0"): fresh allocations hold kPoison.
+    bool poison_device = true;
+    // CELER_CUDA_STANDIN_POISON_FILE: commands for write tracking and poisoning.
+    std::string poison_file;
+    // By allocation base: the last write and the reads since, per stream.
+    std::map<uintptr_t, struct AllocationAccesses> accesses;
+    // celer_standin_mark_writes: allocations written since the mark (or last poison).
+    bool tracking_writes = false;
+    std::set<uintptr_t> written;
 };
 
 State& state() {
@@ -667,12 +818,211 @@ void run_until(Stream* s, uint64_t seq) {
     }
 }
 
-uint64_t enqueue(Stream* s, Op&& op) {
-    std::lock_guard<std::mutex> lock(s->queue_mutex);
-    op.seq = s->next_seq++;
-    uint64_t seq = op.seq;
-    s->queue.push_back(std::move(op));
-    return seq;
+// ---- cross-stream hazards and write tracking -------------------------------------------
+
+// The host has seen `clock` done (it synchronised a stream or an event, or a copy waited):
+// every operation enqueued from now on in context `c` comes after it.
+void host_saw(Context* c, const Clock& clock) {
+    Lock lock(state().mutex);
+    if (context_alive(c)) merge(c->host_clock, clock);
+}
+
+// Stream `s`'s clock now: what its next operation comes after.
+Clock stream_clock(Stream* s) {
+    Lock lock(state().mutex);
+    return s->clock;
+}
+
+// What a host wait for stream `s` up to operation `seq` shows done.
+Clock clock_until(Stream* s, uint64_t seq) {
+    Lock lock(state().mutex);
+    Clock clock = s->clock;
+    clock[s->id] = seq;
+    return clock;
+}
+
+// Runs `s` up to `seq` for a call that returns only then (a synchronous copy or memset).
+void wait_for(Stream* s, uint64_t seq) {
+    counters.host_syncs++;
+    Clock seen = clock_until(s, seq);
+    run_until(s, seq);
+    host_saw(s->context, seen);
+}
+
+// The allocation an access touches, if it touches one (an empty range touches nothing).
+bool accessed_allocation(const Access& a, AllocationView* view) {
+    if (a.bytes == 0 && !a.pointer) return false;
+    if (a.address == 0) return false;
+    return find_allocation(a.address, a.pointer ? 0 : a.bytes, view) && view->live;
+}
+
+// Refuses an operation of stream `s` (label `label`) that reads or writes an allocation
+// another stream wrote (or, for a write, read) with no dependency on that access.
+int check_hazards(Stream* s, const std::string& label, const std::vector<Access>& accesses) {
+    State& st = state();
+    for (const Access& a : accesses) {
+        AllocationView view;
+        if (!accessed_allocation(a, &view)) continue;
+        auto found = st.accesses.find(view.base);
+        if (found == st.accesses.end()) continue;
+        std::string allocation =
+            format("the %zu-byte allocation at %s", view.size, pointer_text(view.base).c_str());
+        auto unordered = [&](const std::map<uint64_t, AccessRecord>& records, const char* verb) -> int {
+            for (const auto& [stream, record] : records) {
+                if (stream == s->id || clock_at(s->clock, stream) >= record.seq) continue;
+                return fail(INVALID_VALUE,
+                            format("%s: cross-stream hazard: it %s %s (%s), which %s %s, and nothing orders it "
+                                   "after that: %s did not wait (cuStreamWaitEvent) on an event recorded on %s after "
+                                   "it, and the host did not synchronise %s past it (cuStreamSynchronize, "
+                                   "cuEventSynchronize, cuCtxSynchronize, a synchronous copy). On a GPU the two can "
+                                   "run at the same time (CELER_CUDA_STANDIN_HAZARDS=0 turns this check off)",
+                                   label.c_str(), a.writes ? "writes" : "reads", a.what.c_str(), allocation.c_str(),
+                                   record.label.c_str(), verb, stream_text(s).c_str(), record.stream.c_str(),
+                                   record.stream.c_str()));
+            }
+            return SUCCESS;
+        };
+        if (int r = unordered(found->second.writes, "wrote")) return r;
+        if (a.writes) {
+            if (int r = unordered(found->second.reads, "read")) return r;
+        }
+    }
+    return SUCCESS;
+}
+
+void record_accesses(Stream* s, uint64_t seq, const std::string& label, const std::vector<Access>& accesses) {
+    State& st = state();
+    for (const Access& a : accesses) {
+        AllocationView view;
+        if (!accessed_allocation(a, &view)) continue;
+        if (a.writes && st.tracking_writes) st.written.insert(view.base);
+        if (!st.hazards) continue;
+        AllocationAccesses& record = st.accesses[view.base];
+        AccessRecord mine{seq, label, stream_text(s)};
+        if (a.writes) {
+            // Every other access was ordered before this one (else it was refused): the
+            // next access needs to come after this one only.
+            record.writes.clear();
+            record.reads.clear();
+            record.writes[s->id] = std::move(mine);
+        } else {
+            record.reads[s->id] = std::move(mine);
+        }
+    }
+}
+
+// Queues `op` on stream `s`, after checking its accesses for cross-stream hazards; on
+// success `op` is moved into the queue and *seq (if asked) is its sequence number. On an
+// error nothing is queued and `op` stays the caller's (device work's `done` then runs
+// when the caller drops it, after every lock is released).
+int enqueue(Stream* s, Op& op, const std::vector<Access>& accesses = {}, uint64_t* seq_out = nullptr) {
+    State& st = state();
+    Lock lock(st.mutex);
+    if (!st.streams.count(s)) {
+        return fail(INVALID_HANDLE, format("%s: the stream was destroyed while the call ran", op.label.c_str()));
+    }
+    merge(s->clock, s->context->host_clock);
+    uint64_t seq = s->next_seq;
+    if (st.hazards) {
+        if (int r = check_hazards(s, op.label, accesses)) return r;
+    }
+    record_accesses(s, seq, op.label, accesses);
+    s->clock[s->id] = seq;
+    {
+        std::lock_guard<std::mutex> queue_lock(s->queue_mutex);
+        s->next_seq = seq + 1;
+        op.seq = seq;
+        s->queue.push_back(std::move(op));
+    }
+    if (seq_out != nullptr) *seq_out = seq;
+    return SUCCESS;
+}
+
+// Runs every live stream's queued work (before memory is poisoned: nothing in flight may
+// see it). Takes no lock while the work runs.
+void run_all_streams() {
+    std::vector<Stream*> streams;
+    {
+        Lock lock(state().mutex);
+        streams.assign(state().streams.begin(), state().streams.end());
+    }
+    for (Stream* s : streams) {
+        {
+            Lock lock(state().mutex);
+            if (!state().streams.count(s)) continue;
+        }
+        run_until(s, UINT64_MAX);
+    }
+}
+
+// Fills the live allocations among `bases` (all live ones when null) with `byte`.
+uint64_t poison_allocations(const std::set<uintptr_t>* bases, unsigned char byte) {
+    std::vector<AllocationView> live;
+    live_allocations(&live);
+    uint64_t poisoned = 0;
+    for (const AllocationView& a : live) {
+        if (bases != nullptr && !bases->count(a.base)) continue;
+        memset(reinterpret_cast<void*>(a.base), byte, a.size);
+        poisoned++;
+    }
+    return poisoned;
+}
+
+uint64_t poison_written(unsigned char byte) {
+    run_all_streams();
+    Lock lock(state().mutex);
+    uint64_t n = poison_allocations(&state().written, byte);
+    state().written.clear();
+    state().tracking_writes = true;
+    return n;
+}
+
+void mark_writes() {
+    Lock lock(state().mutex);
+    state().written.clear();
+    state().tracking_writes = true;
+}
+
+// CELER_CUDA_STANDIN_POISON_FILE: at each enqueue call, a command in the file is carried
+// out and the file removed. Called with no lock held (poisoning runs the streams).
+void poll_poison_file() {
+    std::string path;
+    {
+        Lock lock(state().mutex);
+        path = state().poison_file;
+    }
+    if (path.empty()) return;
+    FILE* f = fopen(path.c_str(), "r");
+    if (f == nullptr) return;
+    char text[64] = {0};
+    size_t got = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    remove(path.c_str());
+    text[got] = '\0';
+    std::string command(text);
+    while (!command.empty() && (command.back() == '\n' || command.back() == ' ' || command.back() == '\r')) {
+        command.pop_back();
+    }
+    unsigned char byte = kPoison;
+    std::string verb = command;
+    size_t space = command.find(' ');
+    if (space != std::string::npos) {
+        verb = command.substr(0, space);
+        byte = static_cast<unsigned char>(strtoul(command.c_str() + space + 1, nullptr, 0));
+    }
+    if (verb == "mark") {
+        mark_writes();
+    } else if (verb == "poison") {
+        poison_written(byte);
+    } else if (verb == "poison_live") {
+        run_all_streams();
+        Lock lock(state().mutex);
+        poison_allocations(nullptr, byte);
+    } else {
+        fail(INVALID_VALUE, format("CELER_CUDA_STANDIN_POISON_FILE %s: unknown command \"%s\" (mark, poison [byte], "
+                                   "poison_live [byte]); ignored",
+                                   path.c_str(), command.c_str()));
+    }
 }
 
 // ---- handles ----------------------------------------------------------------------------
@@ -705,6 +1055,7 @@ Context* new_context(int device, unsigned int flags) {
     Stream* null_stream = new Stream();
     null_stream->context = c;
     null_stream->is_null = true;
+    null_stream->id = st.next_stream_id++;
     c->null_stream = null_stream;
     st.contexts.insert(c);
     st.streams.insert(null_stream);
@@ -720,6 +1071,12 @@ Context* new_context(int device, unsigned int flags) {
 void destroy_context(Context* c, const char* why) {
     State& st = state();
     device_free_generation(c->generation, why);
+    // The accesses recorded of its memory go with it.
+    for (auto it = st.accesses.begin(); it != st.accesses.end();) {
+        AllocationView view;
+        bool live = find_allocation(it->first, 0, &view) && view.live;
+        it = live ? std::next(it) : st.accesses.erase(it);
+    }
     std::vector<Stream*> streams(c->streams.begin(), c->streams.end());
     streams.push_back(c->null_stream);
     for (Stream* s : streams) {
@@ -872,6 +1229,25 @@ EXPORT CUresult cuInit(unsigned int flags) {
                                               "comma list of them, one per device (90,80)",
                                               sm));
         }
+        const char* order_env = getenv("CELER_CUDA_STANDIN_ORDER");
+        ExecutionOrder order;
+        if (!parse_order(order_env, &order)) {
+            return fail(INVALID_VALUE, format("cuInit: CELER_CUDA_STANDIN_ORDER=%s is not forward, reverse or "
+                                              "random:<seed> (a seed of 64 bits, in decimal)",
+                                              order_env));
+        }
+        bool shared = true;
+        for (auto [name, setting] : {std::pair<const char*, bool*>{"CELER_CUDA_STANDIN_HAZARDS", &st.hazards},
+                                     {"CELER_CUDA_STANDIN_POISON_SHARED", &shared},
+                                     {"CELER_CUDA_STANDIN_POISON_DEVICE", &st.poison_device}}) {
+            if (!env_switch(name, true, setting)) {
+                return fail(INVALID_VALUE, format("cuInit: %s=%s: 1 (on, the default) or 0 (off)", name, getenv(name)));
+            }
+        }
+        set_execution_order(order);
+        set_shared_poison(shared);
+        const char* poison_file = getenv("CELER_CUDA_STANDIN_POISON_FILE");
+        st.poison_file = poison_file != nullptr ? poison_file : "";
         st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
         long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
         long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
@@ -1087,8 +1463,16 @@ EXPORT CUresult cuCtxSynchronize() {
         streams.assign(c->streams.begin(), c->streams.end());
         streams.push_back(c->null_stream);
     }
+    Clock seen;
+    {
+        Lock lock(state().mutex);
+        for (Stream* s : streams) merge(seen, s->clock);
+        merge(seen, c->retired_clock);
+    }
     for (Stream* s : streams) run_until(s, UINT64_MAX);
-    counters.stream_syncs++;
+    host_saw(c, seen);
+    counters.ctx_syncs++;
+    counters.host_syncs++;
     return sticky_error(c);
 }
 
@@ -1158,6 +1542,11 @@ EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* n
                                       name));
     }
     Function* f = new Function{m, host};
+    for (const CubinKernel& k : m->kernels) {
+        if (k.name != name) continue;
+        f->registers = k.registers;
+        f->max_threads = k.max_threads;
+    }
     m->functions[name] = f;
     st.functions.insert(f);
     *function = f;
@@ -1190,6 +1579,7 @@ EXPORT CUresult cuStreamCreate(void** stream, unsigned int flags) {
     Stream* s = new Stream();
     s->context = current;
     s->is_null = false;
+    s->id = st.next_stream_id++;
     current->streams.insert(s);
     st.streams.insert(s);
     *stream = s;
@@ -1202,8 +1592,11 @@ EXPORT CUresult cuStreamSynchronize(void* stream) {
         Lock lock(state().mutex);
         if (int r = resolve_stream(stream, &s, "cuStreamSynchronize")) return r;
     }
+    Clock seen = stream_clock(s);  // everything enqueued on it so far
     run_until(s, UINT64_MAX);
+    host_saw(s->context, seen);
     counters.stream_syncs++;
+    counters.host_syncs++;
     return sticky_error(s->context);
 }
 
@@ -1215,11 +1608,18 @@ EXPORT CUresult cuStreamQuery(void* stream) {
         if (int r = sticky_error(s->context)) return r;
     }
     bool idle;
+    Clock seen;
     {
+        Lock state_lock(state().mutex);
         std::lock_guard<std::mutex> lock(s->queue_mutex);
         idle = s->queue.empty();
+        seen = s->clock;
     }
-    if (idle) return SUCCESS;
+    if (idle) {
+        // The host saw the stream done: what it did comes before what is enqueued next.
+        host_saw(s->context, seen);
+        return SUCCESS;
+    }
     // A GPU makes progress while the host polls: the work runs, and the next query sees it.
     run_until(s, UINT64_MAX);
     return NOT_READY;
@@ -1236,13 +1636,16 @@ EXPORT CUresult cuStreamWaitEvent(void* stream, void* event, unsigned int flags)
         if (int r = check_context(s->context, "cuStreamWaitEvent")) return r;
         Event* e = static_cast<Event*>(event);
         if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuStreamWaitEvent: %p is not a live event", event));
+        // What the event's record came after comes before everything the stream does next
+        // (whether or not the record has run yet).
+        merge(s->clock, e->clock);
         if (e->completed) return SUCCESS;
         op.kind = Op::Wait;
         op.event = e;
         op.event_generation = e->generation;
+        op.label = format("cuStreamWaitEvent(%p) on %s", event, stream_text(s).c_str());
+        return enqueue(s, op);
     }
-    enqueue(s, std::move(op));
-    return SUCCESS;
 }
 
 EXPORT CUresult cuStreamDestroy_v2(void* stream) {
@@ -1259,6 +1662,7 @@ EXPORT CUresult cuStreamDestroy_v2(void* stream) {
     run_until(s, UINT64_MAX);
     Lock lock(st.mutex);
     if (!st.streams.count(s)) return SUCCESS;  // its context went meanwhile
+    merge(s->context->retired_clock, s->clock);
     s->context->streams.erase(s);
     st.streams.erase(s);
     {
@@ -1300,17 +1704,18 @@ EXPORT CUresult cuEventRecord(void* event, void* stream) {
         if (s->context != e->context) {
             return fail(INVALID_CONTEXT, "cuEventRecord: the event and the stream belong to different contexts");
         }
+        op.kind = Op::Record;
+        op.event = e;
+        op.event_generation = e->generation + 1;
+        op.label = format("cuEventRecord(%p) on %s", event, stream_text(s).c_str());
+        // Queued under the state lock, so that the event's seq is the record's own.
+        uint64_t seq = 0;
+        if (int r = enqueue(s, op, {}, &seq)) return r;
         e->generation += 1;
         e->completed = false;
         e->stream = s;
-        op.kind = Op::Record;
-        op.event = e;
-        op.event_generation = e->generation;
-        // Queued under the state lock, so that the event's seq is the record's own.
-        std::lock_guard<std::mutex> queue_lock(s->queue_mutex);
-        op.seq = s->next_seq++;
-        e->seq = op.seq;
-        s->queue.push_back(std::move(op));
+        e->seq = seq;
+        e->clock = s->clock;
     }
     return SUCCESS;
 }
@@ -1320,17 +1725,22 @@ EXPORT CUresult cuEventSynchronize(void* event) {
     Stream* s = nullptr;
     uint64_t seq = 0;
     Context* c;
+    Clock seen;
     {
         Lock lock(st.mutex);
         Event* e = static_cast<Event*>(event);
         if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventSynchronize: %p is not a live event", event));
         c = e->context;
+        seen = e->clock;
         if (!e->completed && e->stream != nullptr) {
             s = e->stream;
             seq = e->seq;
         }
     }
     if (s != nullptr) run_until(s, seq);
+    host_saw(c, seen);
+    counters.event_syncs++;
+    counters.host_syncs++;
     return sticky_error(c);
 }
 
@@ -1343,7 +1753,10 @@ EXPORT CUresult cuEventQuery(void* event) {
         Event* e = static_cast<Event*>(event);
         if (!st.events.count(e)) return fail(INVALID_HANDLE, format("cuEventQuery: %p is not a live event", event));
         if (int r = sticky_error(e->context)) return r;
-        if (e->completed || e->stream == nullptr) return SUCCESS;
+        if (e->completed || e->stream == nullptr) {
+            merge(e->context->host_clock, e->clock);
+            return SUCCESS;
+        }
         s = e->stream;
         seq = e->seq;
     }
@@ -1400,6 +1813,9 @@ static CUresult alloc_in(Context* c, CUdeviceptr* pointer, size_t bytes, const c
     }
     uintptr_t base = 0;
     if (int r = device_alloc(bytes, c->generation, &base)) return r;
+    // Not the zeros of fresh pages: a read of memory nothing wrote reads garbage.
+    if (st.poison_device) memset(reinterpret_cast<void*>(base), kPoison, bytes);
+    counters.device_allocs++;
     *pointer = base;
     return SUCCESS;
 }
@@ -1409,8 +1825,16 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, void* stream
     Stream* s;
     if (int r = resolve_stream(stream, &s, "cuMemAllocAsync")) return r;
     if (int r = check_context(s->context, "cuMemAllocAsync")) return r;
-    // The memory is the stream's from here in stream order, and no one else's before.
-    return alloc_in(s->context, pointer, bytes, "cuMemAllocAsync");
+    // The memory is the stream's from here in stream order, and no one else's before: for
+    // the hazard check, a write at the stream's present position.
+    if (int r = alloc_in(s->context, pointer, bytes, "cuMemAllocAsync")) return r;
+    State& st = state();
+    uint64_t position = s->next_seq - 1;
+    if (st.hazards && position > 0) {
+        st.accesses[*pointer].writes[s->id] = AccessRecord{
+            position, format("cuMemAllocAsync(%zu bytes) on %s", bytes, stream_text(s).c_str()), stream_text(s)};
+    }
+    return SUCCESS;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
@@ -1436,19 +1860,27 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
             return fail(INVALID_VALUE, format("cuMemFreeAsync(%s): a free of it is already queued (double free)",
                                               pointer_text(pointer).c_str()));
         }
-        st.freeing.insert(pointer);
         op.kind = Op::Free;
         op.device = pointer;
         op.label = format("cuMemFreeAsync(%s) on %s", pointer_text(pointer).c_str(), stream_text(s).c_str());
+        // Freeing is a write: it must come after every other stream's use of the memory.
+        if (int r = enqueue(s, op, {Access{pointer, 0, true, "the allocation it frees", true}})) return r;
+        st.freeing.insert(pointer);
+        st.accesses.erase(pointer);
+        counters.device_frees++;
     }
-    enqueue(s, std::move(op));
     return sticky_error(s->context);
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
     Lock lock(state().mutex);
     if (int r = check_device_range(pointer, 0, "cuMemFree", "pointer")) return r;
-    return device_free(pointer, "cuMemFree");
+    int r = device_free(pointer, "cuMemFree");
+    if (r == SUCCESS) {
+        counters.device_frees++;
+        state().accesses.erase(pointer);
+    }
+    return r;
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
@@ -1467,6 +1899,8 @@ EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags)
     if (pointer == nullptr) return INVALID_VALUE;
     void* p = pinned_alloc(bytes, flags);
     if (p == nullptr) return fail(OUT_OF_MEMORY, format("cuMemHostAlloc(%zu bytes): no memory", bytes));
+    counters.pinned_allocs++;
+    counters.pinned_alloc_bytes += bytes;
     *pointer = p;
     return SUCCESS;
 }
@@ -1476,11 +1910,13 @@ EXPORT CUresult cuMemFreeHost(void* pointer) {
     if (!pinned_free(pointer)) {
         return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc", pointer));
     }
+    counters.pinned_frees++;
     return SUCCESS;
 }
 
 static CUresult memset_d8(CUdeviceptr pointer, unsigned char value, size_t bytes, void* stream, const char* call,
                           bool synchronous) {
+    poll_poison_file();
     Stream* s;
     Op op;
     {
@@ -1495,8 +1931,11 @@ static CUresult memset_d8(CUdeviceptr pointer, unsigned char value, size_t bytes
         op.label = format("%s(%s, %u, %zu bytes) on %s", call, pointer_text(pointer).c_str(), value, bytes,
                           stream_text(s).c_str());
     }
-    uint64_t seq = enqueue(s, std::move(op));
-    if (synchronous) run_until(s, seq);
+    uint64_t seq = 0;
+    if (int r = enqueue(s, op, {Access{pointer, bytes, true, "its destination"}}, &seq)) return r;
+    counters.memsets++;
+    counters.memset_bytes += bytes;
+    if (synchronous) wait_for(s, seq);
     return sticky_error(s->context);
 }
 
@@ -1510,6 +1949,7 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr pointer, unsigned char value, size_t b
 
 static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* stream, const char* call,
                           bool synchronous) {
+    poll_poison_file();
     Stream* s;
     Op op;
     {
@@ -1535,10 +1975,11 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
         op.pinned = false;
         op.staged.assign(static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
     }
+    uint64_t seq = 0;
+    if (int r = enqueue(s, op, {Access{dst, bytes, true, "its destination"}}, &seq)) return r;
     counters.htod_copies++;
     counters.htod_bytes += bytes;
-    uint64_t seq = enqueue(s, std::move(op));
-    if (synchronous) run_until(s, seq);
+    if (synchronous) wait_for(s, seq);
     return sticky_error(s->context);
 }
 
@@ -1555,6 +1996,7 @@ static const unsigned char kGarbage = 0xCB;
 
 static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream, const char* call,
                           bool synchronous) {
+    poll_poison_file();
     Stream* s;
     Op op;
     {
@@ -1571,13 +2013,14 @@ static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream
         op.label = format("%s(%p <- %s, %zu bytes) on %s", call, dst, pointer_text(src).c_str(), bytes,
                           stream_text(s).c_str());
     }
-    counters.dtoh_copies++;
-    counters.dtoh_bytes += bytes;
     bool asynchronous = op.pinned && !synchronous;
     if (asynchronous) memset(dst, kGarbage, bytes);
-    uint64_t seq = enqueue(s, std::move(op));
+    uint64_t seq = 0;
+    if (int r = enqueue(s, op, {Access{src, bytes, false, "its source"}}, &seq)) return r;
+    counters.dtoh_copies++;
+    counters.dtoh_bytes += bytes;
     // Into pageable memory the copy is complete when the call returns, as CUDA documents.
-    if (!asynchronous) run_until(s, seq);
+    if (!asynchronous) wait_for(s, seq);
     return sticky_error(s->context);
 }
 
@@ -1590,6 +2033,7 @@ EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
 }
 
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
+    poll_poison_file();
     Stream* s;
     Op op;
     {
@@ -1605,7 +2049,11 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t by
         op.label = format("cuMemcpyDtoDAsync(%s <- %s, %zu bytes) on %s", pointer_text(dst).c_str(),
                           pointer_text(src).c_str(), bytes, stream_text(s).c_str());
     }
-    enqueue(s, std::move(op));
+    if (int r = enqueue(s, op, {Access{src, bytes, false, "its source"}, Access{dst, bytes, true, "its destination"}})) {
+        return r;
+    }
+    counters.dtod_copies++;
+    counters.dtod_bytes += bytes;
     return sticky_error(s->context);
 }
 
@@ -1614,6 +2062,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t by
 EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                unsigned int by, unsigned int bz, unsigned int shared_bytes, void* stream,
                                void** params, void** extra) {
+    poll_poison_file();
     State& st = state();
     Stream* s;
     Op op;
@@ -1638,6 +2087,24 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
         if (uint64_t(bx) * by * bz > 1024 || bx > 1024 || by > 1024 || bz > 64 || gy > 65535 || gz > 65535 ||
             gx > 2147483647u) {
             return fail(INVALID_VALUE, op.label + ": over the device's grid or block limits");
+        }
+        // What the kernel's CUBIN allows: its __launch_bounds__, and its registers (the
+        // 65536 of an SM's register file, allocated per warp in units of 256).
+        uint64_t threads = uint64_t(bx) * by * bz;
+        std::string resources = format("%s uses %u registers per thread, __launch_bounds__ %s", k.name, f->registers,
+                                       f->max_threads != 0 ? format("%u threads", f->max_threads).c_str() : "none");
+        if (f->max_threads != 0 && threads > f->max_threads) {
+            return fail(INVALID_VALUE, format("%s: a block of %llu threads is more than the kernel's "
+                                              "__launch_bounds__ allow (%s)",
+                                              op.label.c_str(), static_cast<unsigned long long>(threads),
+                                              resources.c_str()));
+        }
+        uint64_t registers = (threads + 31) / 32 * ((uint64_t(f->registers) * 32 + 255) / 256 * 256);
+        if (registers > 65536) {
+            return fail(LAUNCH_OUT_OF_RESOURCES,
+                        format("%s: a block of %llu threads needs %llu registers, more than the 65536 of an SM (%s)",
+                               op.label.c_str(), static_cast<unsigned long long>(threads),
+                               static_cast<unsigned long long>(registers), resources.c_str()));
         }
         if (shared_bytes != 0) {
             return fail(NOT_SUPPORTED, op.label + ": dynamic shared memory is not emulated");
@@ -1665,8 +2132,18 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
         op.kernel = &k;
         op.shape = LaunchShape{{gx, gy, gz}, {bx, by, bz}};
     }
-    enqueue(s, std::move(op));
-    return SUCCESS;
+    // Each pointer parameter reads the allocation it points into; one to non-const data
+    // writes it too (as far as the stand-in can tell from the types).
+    std::vector<Access> accesses;
+    for (size_t i = 0; i < op.kernel->param_count; ++i) {
+        const ParamInfo& p = op.kernel->params[i];
+        if (!p.is_pointer) continue;
+        uintptr_t v;
+        memcpy(&v, op.params.data() + op.param_offsets[i], sizeof(v));
+        if (v == 0) continue;
+        accesses.push_back(Access{v, 0, !p.pointee_const, format("through parameter %zu", i), true});
+    }
+    return enqueue(s, op, accesses);
 }
 
 // ---- device work of other stand-in libraries ---------------------------------------------------------
@@ -1676,6 +2153,7 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
 EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, const celer_standin_range* ranges,
                                            size_t nranges, int (*run)(void*, char*, size_t), void (*done)(void*),
                                            void* user) {
+    poll_poison_file();
     // Owned from here: `done` runs when the last holder lets go, on every path (when
     // queuing is refused, after the state lock is released: `work` outlives `lock`).
     auto work = std::make_shared<Work>();
@@ -1715,9 +2193,13 @@ EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, cons
         op.kind = Op::DeviceWork;
         op.label = name;
         op.work = std::move(work);
-        counters.work_enqueued++;
     }
-    enqueue(s, std::move(op));
+    std::vector<Access> accesses;
+    for (const WorkRange& r : op.ranges) {
+        accesses.push_back(Access{r.address, r.bytes, r.writes, r.what});
+    }
+    if (int r = enqueue(s, op, accesses)) return r;
+    counters.work_enqueued++;
     return SUCCESS;
 }
 
@@ -1766,22 +2248,113 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
     if (kind == 1) counters.sticky_launch_at = at;
 }
 
-// A counter by name: launches_enqueued, launches_run, htod_copies, htod_bytes,
-// dtoh_copies, dtoh_bytes, contexts_created, stream_syncs, sticky_errors, work_enqueued,
-// work_run, device_bytes.
+// The execution order (CELER_CUDA_STANDIN_ORDER's values) from the next launch that runs
+// on: 0, or CUDA_ERROR_INVALID_VALUE (and the order unchanged) for text it does not know.
+EXPORT int celer_standin_set_order(const char* order) {
+    ExecutionOrder parsed;
+    if (!parse_order(order, &parsed)) {
+        return fail(INVALID_VALUE, format("celer_standin_set_order(\"%s\"): not forward, reverse or random:<seed>",
+                                          order != nullptr ? order : "(null)"));
+    }
+    set_execution_order(parsed);
+    return SUCCESS;
+}
+
+// The execution order now, as CELER_CUDA_STANDIN_ORDER writes it.
+EXPORT const char* celer_standin_order() {
+    static thread_local std::string text;
+    text = order_text(execution_order());
+    return text.c_str();
+}
+
+// Turns the poisoning of `__shared__` variables at each block's start on (1) or off (0);
+// returns whether it was on.
+EXPORT int celer_standin_set_shared_poison(int on) {
+    bool was = shared_poison_on();
+    set_shared_poison(on != 0);
+    return was ? 1 : 0;
+}
+
+// Turns the cross-stream hazard check on (1) or off (0) (CELER_CUDA_STANDIN_HAZARDS);
+// returns whether it was on. Accesses enqueued while it is off are not recorded.
+EXPORT int celer_standin_set_hazards(int on) {
+    Lock lock(state().mutex);
+    bool was = state().hazards;
+    state().hazards = on != 0;
+    if (!state().hazards) state().accesses.clear();
+    return was ? 1 : 0;
+}
+
+// Runs every stream's queued work, then fills every live device allocation with `byte`;
+// returns how many allocations it filled.
+EXPORT uint64_t celer_standin_poison_live(unsigned char byte) {
+    run_all_streams();
+    Lock lock(state().mutex);
+    return poison_allocations(nullptr, byte);
+}
+
+// Starts tracking which allocations are written (by a copy or memset into them, a launch
+// with a pointer to non-const data into them, device work with a written range in them),
+// forgetting what was tracked before.
+EXPORT void celer_standin_mark_writes() { mark_writes(); }
+
+// Runs every stream's queued work, then fills with `byte` every live allocation written
+// since the last mark (or poison_written), and tracks anew from here; returns how many
+// allocations it filled.
+EXPORT uint64_t celer_standin_poison_written(unsigned char byte) { return poison_written(byte); }
+
+// A counter by name (UINT64_MAX for a name it does not know). All count calls made since
+// the library was loaded, in every context:
+//   launches_enqueued, launches_run   cuLaunchKernel calls queued, launches run
+//   htod_copies, htod_bytes           cuMemcpyHtoD(Async) calls and their bytes
+//   dtoh_copies, dtoh_bytes           cuMemcpyDtoH(Async)
+//   dtod_copies, dtod_bytes           cuMemcpyDtoDAsync
+//   memsets, memset_bytes             cuMemsetD8(Async)
+//   stream_syncs                      cuStreamSynchronize
+//   event_syncs                       cuEventSynchronize
+//   ctx_syncs                         cuCtxSynchronize
+//   host_syncs                        every call at which the host waits for the device:
+//                                     stream_syncs + event_syncs + ctx_syncs, plus each
+//                                     copy or memset that returns only once its stream ran
+//                                     it (cuMemcpyHtoD, cuMemcpyDtoH, cuMemsetD8, and
+//                                     cuMemcpyDtoHAsync into pageable memory, which CUDA
+//                                     completes before returning). Not the polls
+//                                     (cuStreamQuery, cuEventQuery) nor cuStreamDestroy.
+//   device_allocs, device_frees       cuMemAlloc(Async) that succeeded; cuMemFree and
+//                                     cuMemFreeAsync accepted (frees of a context's memory
+//                                     with the context are not counted)
+//   pinned_allocs, pinned_alloc_bytes cuMemHostAlloc
+//   pinned_frees                      cuMemFreeHost
+//   contexts_created, sticky_errors, work_enqueued, work_run
+//   device_bytes                      device memory in use now (not a count)
 EXPORT uint64_t celer_standin_counter(const char* name) {
     std::string n = name == nullptr ? "" : name;
-    if (n == "launches_enqueued") return counters.launches_enqueued;
-    if (n == "launches_run") return counters.launches_run;
-    if (n == "htod_copies") return counters.htod_copies;
-    if (n == "htod_bytes") return counters.htod_bytes;
-    if (n == "dtoh_copies") return counters.dtoh_copies;
-    if (n == "dtoh_bytes") return counters.dtoh_bytes;
-    if (n == "contexts_created") return counters.contexts_created;
-    if (n == "stream_syncs") return counters.stream_syncs;
-    if (n == "sticky_errors") return counters.sticky_errors;
-    if (n == "work_enqueued") return counters.work_enqueued;
-    if (n == "work_run") return counters.work_run;
+#define COUNTER(field) \
+    if (n == #field) return counters.field;
+    COUNTER(launches_enqueued)
+    COUNTER(launches_run)
+    COUNTER(htod_copies)
+    COUNTER(htod_bytes)
+    COUNTER(dtoh_copies)
+    COUNTER(dtoh_bytes)
+    COUNTER(dtod_copies)
+    COUNTER(dtod_bytes)
+    COUNTER(memsets)
+    COUNTER(memset_bytes)
+    COUNTER(contexts_created)
+    COUNTER(stream_syncs)
+    COUNTER(event_syncs)
+    COUNTER(ctx_syncs)
+    COUNTER(host_syncs)
+    COUNTER(device_allocs)
+    COUNTER(device_frees)
+    COUNTER(pinned_allocs)
+    COUNTER(pinned_alloc_bytes)
+    COUNTER(pinned_frees)
+    COUNTER(sticky_errors)
+    COUNTER(work_enqueued)
+    COUNTER(work_run)
+#undef COUNTER
     if (n == "device_bytes") return device_bytes_in_use();
     return UINT64_MAX;
 }

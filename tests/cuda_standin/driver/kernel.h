@@ -41,6 +41,11 @@ extern thread_local LaneCoordinates lane;
 uint64_t shuffle_down(unsigned int mask, uint64_t value, unsigned int delta, int width);
 // Parks the running lane until every lane of its block that has not returned arrives.
 void sync_threads();
+// Called (by code build.rs adds after each `__shared__` declaration) when a lane reaches
+// the declaration of the `__shared__` variable at `address`: the first lane of each
+// block to reach it fills it with poison bytes, so that a read before any lane of this
+// block wrote it reads poison instead of what the previous block left there.
+void shared_reached(void* address, size_t bytes);
 
 template <typename T>
 inline T shuffle_down_as(unsigned int mask, T value, unsigned int delta, int width) {
@@ -67,8 +72,15 @@ inline T shuffle_down_as(unsigned int mask, T value, unsigned int delta, int wid
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
+// Read from the CUBIN (cuLaunchKernel refuses a larger block, as CUDA does).
+#define __launch_bounds__(...)
 // One copy per OS thread: a block's lanes all run on one thread, one block at a time.
-#define __shared__ static thread_local
+// build.rs rewrites each `__shared__` declaration of a `.cu` file into a
+// `__standin_shared__` one followed by a call of ::standin::shared_reached, which poisons
+// the variable when a block starts; a `__shared__` it did not rewrite (in a header) does
+// not compile, rather than go unpoisoned.
+#define __standin_shared__ static thread_local
+#define __shared__ __shared___outside_a_cu_file_is_not_poisoned_by_the_stand_in_move_it_to_the_cu_file
 
 template <typename T>
 inline T __shfl_down_sync(unsigned int mask, T var, unsigned int delta, int width = 32) {

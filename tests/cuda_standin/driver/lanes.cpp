@@ -24,7 +24,11 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <errno.h>
+
 #include <atomic>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel.h"
@@ -156,6 +160,11 @@ struct Execution {
     void* scheduler_sp = nullptr;
     bool in_kernel = false;
     sigjmp_buf fault_jump;
+    // Counts the blocks this OS thread has run; `__shared__` variables poisoned in this
+    // thread, with the block in which they were (a variable is poisoned when the first
+    // lane of a new block reaches its declaration).
+    uint64_t block_serial = 0;
+    std::vector<std::pair<void*, uint64_t>> shared_poisoned;
     // Set by the fault handler.
     int signal = 0;
     uintptr_t fault_address = 0;
@@ -173,6 +182,10 @@ struct Block {
     std::vector<Lane> lanes;
     std::vector<Fiber> fibers;
     size_t next_unstarted = 0;
+    // Lanes start, and resume from a barrier or shuffle, highest index first (orders
+    // reverse and random): a lane that reads another's value without a barrier between
+    // them then reads it before it is written.
+    bool reverse_lanes = false;
     // A lane misbehaved: why (the launch then ends with `error_result`).
     std::string error;
     int error_result = LAUNCH_FAILED;
@@ -199,7 +212,8 @@ void fiber_main(void*) {
         Execution& e = execution;
         Block& b = *e.block;
         while (b.next_unstarted < b.lanes.size()) {
-            int index = int(b.next_unstarted++);
+            size_t k = b.next_unstarted++;
+            int index = int(b.reverse_lanes ? b.lanes.size() - 1 - k : k);
             Lane& l = b.lanes[size_t(index)];
             l.state = LaneState::Running;
             l.fiber = e.fiber;
@@ -317,7 +331,8 @@ bool release_warp(Block& b, size_t warp) {
         size_t source = lane_in_warp + l.delta;
         l.result = source < segment_end && first + source < end ? b.lanes[first + source].value : l.value;
     }
-    for (size_t i = first; i < end; ++i) {
+    for (size_t k = first; k < end; ++k) {
+        size_t i = b.reverse_lanes ? end - 1 - (k - first) : k;
         Lane& l = b.lanes[i];
         if (l.state != LaneState::AtShuffle) continue;
         l.state = LaneState::Running;
@@ -352,8 +367,8 @@ void run_block(Block& b) {
         if (released) continue;
         // Every lane is returned or at the barrier (shuffles are all resolved).
         if (at_barrier > 0) {
-            for (size_t i = 0; i < b.lanes.size(); ++i) {
-                Lane& l = b.lanes[i];
+            for (size_t k = 0; k < b.lanes.size(); ++k) {
+                Lane& l = b.lanes[b.reverse_lanes ? b.lanes.size() - 1 - k : k];
                 if (l.state != LaneState::AtBarrier) continue;
                 l.state = LaneState::Running;
                 resume(b, l.fiber);
@@ -423,6 +438,74 @@ void on_fault(int signal, siginfo_t* info, void* context) {
     sigaction(signal, &fallback, nullptr);
 }
 
+// ---- execution order -------------------------------------------------------------------
+
+std::atomic<int> order_kind{int(OrderKind::Forward)};
+std::atomic<uint64_t> order_seed{0};
+std::atomic<bool> shared_poison{true};
+
+uint64_t splitmix64(uint64_t* state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t gcd(uint64_t a, uint64_t b) {
+    while (b != 0) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// The blocks of a grid in the order of an ExecutionOrder: the k-th block to run.
+class BlockOrder {
+  public:
+    BlockOrder(const unsigned int grid[3], ExecutionOrder order)
+        : gx_(grid[0]), gy_(grid[1]), count_(uint64_t(grid[0]) * grid[1] * grid[2]), order_(order) {
+        if (order.kind != OrderKind::Random || count_ < 2) return;
+        uint64_t state = order.seed;
+        if (count_ <= (uint64_t(1) << 22)) {
+            // Fisher-Yates with splitmix64: a uniform permutation, the same for a seed.
+            permutation_.resize(size_t(count_));
+            for (uint64_t i = 0; i < count_; ++i) permutation_[size_t(i)] = uint32_t(i);
+            for (uint64_t i = count_ - 1; i > 0; --i) {
+                uint64_t j = splitmix64(&state) % (i + 1);
+                std::swap(permutation_[size_t(i)], permutation_[size_t(j)]);
+            }
+        } else {
+            // Too many blocks to list: (a * k + b) mod count, a coprime with count.
+            multiplier_ = splitmix64(&state) % count_ | 1;
+            while (gcd(multiplier_, count_) != 1) multiplier_ += 2;
+            offset_ = splitmix64(&state) % count_;
+        }
+    }
+    uint64_t count() const { return count_; }
+    bool reverse_lanes() const { return order_.kind != OrderKind::Forward; }
+    uint3 block(uint64_t k) const {
+        uint64_t linear = k;
+        if (order_.kind == OrderKind::Reverse) {
+            linear = count_ - 1 - k;
+        } else if (order_.kind == OrderKind::Random && count_ >= 2) {
+            if (!permutation_.empty()) {
+                linear = permutation_[size_t(k)];
+            } else {
+                linear = uint64_t((static_cast<unsigned __int128>(multiplier_) * k % count_ + offset_) % count_);
+            }
+        }
+        // CUDA's linear block order: x fastest, then y, then z.
+        return uint3{unsigned(linear % gx_), unsigned(linear / gx_ % gy_), unsigned(linear / (uint64_t(gx_) * gy_))};
+    }
+
+  private:
+    uint64_t gx_, gy_, count_;
+    ExecutionOrder order_;
+    std::vector<uint32_t> permutation_;
+    uint64_t multiplier_ = 1, offset_ = 0;
+};
+
 }  // namespace
 
 uint64_t shuffle_down(unsigned int mask, uint64_t value, unsigned int delta, int width) {
@@ -486,6 +569,66 @@ void install_fault_handlers() {
     sigaction(SIGFPE, &action, &previous_fpe);
 }
 
+bool parse_order(const char* text, ExecutionOrder* out) {
+    std::string t = text == nullptr ? "" : text;
+    if (t.empty() || t == "forward") {
+        *out = ExecutionOrder{OrderKind::Forward, 0};
+        return true;
+    }
+    if (t == "reverse") {
+        *out = ExecutionOrder{OrderKind::Reverse, 0};
+        return true;
+    }
+    const std::string prefix = "random:";
+    if (t.compare(0, prefix.size(), prefix) == 0 && t.size() > prefix.size()) {
+        const char* digits = t.c_str() + prefix.size();
+        for (const char* p = digits; *p != '\0'; ++p) {
+            if (*p < '0' || *p > '9') return false;
+        }
+        errno = 0;
+        char* end = nullptr;
+        unsigned long long seed = strtoull(digits, &end, 10);
+        if (errno != 0 || end == nullptr || *end != '\0') return false;
+        *out = ExecutionOrder{OrderKind::Random, uint64_t(seed)};
+        return true;
+    }
+    return false;
+}
+
+std::string order_text(ExecutionOrder order) {
+    switch (order.kind) {
+        case OrderKind::Forward: return "forward";
+        case OrderKind::Reverse: return "reverse";
+        case OrderKind::Random: return format("random:%llu", static_cast<unsigned long long>(order.seed));
+    }
+    return "forward";
+}
+
+void set_execution_order(ExecutionOrder order) {
+    order_seed.store(order.seed);
+    order_kind.store(int(order.kind));
+}
+
+ExecutionOrder execution_order() { return ExecutionOrder{OrderKind(order_kind.load()), order_seed.load()}; }
+
+void set_shared_poison(bool on) { shared_poison.store(on); }
+bool shared_poison_on() { return shared_poison.load(); }
+
+void shared_reached(void* address, size_t bytes) {
+    Execution& e = execution;
+    if (!e.in_kernel || e.block == nullptr || !shared_poison.load()) return;
+    for (auto& [where, serial] : e.shared_poisoned) {
+        if (where != address) continue;
+        if (serial != e.block_serial) {
+            serial = e.block_serial;
+            memset(address, kSharedPoison, bytes);
+        }
+        return;
+    }
+    e.shared_poisoned.emplace_back(address, e.block_serial);
+    memset(address, kSharedPoison, bytes);
+}
+
 bool run_kernel(const KernelEntry& kernel, const LaunchShape& shape, void* const* args,
                 const std::string& launch_label, KernelFault* fault) {
     Execution& e = execution;
@@ -506,12 +649,15 @@ bool run_kernel(const KernelEntry& kernel, const LaunchShape& shape, void* const
     e.block = &block;
     volatile bool ok = true;
     if (sigsetjmp(e.fault_jump, 1) == 0) {
-        for (unsigned int z = 0; z < shape.grid[2] && ok; ++z) {
-            for (unsigned int y = 0; y < shape.grid[1] && ok; ++y) {
-                for (unsigned int x = 0; x < shape.grid[0] && ok; ++x) {
-                    block.block_idx = uint3{x, y, z};
+        BlockOrder order(shape.grid, execution_order());
+        block.reverse_lanes = order.reverse_lanes();
+        for (uint64_t k = 0; k < order.count() && ok; ++k) {
+            {
+                {
+                    block.block_idx = order.block(k);
                     block.next_unstarted = 0;
                     block.error.clear();
+                    e.block_serial += 1;
                     for (Lane& l : block.lanes) {
                         l.state = LaneState::Unstarted;
                         l.fiber = -1;

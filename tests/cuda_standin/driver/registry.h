@@ -20,6 +20,9 @@ struct ParamInfo {
     // For pointers: the size and alignment of what they point at (0 for void).
     size_t pointee_size;
     size_t pointee_align;
+    // For pointers: whether what they point at is const (`const float*`): the kernel only
+    // reads through it. A pointer to non-const counts as a write of its allocation.
+    bool pointee_const;
 };
 
 // Calls the kernel with its arguments read from `args[k]`, one per parameter.
@@ -39,15 +42,16 @@ template <typename T>
 constexpr ParamInfo param_info() {
     using P = std::remove_cv_t<T>;
     if constexpr (std::is_pointer_v<P>) {
+        constexpr bool is_const = std::is_const_v<std::remove_pointer_t<P>>;
         using Pointee = std::remove_cv_t<std::remove_pointer_t<P>>;
         if constexpr (std::is_void_v<Pointee>) {
-            return ParamInfo{sizeof(P), alignof(P), true, 0, 1};
+            return ParamInfo{sizeof(P), alignof(P), true, 0, 1, is_const};
         } else {
-            return ParamInfo{sizeof(P), alignof(P), true, sizeof(Pointee), alignof(Pointee)};
+            return ParamInfo{sizeof(P), alignof(P), true, sizeof(Pointee), alignof(Pointee), is_const};
         }
     } else {
         static_assert(std::is_trivially_copyable_v<P>, "kernel parameters are plain values");
-        return ParamInfo{sizeof(P), alignof(P), false, 0, 0};
+        return ParamInfo{sizeof(P), alignof(P), false, 0, 0, false};
     }
 }
 
@@ -58,7 +62,7 @@ template <typename... A>
 struct KernelTraits<void (*)(A...)> {
     static constexpr size_t count = sizeof...(A);
     // One extra element so that a kernel without parameters still has an array.
-    static constexpr ParamInfo params[sizeof...(A) + 1] = {param_info<A>()..., ParamInfo{0, 0, false, 0, 0}};
+    static constexpr ParamInfo params[sizeof...(A) + 1] = {param_info<A>()..., ParamInfo{0, 0, false, 0, 0, false}};
 
     template <void (*F)(A...), size_t... I>
     static void call(void* const* args, std::index_sequence<I...>) {

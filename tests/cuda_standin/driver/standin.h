@@ -75,6 +75,8 @@ bool find_allocation(uintptr_t address, size_t bytes, AllocationView* out);
 // Describes an address for a message: which allocation it is in or near, and how.
 std::string describe_address(uintptr_t address);
 size_t device_bytes_in_use();
+// Every live allocation, in address order.
+void live_allocations(std::vector<AllocationView>* out);
 // Whether [address, address + bytes) is inside one live allocation; if not, `why` says so.
 bool device_range_ok(uintptr_t address, size_t bytes, std::string* why);
 // Whether the alignment padding after the live allocation holding `address` is as it was
@@ -101,6 +103,28 @@ struct KernelFault {
     std::string message;
 };
 
+// The order blocks run in, and lanes start in (CELER_CUDA_STANDIN_ORDER): forward (CUDA's
+// linear order, x fastest), reverse (the last block first, and in each block the highest
+// thread index starts first and resumes first from a barrier or shuffle), random:<seed>
+// (blocks in a permutation made from the seed, lanes as reverse).
+enum class OrderKind { Forward, Reverse, Random };
+struct ExecutionOrder {
+    OrderKind kind;
+    uint64_t seed;
+};
+// "forward", "reverse", "random:<u64>" (and "" for forward); false for anything else.
+bool parse_order(const char* text, ExecutionOrder* out);
+std::string order_text(ExecutionOrder order);
+void set_execution_order(ExecutionOrder order);
+ExecutionOrder execution_order();
+
+// `__shared__` variables hold these bytes when each block starts (unless turned off:
+// CELER_CUDA_STANDIN_POISON_SHARED=0); the kernels' host builds call shared_reached
+// (kernel.h) after each declaration.
+constexpr unsigned char kSharedPoison = 0xCD;
+void set_shared_poison(bool on);
+bool shared_poison_on();
+
 // Runs every thread of a launch on this OS thread. False (and `fault` filled) when a
 // lane touched memory it may not, returned before a shuffle that names it, or the
 // lanes deadlocked at a barrier.
@@ -123,6 +147,10 @@ struct CubinKernel {
     std::string name;
     // Bytes of the parameter buffer, from the kernel's .nv.info (0 when not recorded).
     size_t param_bytes;
+    // Registers per thread (0 when not recorded), and the most threads a block may have
+    // (__launch_bounds__; 0 when the kernel has none).
+    unsigned registers;
+    unsigned max_threads;
 };
 
 // A CUBIN as cuModuleLoadData needs it: its architecture ("sm_90"), the CUDA major whose

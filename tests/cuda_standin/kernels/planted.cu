@@ -59,3 +59,72 @@ extern "C" __global__ void write_to_address(u64 address, u32 value) {
     volatile u32* target = (volatile u32*)address;
     target[threadIdx.x] = value;
 }
+
+// out[i] = the value of thread i - 1 of the block (0 for thread 0), through shared memory
+// with the __syncthreads between the write and the read.
+extern "C" __global__ void shift_with_sync(const u32* src, u32 n, u32* out) {
+    __shared__ u32 slot[64];
+    u64 i = thread_index();
+    slot[threadIdx.x] = i < n ? src[i] : 0u;
+    __syncthreads();
+    u32 left = threadIdx.x > 0 ? slot[threadIdx.x - 1] : 0u;
+    if (i < n) out[i] = left;
+}
+
+// The same with the planted bug: no __syncthreads, so a lane may read its neighbour's
+// slot before the neighbour wrote it (right in CUDA's thread order, wrong on a GPU).
+extern "C" __global__ void shift_without_sync(const u32* src, u32 n, u32* out) {
+    __shared__ u32 slot[64];
+    u64 i = thread_index();
+    slot[threadIdx.x] = i < n ? src[i] : 0u;
+    u32 left = threadIdx.x > 0 ? slot[threadIdx.x - 1] : 0u;
+    if (i < n) out[i] = left;
+}
+
+// Planted: block b reads what block b - 1 wrote, with nothing ordering the blocks (blocks
+// of a grid run in any order on a GPU): data[b] = b + 1 only if they run in order.
+extern "C" __global__ void chain_blocks(u32* data) {
+    if (threadIdx.x != 0) return;
+    u32 b = blockIdx.x;
+    data[b] = b == 0 ? 1u : data[b - 1] + 1u;
+}
+
+// dst[i] = src[i] * factor, the factor passed through a __shared__ variable that thread 0
+// of each block sets.
+extern "C" __global__ void scale_through_shared(const float* src, u32 n, float factor, float* dst) {
+    __shared__ float shared_factor;
+    if (threadIdx.x == 0) shared_factor = factor;
+    __syncthreads();
+    u64 i = thread_index();
+    if (i < n) dst[i] = src[i] * shared_factor;
+}
+
+// The same with the planted bug: only block 0 sets it; every other block reads a shared
+// variable no lane of it wrote (what the previous block left, if the blocks shared it).
+extern "C" __global__ void scale_through_shared_once(const float* src, u32 n, float factor, float* dst) {
+    __shared__ float shared_factor;
+    if (blockIdx.x == 0 && threadIdx.x == 0) shared_factor = factor;
+    __syncthreads();
+    u64 i = thread_index();
+    if (i < n) dst[i] = src[i] * shared_factor;
+}
+
+// scale, with launch bounds of 64 threads per block: a larger block is refused at launch.
+extern "C" __global__ void __launch_bounds__(64) scale_bounded(const float* src, u32 n, float factor, float* dst) {
+    u64 i = thread_index();
+    if (i >= n) return;
+    dst[i] = src[i] * factor;
+}
+
+// Holds 96 values live at once (volatile loads in order, used in reverse), so that it
+// needs about 100 registers per thread: a block of 1024 threads needs more than an SM's
+// 65536 registers and is refused at launch; 128 threads fit.
+extern "C" __global__ void many_registers(const volatile float* src, float* dst) {
+    float v[96];
+#pragma unroll
+    for (int k = 0; k < 96; ++k) v[k] = src[k];
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 95; k >= 0; --k) acc = acc * 0.5f + v[k];
+    dst[thread_index()] = acc;
+}

@@ -16,6 +16,13 @@
 //!
 //! [`StandIn::enqueue_work`] queues device work as the stand-in TensorRT does
 //! (driver/celer_standin_work.h), with Rust closures, for the stand-in's own tests.
+//!
+//! The stand-in's modes (driver/driver.cpp's header: execution order, `__shared__` and
+//! device memory poison, cross-stream hazards, launch limits) are set by environment
+//! variables at `cuInit`; in this process [`StandIn::set_order`],
+//! [`StandIn::set_shared_poison`], [`StandIn::set_hazards`], [`StandIn::mark_writes`],
+//! [`StandIn::poison_written`] and [`StandIn::poison_live`] change or use them, and
+//! [`StandIn::counters`] says what the code did on the device.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -257,6 +264,13 @@ pub struct StandIn {
     clear_last_error: unsafe extern "C" fn(),
     inject: unsafe extern "C" fn(c_int, u64),
     counter: unsafe extern "C" fn(*const c_char) -> u64,
+    set_order: unsafe extern "C" fn(*const c_char) -> c_int,
+    order: unsafe extern "C" fn() -> *const c_char,
+    set_shared_poison: unsafe extern "C" fn(c_int) -> c_int,
+    set_hazards: unsafe extern "C" fn(c_int) -> c_int,
+    poison_live: unsafe extern "C" fn(u8) -> u64,
+    mark_writes: unsafe extern "C" fn(),
+    poison_written: unsafe extern "C" fn(u8) -> u64,
     enqueue_work: EnqueueWork,
     _library: libloading::Library,
 }
@@ -289,6 +303,27 @@ impl StandIn {
                             .map_err(|e| e.to_string())?,
                         counter: *library
                             .get(b"celer_standin_counter\0")
+                            .map_err(|e| e.to_string())?,
+                        set_order: *library
+                            .get(b"celer_standin_set_order\0")
+                            .map_err(|e| e.to_string())?,
+                        order: *library
+                            .get(b"celer_standin_order\0")
+                            .map_err(|e| e.to_string())?,
+                        set_shared_poison: *library
+                            .get(b"celer_standin_set_shared_poison\0")
+                            .map_err(|e| e.to_string())?,
+                        set_hazards: *library
+                            .get(b"celer_standin_set_hazards\0")
+                            .map_err(|e| e.to_string())?,
+                        poison_live: *library
+                            .get(b"celer_standin_poison_live\0")
+                            .map_err(|e| e.to_string())?,
+                        mark_writes: *library
+                            .get(b"celer_standin_mark_writes\0")
+                            .map_err(|e| e.to_string())?,
+                        poison_written: *library
+                            .get(b"celer_standin_poison_written\0")
                             .map_err(|e| e.to_string())?,
                         enqueue_work: *library
                             .get(b"celer_standin_enqueue_work\0")
@@ -388,12 +423,162 @@ impl StandIn {
         QueuedWork { result, calls }
     }
 
-    /// A counter of the stand-in: `launches_run`, `htod_copies`, `dtoh_copies`,
-    /// `contexts_created`, `sticky_errors`, `work_enqueued`, `work_run`, `device_bytes`,
-    /// ... (see driver.cpp).
+    /// A counter of the stand-in by name (the fields of [`Counters`], and `device_bytes`:
+    /// device memory in use now); `u64::MAX` for a name it does not know.
     pub fn counter(&self, name: &str) -> u64 {
         let name = CString::new(name).expect("counter names have no NUL");
         // SAFETY: a NUL-terminated name that outlives the call.
         unsafe { (self.counter)(name.as_ptr()) }
+    }
+
+    /// The order blocks run in and lanes start in, from the next launch that runs on:
+    /// `forward`, `reverse` or `random:<seed>`, as `CELER_CUDA_STANDIN_ORDER` takes it
+    /// (which sets it at `cuInit`; set it here after the first CUDA call). `Err` (and the
+    /// order unchanged) for anything else.
+    pub fn set_order(&self, order: &str) -> Result<(), String> {
+        let text = CString::new(order).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated string that outlives the call.
+        match unsafe { (self.set_order)(text.as_ptr()) } {
+            0 => Ok(()),
+            _ => Err(self.last_error()),
+        }
+    }
+
+    /// The order now (`forward`, `reverse`, `random:<seed>`).
+    pub fn order(&self) -> String {
+        // SAFETY: a NUL-terminated string owned by the calling thread, copied at once.
+        unsafe { CStr::from_ptr((self.order)()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Turns the poisoning of `__shared__` variables at each block's start on or off
+    /// (`CELER_CUDA_STANDIN_POISON_SHARED`); returns whether it was on.
+    pub fn set_shared_poison(&self, on: bool) -> bool {
+        // SAFETY: a plain value, stored in an atomic.
+        unsafe { (self.set_shared_poison)(c_int::from(on)) != 0 }
+    }
+
+    /// Turns the cross-stream hazard check on or off (`CELER_CUDA_STANDIN_HAZARDS`);
+    /// returns whether it was on. Turning it off forgets the accesses recorded.
+    pub fn set_hazards(&self, on: bool) -> bool {
+        // SAFETY: a plain value; the driver takes its own lock.
+        unsafe { (self.set_hazards)(c_int::from(on)) != 0 }
+    }
+
+    /// Runs every stream's queued work, then fills every live device allocation with
+    /// `byte`; returns how many allocations it filled.
+    pub fn poison_live(&self, byte: u8) -> u64 {
+        // SAFETY: a plain value; the driver takes its own locks.
+        unsafe { (self.poison_live)(byte) }
+    }
+
+    /// Starts tracking which device allocations are written (a copy or memset into them, a
+    /// launch with a pointer to non-const data into them, device work with a written range
+    /// in them), forgetting what was tracked before.
+    pub fn mark_writes(&self) {
+        // SAFETY: no arguments; the driver takes its own locks.
+        unsafe { (self.mark_writes)() }
+    }
+
+    /// Runs every stream's queued work, then fills with `byte` every live allocation
+    /// written since [`StandIn::mark_writes`] (or the last call of this), and tracks anew
+    /// from here; returns how many allocations it filled.
+    pub fn poison_written(&self, byte: u8) -> u64 {
+        // SAFETY: a plain value; the driver takes its own locks.
+        unsafe { (self.poison_written)(byte) }
+    }
+
+    /// Every counter now. Take one before and one after the code under test, and
+    /// `after - before` (or [`Counters::delta`]) is what that code did. Each field is read
+    /// on its own: take the two while no other thread of the process uses CUDA.
+    pub fn counters(&self) -> Counters {
+        let read = |name: &str| {
+            let v = self.counter(name);
+            assert_ne!(v, u64::MAX, "the stand-in driver has no counter {name:?}");
+            v
+        };
+        Counters::read(read)
+    }
+}
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $field:ident,)*) => {
+        /// The stand-in's counters ([`StandIn::counters`]): calls made since the library was
+        /// loaded, in every context (driver/driver.cpp, `celer_standin_counter`).
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Counters {
+            $($(#[$doc])* pub $field: u64,)*
+        }
+
+        impl Counters {
+            /// The names `celer_standin_counter` knows them by (the field names).
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field),)*];
+
+            fn read(mut read: impl FnMut(&str) -> u64) -> Counters {
+                Counters { $($field: read(stringify!($field)),)* }
+            }
+
+            /// What happened since `earlier` (each field `self - earlier`, saturating at 0).
+            pub fn delta(&self, earlier: &Counters) -> Counters {
+                Counters { $($field: self.$field.saturating_sub(earlier.$field),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// `cuLaunchKernel` calls that queued a launch.
+    launches_enqueued,
+    /// Launches that ran (their stream got to them).
+    launches_run,
+    /// `cuMemcpyHtoD` and `cuMemcpyHtoDAsync` calls.
+    htod_copies,
+    htod_bytes,
+    /// `cuMemcpyDtoH` and `cuMemcpyDtoHAsync` calls.
+    dtoh_copies,
+    dtoh_bytes,
+    /// `cuMemcpyDtoDAsync` calls.
+    dtod_copies,
+    dtod_bytes,
+    /// `cuMemsetD8` and `cuMemsetD8Async` calls (cudarc's `alloc_zeros`, `memset_zeros`).
+    memsets,
+    memset_bytes,
+    /// Contexts made (a primary context retained after its last release or a reset).
+    contexts_created,
+    /// `cuStreamSynchronize` calls.
+    stream_syncs,
+    /// `cuEventSynchronize` calls.
+    event_syncs,
+    /// `cuCtxSynchronize` calls.
+    ctx_syncs,
+    /// Every call at which the host waited for the device: `stream_syncs + event_syncs +
+    /// ctx_syncs`, plus each copy or memset that returns only once its stream ran it
+    /// (`cuMemcpyHtoD`, `cuMemcpyDtoH`, `cuMemsetD8`, and `cuMemcpyDtoHAsync` into pageable
+    /// memory, which CUDA completes before returning). Polls (`cuStreamQuery`,
+    /// `cuEventQuery`) are not waits.
+    host_syncs,
+    /// `cuMemAlloc` and `cuMemAllocAsync` calls that allocated.
+    device_allocs,
+    /// `cuMemFree` and `cuMemFreeAsync` calls accepted (not memory freed with its context).
+    device_frees,
+    /// `cuMemHostAlloc` calls that allocated, and their bytes.
+    pinned_allocs,
+    pinned_alloc_bytes,
+    /// `cuMemFreeHost` calls accepted.
+    pinned_frees,
+    /// Context errors that became sticky.
+    sticky_errors,
+    /// Device work queued (`celer_standin_enqueue_work`), and run.
+    work_enqueued,
+    work_run,
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+
+    /// [`Counters::delta`].
+    fn sub(self, earlier: Counters) -> Counters {
+        self.delta(&earlier)
     }
 }
