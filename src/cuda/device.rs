@@ -221,3 +221,14 @@ impl PinnedBytes {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
+
+/// Milliseconds between two events that have completed (their stream was synchronised
+/// after both were recorded). cudarc's `CudaEvent::elapsed_ms` synchronises each event
+/// first: two more host waits per reading, on events already complete.
+pub fn elapsed_ms(start: &CudaEvent, end: &CudaEvent) -> Result<f32, CudaError> {
+    start.context().bind_to_thread()?;
+    // SAFETY: both handles are live events of the bound context (each `CudaEvent` owns its
+    // handle); cuEventElapsedTime only reads their recorded times, and answers
+    // CUDA_ERROR_NOT_READY (an error, not undefined behaviour) if one is not complete.
+    Ok(unsafe { cudarc::driver::result::event::elapsed(start.cu_event(), end.cu_event()) }?)
+}

@@ -61,8 +61,7 @@ impl StageClock {
     }
 
     fn between(&self, from: Mark, to: Mark) -> Duration {
-        self.events[from as usize]
-            .elapsed_ms(&self.events[to as usize])
+        crate::cuda::device::elapsed_ms(&self.events[from as usize], &self.events[to as usize])
             .map(|ms| Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
             .unwrap_or_default()
     }
