@@ -15,13 +15,17 @@ use serve_support::{cutout, max_difference, Server};
 /// `celer serve --devices DEVICES` on U2NetP with two replicas, on the tests' CUDA driver
 /// (the stand-in where there is no GPU), waited for until `/ping` answers 200.
 fn serve(devices: &str, env: &[(&str, &str)]) -> Server {
+    serve_replicas(devices, "2", env)
+}
+
+fn serve_replicas(devices: &str, replicas: &str, env: &[(&str, &str)]) -> Server {
     let mut command = Server::command(
         &common::model_dir("u2netp"),
         [
             "--devices",
             devices,
             "--replicas",
-            "2",
+            replicas,
             "--health-check-interval-ms",
             "100",
         ],
@@ -112,5 +116,56 @@ fn a_served_gpu_recovers_from_a_lost_context_without_a_restart() {
     let log = server.log();
     assert!(log.contains("device lost: reopening it"), "{log}");
     assert!(log.contains("device reopened and reloaded"), "{log}");
+    assert!(server.stop().success());
+}
+
+/// Every device buffer a request wrote is poisoned (the stand-in's poison file) before the
+/// next request of the same size on the same replica starts: the answers stay the same
+/// to the bit, so no stage reads what the last request left in a buffer it reuses (the
+/// resize tables, written when a size is first served and kept for it, are not rewritten
+/// by the second request, and so are not poisoned).
+#[test]
+fn a_served_gpu_answers_the_same_with_every_buffer_it_wrote_poisoned_between_requests() {
+    if gpu_support::driver().standin().is_none() {
+        panic!("this test poisons device memory through the stand-in's poison file: run it where the stand-in is the driver (CELER_TEST_CUDA=standin)");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let poison = dir.path().join("poison");
+    // One replica: both requests reuse its buffers.
+    let server = serve_replicas(
+        "0",
+        "1",
+        &[(
+            "CELER_CUDA_STANDIN_POISON_FILE",
+            poison.to_str().expect("a UTF-8 path"),
+        )],
+    );
+    let photo = common::fetched("photo-1920x1080.jpg");
+    let (status, first) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    // Writes are tracked from the second request's first call on...
+    std::fs::write(&poison, "mark").unwrap();
+    let (status, second) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    assert!(!poison.exists(), "the stand-in took the mark");
+    // ... and everything it wrote is poisoned before the third touches anything.
+    std::fs::write(&poison, "poison").unwrap();
+    let (status, third) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    assert!(!poison.exists(), "the stand-in poisoned");
+    let log = server.log();
+    let poisoned = log
+        .lines()
+        .find_map(|l| l.split("cuda stand-in: poisoned ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("the stand-in did not say what it poisoned: {log}"));
+    assert!(poisoned > 0, "nothing was poisoned: {log}");
+    let first = first.unwrap();
+    assert!(second.as_ref() == Some(&first), "the second answer differs");
+    assert!(
+        third.as_ref() == Some(&first),
+        "the answer after poisoning differs: a stage read a buffer before writing it"
+    );
     assert!(server.stop().success());
 }

@@ -81,7 +81,7 @@ impl GpuStages {
         )?;
         let mask = MaskStage::alloc(&stream, spec, model.output_shape(), limits.max_side_px)?;
         let matting = Matting::load(spec, &source, mask.size(), &limits, &device, &stream)?;
-        let pipeline = Self {
+        let mut pipeline = Self {
             segmentation: Segmentation {
                 input: InputStage::alloc(&stream, &spec.segmentation.image, &limits)?,
                 model,
@@ -103,7 +103,17 @@ impl GpuStages {
             last_wait_cpu: Duration::ZERO,
         };
         pipeline.stream.synchronize()?;
+        pipeline.warm_up()?;
         Ok(pipeline)
+    }
+
+    /// One small request with every plane, at load: the first launch of each kernel, the
+    /// engines' first enqueue and the driver's lazy loading are paid here, not by the
+    /// first client.
+    fn warm_up(&mut self) -> Result<(), GpuError> {
+        let image = crate::replica::health_check_image();
+        self.run(&image, Planes::ALL, &mut StageTimings::default())?;
+        Ok(())
     }
 
     /// "TensorRT" or "ONNX Runtime (CPU)": what runs this replica's models.

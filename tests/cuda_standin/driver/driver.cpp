@@ -1013,7 +1013,10 @@ void poll_poison_file() {
     if (verb == "mark") {
         mark_writes();
     } else if (verb == "poison") {
-        poison_written(byte);
+        // Said on stderr (a server's log) so that a test can tell the poison reached memory.
+        uint64_t n = poison_written(byte);
+        fprintf(stderr, "cuda stand-in: poisoned %llu allocations written since the mark (0x%02x)\n",
+                static_cast<unsigned long long>(n), byte);
     } else if (verb == "poison_live") {
         run_all_streams();
         Lock lock(state().mutex);
