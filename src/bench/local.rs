@@ -31,7 +31,7 @@ pub enum LocalBenchError {
     Decode(#[from] crate::codec::decode::DecodeError),
     #[error(transparent)]
     Gpu(#[from] crate::replica::gpu::GpuError),
-    #[error("this thread's CPU time cannot be read (/proc/thread-self/schedstat)")]
+    #[error("this thread's CPU time cannot be read (CLOCK_THREAD_CPUTIME_ID)")]
     NoThreadClock,
 }
 
