@@ -723,25 +723,6 @@ fn launch_bounds_and_block_size_are_checked_at_launch() {
 /// for.
 const CHILD: &str = "CELER_STANDIN_CATCHES_CHILD";
 
-/// Runs `test` of this binary in a process of its own, with `env`: the stand-in reads its
-/// settings once per process, at cuInit.
-fn in_child_process(test: &str, env: &[(&str, &str)]) {
-    let out = std::process::Command::new(std::env::current_exe().expect("this test binary"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .envs(env.iter().copied())
-        .output()
-        .expect("the child process starts");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "in the child process: {text}"
-    );
-}
-
 #[test]
 fn settings_from_the_environment() {
     let name = "settings_from_the_environment";
@@ -756,7 +737,7 @@ fn settings_from_the_environment() {
                 ("CELER_CUDA_STANDIN_POISON_SHARED", "off"),
                 ("CELER_CUDA_STANDIN_POISON_DEVICE", "2"),
             ] {
-                in_child_process(
+                celer_cuda_standin::run_test_in_child(
                     name,
                     &[
                         (CHILD, "typo"),
@@ -766,7 +747,7 @@ fn settings_from_the_environment() {
                 );
             }
             // The order the variable names, and the poison file's commands.
-            in_child_process(
+            celer_cuda_standin::run_test_in_child(
                 name,
                 &[
                     (CHILD, "file"),

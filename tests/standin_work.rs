@@ -12,7 +12,6 @@
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -627,32 +626,13 @@ fn reset_destroys_the_primary_context_but_keeps_its_retains() {
 /// process is for ("list" or "typo").
 const CHILD: &str = "CELER_STANDIN_WORK_CHILD";
 
-/// Runs `test` of this binary in a process of its own, with `env`: the stand-in reads its
-/// settings once per process, at cuInit.
-fn in_child_process(test: &str, env: &[(&str, &str)]) {
-    let out = Command::new(std::env::current_exe().expect("this test binary"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .envs(env.iter().copied())
-        .output()
-        .expect("the child process starts");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "in the child process: {text}"
-    );
-}
-
 #[test]
 fn each_device_has_its_own_compute_capability() {
     let name = "each_device_has_its_own_compute_capability";
     match std::env::var(CHILD).as_deref() {
         Err(_) => {
             // Three GPUs of two models: sm_90, then two sm_86.
-            in_child_process(
+            celer_cuda_standin::run_test_in_child(
                 name,
                 &[
                     (CHILD, "list"),
@@ -661,7 +641,10 @@ fn each_device_has_its_own_compute_capability() {
                 ],
             );
             // Planted: a typo in the list. Refused, instead of quietly testing sm_90.
-            in_child_process(name, &[(CHILD, "typo"), ("CELER_CUDA_STANDIN_SM", "90;86")]);
+            celer_cuda_standin::run_test_in_child(
+                name,
+                &[(CHILD, "typo"), ("CELER_CUDA_STANDIN_SM", "90;86")],
+            );
             return;
         }
         Ok("typo") => {

@@ -452,16 +452,12 @@ impl Launcher<'_> {
         let Separable {
             dst: (dst_w, dst_h),
             row0,
-            rows,
+            ..
         } = resize;
         let pixels = resize.pixels();
-        need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
-        need("horizontal pass", tmp, resize.horizontal_threads() * 3)?;
         need("resized image", out, pixels * 3)?;
         need("max", max_value, 1)?;
-        launch!(self, "resize_rgb8_horizontal", resize.horizontal_threads(), BLOCK;
-            src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
-            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
+        self.resize_rgb8_rows(src, (src_w, src_h), &resize, horizontal, tmp)?;
         self.stream.memset_zeros(max_value)?;
         launch!(self, "resize_rgb8_vertical", pixels, BLOCK;
             &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
@@ -484,17 +480,35 @@ impl Launcher<'_> {
         let Separable {
             dst: (dst_w, dst_h),
             row0,
+            ..
+        } = resize;
+        need("luma", luma, resize.pixels())?;
+        self.resize_rgb8_rows(src, (src_w, src_h), &resize, horizontal, tmp)?;
+        launch!(self, "resize_rgb8_vertical_luma", resize.pixels(), BLOCK;
+            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
+            &vertical.weights, &vertical.stride, luma)
+    }
+
+    /// The horizontal pass both RGB8 resizes share: the rows the vertical pass reads,
+    /// resized across, into `tmp`.
+    fn resize_rgb8_rows(
+        &self,
+        src: &CudaSlice<u8>,
+        (src_w, src_h): (u32, u32),
+        resize: &Separable,
+        horizontal: &GpuTaps<i32>,
+        tmp: &mut CudaSlice<u8>,
+    ) -> Result<(), CudaError> {
+        let &Separable {
+            dst: (dst_w, _),
+            row0,
             rows,
         } = resize;
         need("source image", src, u64::from(src_w) * u64::from(src_h) * 3)?;
         need("horizontal pass", tmp, resize.horizontal_threads() * 3)?;
-        need("luma", luma, resize.pixels())?;
         launch!(self, "resize_rgb8_horizontal", resize.horizontal_threads(), BLOCK;
             src, &src_w, &row0, &rows, &horizontal.first, &horizontal.count,
-            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)?;
-        launch!(self, "resize_rgb8_vertical_luma", resize.pixels(), BLOCK;
-            &*tmp, &dst_w, &dst_h, &row0, &vertical.first, &vertical.count,
-            &vertical.weights, &vertical.stride, luma)
+            &horizontal.weights, &horizontal.stride, &mut *tmp, &dst_w)
     }
 
     /// Channel 0 of a probability output (`w` x `h`) -> clamped (optionally min-max

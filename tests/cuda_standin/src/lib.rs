@@ -582,3 +582,23 @@ impl std::ops::Sub for Counters {
         self.delta(&earlier)
     }
 }
+
+/// Runs `test` of the calling test binary alone in a process of its own, with `env` added,
+/// and fails unless it passed: the stand-in reads its settings once per process, at
+/// cuInit, so a test of a setting runs where nothing has initialised it yet.
+pub fn run_test_in_child(test: &str, env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("the child process starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "in the child process: {text}"
+    );
+}
