@@ -461,8 +461,6 @@ fn local_gpu(
     threads: usize,
     bytes: &[u8],
 ) -> anyhow::Result<()> {
-    use crate::engines::dirs::EngineDirs;
-    use crate::engines::plan::plan_gpus;
     use crate::replica::gpu::{GpuLimits, SoloReplica};
 
     let probe = crate::cuda::probe();
@@ -473,14 +471,13 @@ fn local_gpu(
         .cloned()
         .with_context(|| format!("no GPU {ordinal}: {}", probe.summary()))?;
     let model_dir = &args.runtime.model_dir;
-    let engines = EngineDirs::resolve(model_dir, args.engines_dir.as_deref(), false)?;
-    let plan = plan_gpus(
+    let plan = super::devices::gpu_plans(
         spec,
         model_dir,
-        &engines,
         std::slice::from_ref(&info),
+        &probe,
+        args.engines_dir.as_deref(),
         false,
-        probe.driver_cuda_version(),
     )?
     .into_iter()
     .next()

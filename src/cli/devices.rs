@@ -5,9 +5,9 @@
 use anyhow::Context;
 
 use crate::config::{Devices, Replicas};
-use crate::cuda::Probe;
+use crate::cuda::{GpuInfo, Probe};
 use crate::engines::dirs::EngineDirs;
-use crate::engines::plan::plan_gpus;
+use crate::engines::plan::{plan_gpus, GpuPlan};
 use crate::replica::cpu::cpu_device_setup;
 use crate::replica::gpu::{gpu_device_setup, GpuLimits};
 use crate::replica::BoxedMatteExecutor;
@@ -58,28 +58,14 @@ pub fn device_setups(
         return Ok(vec![cpu_device_setup(spec, count, threads, solo_threads)]);
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
-    let engines = EngineDirs::resolve(
+    let plans = gpu_plans(
+        spec,
         model_dir,
+        &gpus,
+        &probe,
         device.engines_dir.as_deref(),
         device.build_engines,
     )?;
-    if engines.built != engines.shipped {
-        tracing::warn!(
-            shipped = %engines.shipped.display(),
-            built = %engines.built.display(),
-            "the model folder's engines/ cannot be written: engines built at start-up go to a \
-             temporary folder (lost with the container; --engines-dir names a lasting one)"
-        );
-    }
-    let plans = plan_gpus(
-        spec,
-        model_dir,
-        &engines,
-        &gpus,
-        device.build_engines,
-        probe.driver_cuda_version(),
-    )
-    .context("the engines do not fit this machine")?;
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
@@ -90,4 +76,35 @@ pub fn device_setups(
         .into_iter()
         .map(|plan| gpu_device_setup(spec, plan, replicas, threads, limits))
         .collect())
+}
+
+/// What each of `gpus` serves from: the engines found under `engines_dir` (default: the
+/// model folder's `engines/`), built at start-up with `build_engines`, else ONNX Runtime.
+/// Fails when a stored engine does not fit.
+pub fn gpu_plans(
+    spec: &PipelineSpec,
+    model_dir: &std::path::Path,
+    gpus: &[GpuInfo],
+    probe: &Probe,
+    engines_dir: Option<&std::path::Path>,
+    build_engines: bool,
+) -> anyhow::Result<Vec<GpuPlan>> {
+    let engines = EngineDirs::resolve(model_dir, engines_dir, build_engines)?;
+    if engines.built != engines.shipped {
+        tracing::warn!(
+            shipped = %engines.shipped.display(),
+            built = %engines.built.display(),
+            "the model folder's engines/ cannot be written: engines built at start-up go to a \
+             temporary folder (lost with the container; --engines-dir names a lasting one)"
+        );
+    }
+    plan_gpus(
+        spec,
+        model_dir,
+        &engines,
+        gpus,
+        build_engines,
+        probe.driver_cuda_version(),
+    )
+    .context("the engines do not fit this machine")
 }

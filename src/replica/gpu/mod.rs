@@ -36,6 +36,28 @@ struct LoadedGpu {
     device: Arc<GpuDevice>,
 }
 
+impl LoadedGpu {
+    /// One replica's stages on this GPU: its own stream, buffers and execution contexts,
+    /// the models from the engines (ONNX Runtime with `ort_threads` where there are none).
+    fn load_stages(
+        &self,
+        spec: &PipelineSpec,
+        ort_threads: usize,
+        limits: GpuLimits,
+    ) -> Result<GpuStages, GpuError> {
+        let source = match &self.engines {
+            Some(engines) => ModelSource::TensorRt {
+                segmentation: &engines.segmentation,
+                matting: engines.matting.as_ref(),
+            },
+            None => ModelSource::OnnxRuntime {
+                intra_threads: ort_threads,
+            },
+        };
+        GpuStages::load(spec, self.device.clone(), source, limits)
+    }
+}
+
 impl Drop for LoadedGpu {
     fn drop(&mut self) {
         // Engines hold device memory of the GPU's context: they go before the device
@@ -108,21 +130,7 @@ impl GpuReplicas {
     /// New stages for one replica on the opened GPU: its own stream, buffers and
     /// execution contexts.
     fn load_stages(&self, gpu: &LoadedGpu) -> Result<GpuStages, ExecError> {
-        let source = match &gpu.engines {
-            Some(engines) => ModelSource::TensorRt {
-                segmentation: &engines.segmentation,
-                matting: engines.matting.as_ref(),
-            },
-            None => ModelSource::OnnxRuntime {
-                intra_threads: self.ort_threads,
-            },
-        };
-        Ok(GpuStages::load(
-            &self.spec,
-            gpu.device.clone(),
-            source,
-            self.limits,
-        )?)
+        Ok(gpu.load_stages(&self.spec, self.ort_threads, self.limits)?)
     }
 
     /// Reopens the GPU after its context was lost in generation `lost_in`: nothing when
@@ -240,16 +248,7 @@ impl SoloReplica {
     ) -> Result<Self, GpuError> {
         let name = Device::Gpu(plan.info.ordinal as u32).to_string();
         let gpu = load_gpu(spec, plan, &name).map_err(|e| GpuError::Open(Arc::new(e)))?;
-        let source = match &gpu.engines {
-            Some(engines) => ModelSource::TensorRt {
-                segmentation: &engines.segmentation,
-                matting: engines.matting.as_ref(),
-            },
-            None => ModelSource::OnnxRuntime {
-                intra_threads: ort_threads,
-            },
-        };
-        let stages = GpuStages::load(spec, gpu.device.clone(), source, limits)?;
+        let stages = gpu.load_stages(spec, ort_threads, limits)?;
         Ok(Self { stages, _gpu: gpu })
     }
 

@@ -110,21 +110,19 @@ pub struct Transfer {
     pending: Option<Pending>,
 }
 
-/// Where a request's planes were downloaded to, and at which offsets.
-enum Pending {
-    Staged {
-        size: (u32, u32),
-        alpha: Option<usize>,
-        trimap: Option<usize>,
-        cutout: Option<usize>,
-    },
-    /// Larger than the staging: straight into host vectors (pageable).
-    Pageable {
-        size: (u32, u32),
-        alpha: Option<Vec<u8>>,
-        trimap: Option<Vec<u8>>,
-        cutout: Option<Vec<u8>>,
-    },
+/// Where a request's planes were downloaded to: alpha, trimap and cut-out, each asked for
+/// or not.
+struct Pending {
+    size: (u32, u32),
+    planes: [Option<Landed>; 3],
+}
+
+/// Where one plane's bytes landed.
+enum Landed {
+    /// In the download staging, at this range.
+    Staged(std::ops::Range<usize>),
+    /// Larger than the staging: straight into a host vector (pageable).
+    Pageable(Vec<u8>),
 }
 
 impl Drop for Transfer {
@@ -203,38 +201,26 @@ impl Transfer {
         let len: usize = lens.iter().filter(|(on, _)| *on).map(|(_, l)| l).sum();
         let stream = self.stream.clone();
         let sources = [device.alpha, device.trimap, device.rgba];
-        if !self.down.fits(len) {
-            let mut planes: [Option<Vec<u8>>; 3] = [None, None, None];
-            for (((on, l), src), out) in lens.iter().zip(sources).zip(planes.iter_mut()) {
-                if *on {
-                    *out = Some(stream.clone_dtoh(&src.slice(..*l))?);
-                }
-            }
-            let [alpha, trimap, cutout] = planes;
-            self.pending = Some(Pending::Pageable {
-                size: (w, h),
-                alpha,
-                trimap,
-                cutout,
-            });
-            return Ok(());
-        }
+        let staged = self.down.fits(len);
         let host = self.down.buffer.as_mut_slice();
-        let mut offsets = [None; 3];
+        let mut planes = [None, None, None];
         let mut at = 0;
-        for (((on, l), src), offset) in lens.iter().zip(sources).zip(offsets.iter_mut()) {
-            if *on {
-                stream.memcpy_dtoh(&src.slice(..*l), &mut host[at..at + l])?;
-                *offset = Some(at);
-                at += l;
+        for (((on, l), src), plane) in lens.iter().zip(sources).zip(planes.iter_mut()) {
+            if !*on {
+                continue;
             }
+            let src = src.slice(..*l);
+            *plane = Some(if staged {
+                stream.memcpy_dtoh(&src, &mut host[at..at + l])?;
+                at += l;
+                Landed::Staged(at - l..at)
+            } else {
+                Landed::Pageable(stream.clone_dtoh(&src)?)
+            });
         }
-        let [alpha, trimap, cutout] = offsets;
-        self.pending = Some(Pending::Staged {
+        self.pending = Some(Pending {
             size: (w, h),
-            alpha,
-            trimap,
-            cutout,
+            planes,
         });
         Ok(())
     }
@@ -245,49 +231,29 @@ impl Transfer {
             stage: "download",
             reason: "nothing was downloaded".into(),
         })?;
-        let mismatch = |what: &str, (w, h): (u32, u32)| CudaError::Stage {
+        let (w, h) = pending.size;
+        let mismatch = |what: &str| CudaError::Stage {
             stage: "download",
             reason: format!("{what} buffer does not match {w}x{h}"),
         };
-        let gray = |size: (u32, u32), what, bytes: Option<Vec<u8>>| {
+        let host = self.down.buffer.as_slice();
+        let [alpha, trimap, cutout] = pending.planes.map(|landed| {
+            landed.map(|landed| match landed {
+                Landed::Staged(range) => host[range].to_vec(),
+                Landed::Pageable(bytes) => bytes,
+            })
+        });
+        let gray = |what, bytes: Option<Vec<u8>>| {
             bytes
-                .map(|b| GrayImage::from_raw(size.0, size.1, b).ok_or_else(|| mismatch(what, size)))
+                .map(|b| GrayImage::from_raw(w, h, b).ok_or_else(|| mismatch(what)))
                 .transpose()
         };
-        let rgba = |size: (u32, u32), bytes: Option<Vec<u8>>| {
-            bytes
-                .map(|b| {
-                    RgbaImage::from_raw(size.0, size.1, b).ok_or_else(|| mismatch("cut-out", size))
-                })
-                .transpose()
-        };
-        match pending {
-            Pending::Pageable {
-                size,
-                alpha,
-                trimap,
-                cutout,
-            } => Ok(Downloaded {
-                alpha: gray(size, "alpha", alpha)?,
-                trimap: gray(size, "trimap", trimap)?,
-                cutout: rgba(size, cutout)?,
-            }),
-            Pending::Staged {
-                size,
-                alpha,
-                trimap,
-                cutout,
-            } => {
-                let n = size.0 as usize * size.1 as usize;
-                let host = self.down.buffer.as_slice();
-                let plane =
-                    |at: Option<usize>, len: usize| at.map(|at| host[at..at + len].to_vec());
-                Ok(Downloaded {
-                    alpha: gray(size, "alpha", plane(alpha, n))?,
-                    trimap: gray(size, "trimap", plane(trimap, n))?,
-                    cutout: rgba(size, plane(cutout, 4 * n))?,
-                })
-            }
-        }
+        Ok(Downloaded {
+            alpha: gray("alpha", alpha)?,
+            trimap: gray("trimap", trimap)?,
+            cutout: cutout
+                .map(|b| RgbaImage::from_raw(w, h, b).ok_or_else(|| mismatch("cut-out")))
+                .transpose()?,
+        })
     }
 }
