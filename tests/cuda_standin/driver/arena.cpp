@@ -1,4 +1,4 @@
-// Device memory and pinned host memory of the stand-in driver.
+// Device memory and page-locked host memory of the stand-in driver.
 //
 // Device memory: one range of the address space reserved (PROT_NONE, MAP_NORESERVE) at
 // first use, so that no host allocation can ever sit there and a host pointer is never
@@ -48,6 +48,19 @@ struct Allocation {
     uint64_t generation;
 };
 
+// A page-locked host range: memory of cuMemHostAlloc (the driver's own, munmapped by
+// cuMemFreeHost) or the caller's memory registered with cuMemHostRegister (never unmapped
+// by the driver).
+struct Locked {
+    size_t bytes;
+    unsigned int flags;
+    bool registered;
+    // The context generation that registered it (registered ranges only).
+    uint64_t generation;
+    // Never reused: a range freed and another locked at the same address differ.
+    uint64_t id;
+};
+
 struct Arena {
     std::mutex mutex;
     uintptr_t begin = 0;
@@ -56,7 +69,14 @@ struct Arena {
     size_t in_use = 0;
     // By base address. Ended allocations stay, to name them in messages.
     std::map<uintptr_t, Allocation> allocations;
-    std::map<uintptr_t, std::pair<size_t, unsigned int>> pinned;  // base -> (bytes, flags)
+    // Page-locked host memory by base: cuMemHostAlloc's and cuMemHostRegister's.
+    std::map<uintptr_t, Locked> locked;
+    uint64_t next_locked_id = 1;
+    // Why each page-locked range that ended did (by its id), to name it in messages.
+    std::map<uint64_t, const char*> locked_ended;
+    // What ended the last registration that started at each address, for the error of a
+    // cuMemHostUnregister after it ended.
+    std::map<uintptr_t, const char*> registration_ended;
 
     bool reserve() {
         if (begin != 0) return true;
@@ -269,28 +289,107 @@ void* pinned_alloc(size_t bytes, unsigned int flags) {
     void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     std::lock_guard<std::mutex> lock(a.mutex);
-    a.pinned[reinterpret_cast<uintptr_t>(p)] = {length, flags};
+    a.locked[reinterpret_cast<uintptr_t>(p)] = Locked{length, flags, false, 0, a.next_locked_id++};
     return p;
 }
 
-bool pinned_free(void* pointer) {
+namespace {
+void end_locked(Arena& a, std::map<uintptr_t, Locked>::iterator it, const char* why) {
+    a.locked_ended[it->second.id] = why;
+    if (it->second.registered) a.registration_ended[it->first] = why;
+    a.locked.erase(it);
+}
+}  // namespace
+
+int pinned_free(void* pointer) {
     Arena& a = arena();
     std::lock_guard<std::mutex> lock(a.mutex);
-    auto it = a.pinned.find(reinterpret_cast<uintptr_t>(pointer));
-    if (it == a.pinned.end()) return false;
-    munmap(pointer, it->second.first);
-    a.pinned.erase(it);
-    return true;
+    auto it = a.locked.find(reinterpret_cast<uintptr_t>(pointer));
+    if (it == a.locked.end()) {
+        return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc", pointer));
+    }
+    if (it->second.registered) {
+        return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc but the caller's, "
+                                          "registered with cuMemHostRegister (cuMemHostUnregister ends that; the "
+                                          "memory is the caller's to free)",
+                                          pointer));
+    }
+    munmap(pointer, it->second.bytes);
+    end_locked(a, it, "cuMemFreeHost");
+    return SUCCESS;
 }
 
-bool is_pinned(const void* pointer, size_t bytes) {
+int host_register(void* pointer, size_t bytes, unsigned int flags, uint64_t generation) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    uintptr_t begin = reinterpret_cast<uintptr_t>(pointer);
+    uintptr_t end = begin + bytes;
+    // The range before (it may run into ours) and the first one starting inside ours.
+    auto after = a.locked.lower_bound(begin);
+    auto overlap = a.locked.end();
+    if (after != a.locked.end() && after->first < end) overlap = after;
+    if (overlap == a.locked.end() && after != a.locked.begin()) {
+        auto before = std::prev(after);
+        if (before->first + before->second.bytes > begin) overlap = before;
+    }
+    if (overlap != a.locked.end()) {
+        return fail(HOST_MEMORY_ALREADY_REGISTERED,
+                    format("cuMemHostRegister(%p, %zu bytes): overlaps the %zu bytes at 0x%lx, already page-locked "
+                           "(%s)",
+                           pointer, bytes, overlap->second.bytes, static_cast<unsigned long>(overlap->first),
+                           overlap->second.registered ? "by cuMemHostRegister" : "memory of cuMemHostAlloc"));
+    }
+    a.locked[begin] = Locked{bytes, flags, true, generation, a.next_locked_id++};
+    return SUCCESS;
+}
+
+int host_unregister(void* pointer) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.locked.find(reinterpret_cast<uintptr_t>(pointer));
+    if (it == a.locked.end() || !it->second.registered) {
+        std::string detail;
+        auto ended = a.registration_ended.find(reinterpret_cast<uintptr_t>(pointer));
+        if (it != a.locked.end()) {
+            detail = " (it is memory of cuMemHostAlloc)";
+        } else if (ended != a.registration_ended.end()) {
+            detail = format(" (the registration that started here was ended by %s)", ended->second);
+        }
+        return fail(HOST_MEMORY_NOT_REGISTERED,
+                    format("cuMemHostUnregister(%p): not the start of a range registered with cuMemHostRegister%s",
+                           pointer, detail.c_str()));
+    }
+    end_locked(a, it, "cuMemHostUnregister");
+    return SUCCESS;
+}
+
+void host_unregister_generation(uint64_t generation, const char* why) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    for (auto it = a.locked.begin(); it != a.locked.end();) {
+        auto next = std::next(it);
+        if (it->second.registered && it->second.generation == generation) end_locked(a, it, why);
+        it = next;
+    }
+}
+
+uint64_t page_locked_id(const void* pointer, size_t bytes) {
     Arena& a = arena();
     std::lock_guard<std::mutex> lock(a.mutex);
     uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
-    auto it = a.pinned.upper_bound(address);
-    if (it == a.pinned.begin()) return false;
+    auto it = a.locked.upper_bound(address);
+    if (it == a.locked.begin()) return 0;
     --it;
-    return address + bytes <= it->first + it->second.first;
+    return address + bytes <= it->first + it->second.bytes ? it->second.id : 0;
+}
+
+bool is_pinned(const void* pointer, size_t bytes) { return page_locked_id(pointer, bytes) != 0; }
+
+const char* page_locked_ended_by(uint64_t id) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.locked_ended.find(id);
+    return it == a.locked_ended.end() ? nullptr : it->second;
 }
 
 }  // namespace standin

@@ -11,8 +11,26 @@
 //   cuEventSynchronize, a synchronous copy): a missing synchronisation is never hidden by
 //   work that already ran. A copy into pinned memory fills its destination with garbage
 //   (0xCB bytes) when it is queued, so reading it before the sync reads garbage; a pinned
-//   source changed while its copy is queued is an error. Pageable copies behave as CUDA
-//   documents them (staged at once, or synchronous).
+//   source changed while its copy is queued is an error, and so is pinned memory freed or
+//   unregistered while a copy of it is queued (a sticky CUDA_ERROR_ILLEGAL_ADDRESS naming
+//   the copy and what ended the memory). Pageable copies behave as CUDA documents them
+//   (staged at once, or synchronous).
+// - Pinned (page-locked) host memory is of two kinds, treated alike by copies: memory of
+//   cuMemHostAlloc, and the caller's own memory registered with cuMemHostRegister_v2.
+//   cuMemHostRegister_v2(p, bytes, flags) needs a current context (INVALID_CONTEXT, or its
+//   sticky error, as cuMemHostAlloc); a null p, 0 bytes, device memory, or flags outside
+//   PORTABLE|DEVICEMAP|IOMEMORY|READ_ONLY (1|2|4|8) are CUDA_ERROR_INVALID_VALUE; a range
+//   overlapping page-locked memory of either kind is
+//   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. It pins nothing (the flags change nothing:
+//   there is no device mapping to give); it records the range, so that copies from and to
+//   it are DMA. A registration belongs to the context current at the call: when that
+//   context is destroyed (last cuDevicePrimaryCtxRelease, or cuDevicePrimaryCtxReset) its
+//   registrations end, whatever their flags (PORTABLE included: kept simple), and the
+//   memory, still the caller's, is pageable to later copies. cuMemHostUnregister(p) ends a
+//   registration: p must be the start of a registered range, else
+//   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (also for memory of cuMemHostAlloc); it never
+//   unmaps anything. cuMemFreeHost of a registered range is CUDA_ERROR_INVALID_VALUE (not
+//   memory of cuMemHostAlloc), and the range stays registered and mapped.
 // - cuMemAllocAsync/cuMemFreeAsync follow stream order; freed memory faults on access.
 // - Events record the time their stream reached them; cuEventElapsedTime refuses events
 //   created with CU_EVENT_DISABLE_TIMING, as the real driver does.
@@ -143,7 +161,7 @@
 //   memory:    cuMemAllocAsync cuMemFreeAsync cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2
 //              cuMemsetD8Async cuMemsetD8_v2 cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2
 //              cuMemcpyDtoDAsync_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemHostAlloc
-//              cuMemFreeHost
+//              cuMemFreeHost cuMemHostRegister_v2 cuMemHostUnregister
 //   launch:    cuLaunchKernel
 //   errors:    cuGetErrorString cuGetErrorName
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
@@ -231,6 +249,8 @@ const char* result_name(int result) {
         case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
         case LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
         case CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
+        case HOST_MEMORY_ALREADY_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+        case HOST_MEMORY_NOT_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
         case HARDWARE_STACK_ERROR: return "CUDA_ERROR_HARDWARE_STACK_ERROR";
         case ILLEGAL_INSTRUCTION: return "CUDA_ERROR_ILLEGAL_INSTRUCTION";
         case MISALIGNED_ADDRESS: return "CUDA_ERROR_MISALIGNED_ADDRESS";
@@ -257,6 +277,8 @@ const char* result_string(int result) {
         case ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
         case LAUNCH_OUT_OF_RESOURCES: return "too many resources requested for launch";
         case CONTEXT_IS_DESTROYED: return "context is destroyed";
+        case HOST_MEMORY_ALREADY_REGISTERED: return "part or all of the requested memory range is already mapped";
+        case HOST_MEMORY_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
         case HARDWARE_STACK_ERROR: return "hardware stack error";
         case ILLEGAL_INSTRUCTION: return "an illegal instruction was encountered";
         case MISALIGNED_ADDRESS: return "misaligned address";
@@ -333,6 +355,11 @@ struct Counters {
     std::atomic<uint64_t> pinned_allocs{0};
     std::atomic<uint64_t> pinned_alloc_bytes{0};
     std::atomic<uint64_t> pinned_frees{0};
+    std::atomic<uint64_t> host_registers{0};
+    std::atomic<uint64_t> host_register_bytes{0};
+    std::atomic<uint64_t> host_unregisters{0};
+    std::atomic<uint64_t> pageable_htod_copies{0};
+    std::atomic<uint64_t> pageable_dtoh_copies{0};
     std::atomic<uint64_t> sticky_errors{0};
     std::atomic<uint64_t> work_enqueued{0};
     std::atomic<uint64_t> work_run{0};
@@ -416,7 +443,11 @@ struct Op {
     uintptr_t device_src = 0;
     void* host = nullptr;
     size_t bytes = 0;
+    // Asynchronous DMA from or to page-locked memory (cuMemHostAlloc's or registered):
+    // the host side is read or written when the stream gets there. locked_id is its
+    // range's (page_locked_id), to tell when it ended while the copy was queued.
     bool pinned = false;
+    uint64_t locked_id = 0;
     std::vector<unsigned char> staged;
     uint64_t source_hash = 0;
     unsigned char value = 0;
@@ -553,6 +584,17 @@ uint64_t fnv1a(const void* data, size_t bytes) {
     return h;
 }
 
+// How the page-locked range `id` of a queued copy ended, for the copy's error: "was
+// freed (cuMemFreeHost)", "was unregistered (cuMemHostUnregister)", "was unregistered by
+// cuDevicePrimaryCtxReset" (its context's destruction).
+std::string locked_end_text(uint64_t id) {
+    const char* why = page_locked_ended_by(id);
+    if (why == nullptr) return "is no longer page-locked";
+    if (strcmp(why, "cuMemFreeHost") == 0) return "was freed (cuMemFreeHost)";
+    if (strcmp(why, "cuMemHostUnregister") == 0) return "was unregistered (cuMemHostUnregister)";
+    return format("was unregistered by %s", why);
+}
+
 // A hash of device bytes, fast enough to take of an engine's weights before and after
 // each run (four independent 8-byte lanes): whether work changed a range it declared
 // read only.
@@ -661,8 +703,9 @@ void execute(Stream* s, Op& op) {
             }
             const void* source = op.staged.data();
             if (op.pinned) {
-                if (!is_pinned(op.host, op.bytes)) {
-                    make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned source was freed while its copy was queued");
+                if (page_locked_id(op.host, op.bytes) != op.locked_id) {
+                    make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned source " + locked_end_text(op.locked_id) +
+                                                        " while its copy was queued");
                     return;
                 }
                 if (fnv1a(op.host, op.bytes) != op.source_hash) {
@@ -681,8 +724,9 @@ void execute(Stream* s, Op& op) {
                 make_sticky(c, ILLEGAL_ADDRESS, op.label + ": source " + why);
                 return;
             }
-            if (op.pinned && !is_pinned(op.host, op.bytes)) {
-                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned destination was freed while its copy was queued");
+            if (op.pinned && page_locked_id(op.host, op.bytes) != op.locked_id) {
+                make_sticky(c, ILLEGAL_ADDRESS, op.label + ": the pinned destination " + locked_end_text(op.locked_id) +
+                                                    " while its copy was queued");
                 return;
             }
             memcpy(op.host, reinterpret_cast<const void*>(op.device_src), op.bytes);
@@ -1074,6 +1118,8 @@ Context* new_context(int device, unsigned int flags) {
 void destroy_context(Context* c, const char* why) {
     State& st = state();
     device_free_generation(c->generation, why);
+    // Host memory it registered is pageable again (the memory stays the caller's).
+    host_unregister_generation(c->generation, why);
     // The accesses recorded of its memory go with it.
     for (auto it = st.accesses.begin(); it != st.accesses.end();) {
         AllocationView view;
@@ -1910,10 +1956,42 @@ EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags)
 
 EXPORT CUresult cuMemFreeHost(void* pointer) {
     Lock lock(state().mutex);
-    if (!pinned_free(pointer)) {
-        return fail(INVALID_VALUE, format("cuMemFreeHost(%p): not memory from cuMemHostAlloc", pointer));
-    }
+    if (int r = pinned_free(pointer)) return r;
     counters.pinned_frees++;
+    return SUCCESS;
+}
+
+// The flags cuMemHostRegister takes: CU_MEMHOSTREGISTER_PORTABLE, _DEVICEMAP, _IOMEMORY,
+// _READ_ONLY. They change nothing here (every context sees one address space, and the
+// stand-in has no device pointer for host memory to give).
+static const unsigned int kHostRegisterFlags = 0x1 | 0x2 | 0x4 | 0x8;
+
+EXPORT CUresult cuMemHostRegister_v2(void* pointer, size_t bytes, unsigned int flags) {
+    Lock lock(state().mutex);
+    if (int r = check_context(current, "cuMemHostRegister")) return r;
+    if (pointer == nullptr || bytes == 0) {
+        return fail(INVALID_VALUE, format("cuMemHostRegister(%p, %zu bytes): %s", pointer, bytes,
+                                          pointer == nullptr ? "a null pointer" : "an empty range"));
+    }
+    if (bytes > UINTPTR_MAX - reinterpret_cast<uintptr_t>(pointer)) {
+        return fail(INVALID_VALUE, format("cuMemHostRegister(%p, %zu bytes): the range wraps the address space",
+                                          pointer, bytes));
+    }
+    if (flags & ~kHostRegisterFlags) {
+        return fail(INVALID_VALUE, format("cuMemHostRegister(%p, %zu bytes, flags 0x%x): unknown flags 0x%x", pointer,
+                                          bytes, flags, flags & ~kHostRegisterFlags));
+    }
+    if (int r = check_host_pointer(pointer, bytes, "cuMemHostRegister", "the range")) return r;
+    if (int r = host_register(pointer, bytes, flags, current->generation)) return r;
+    counters.host_registers++;
+    counters.host_register_bytes += bytes;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuMemHostUnregister(void* pointer) {
+    Lock lock(state().mutex);
+    if (int r = host_unregister(pointer)) return r;
+    counters.host_unregisters++;
     return SUCCESS;
 }
 
@@ -1965,10 +2043,13 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
         op.device = dst;
         op.host = const_cast<void*>(src);
         op.bytes = bytes;
-        op.pinned = bytes > 0 && is_pinned(src, bytes);
+        op.locked_id = bytes > 0 ? page_locked_id(src, bytes) : 0;
+        op.pinned = op.locked_id != 0;
         op.label = format("%s(%s <- %p, %zu bytes) on %s", call, pointer_text(dst).c_str(), src, bytes,
                           stream_text(s).c_str());
     }
+    // A real driver copies pageable bytes through a page-locked buffer of its own.
+    bool pageable = bytes > 0 && !op.pinned;
     if (op.pinned && !synchronous) {
         // DMA from pinned memory reads it when the stream gets there: remember what it
         // held, to tell if the host changes it before then.
@@ -1982,6 +2063,7 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
     if (int r = enqueue(s, op, {Access{dst, bytes, true, "its destination"}}, &seq)) return r;
     counters.htod_copies++;
     counters.htod_bytes += bytes;
+    if (pageable) counters.pageable_htod_copies++;
     if (synchronous) wait_for(s, seq);
     return sticky_error(s->context);
 }
@@ -2012,16 +2094,20 @@ static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream
         op.device_src = src;
         op.host = dst;
         op.bytes = bytes;
-        op.pinned = bytes > 0 && is_pinned(dst, bytes);
+        op.locked_id = bytes > 0 ? page_locked_id(dst, bytes) : 0;
+        op.pinned = op.locked_id != 0;
         op.label = format("%s(%p <- %s, %zu bytes) on %s", call, dst, pointer_text(src).c_str(), bytes,
                           stream_text(s).c_str());
     }
+    // A real driver copies into pageable memory through a page-locked buffer of its own.
+    bool pageable = bytes > 0 && !op.pinned;
     bool asynchronous = op.pinned && !synchronous;
     if (asynchronous) memset(dst, kGarbage, bytes);
     uint64_t seq = 0;
     if (int r = enqueue(s, op, {Access{src, bytes, false, "its source"}}, &seq)) return r;
     counters.dtoh_copies++;
     counters.dtoh_bytes += bytes;
+    if (pageable) counters.pageable_dtoh_copies++;
     // Into pageable memory the copy is complete when the call returns, as CUDA documents.
     if (!asynchronous) wait_for(s, seq);
     return sticky_error(s->context);
@@ -2328,6 +2414,17 @@ EXPORT uint64_t celer_standin_poison_written(unsigned char byte) { return poison
 //                                     with the context are not counted)
 //   pinned_allocs, pinned_alloc_bytes cuMemHostAlloc
 //   pinned_frees                      cuMemFreeHost
+//   host_registers, host_register_bytes cuMemHostRegister calls that registered, and
+//                                     their bytes
+//   host_unregisters                  cuMemHostUnregister calls accepted (registrations
+//                                     ended with their context are not counted)
+//   pageable_htod_copies              cuMemcpyHtoD(Async) of more than 0 bytes whose
+//   pageable_dtoh_copies              source (dtoh: destination) is not in one page-locked
+//                                     range (cuMemHostAlloc or cuMemHostRegister): the
+//                                     copies a real driver stages through a page-locked
+//                                     buffer of its own, a host copy of the data, whether
+//                                     the call was synchronous or not. A synchronous copy
+//                                     from or to page-locked memory is not one.
 //   contexts_created, sticky_errors, work_enqueued, work_run
 //   device_bytes                      device memory in use now (not a count)
 EXPORT uint64_t celer_standin_counter(const char* name) {
@@ -2354,6 +2451,11 @@ EXPORT uint64_t celer_standin_counter(const char* name) {
     COUNTER(pinned_allocs)
     COUNTER(pinned_alloc_bytes)
     COUNTER(pinned_frees)
+    COUNTER(host_registers)
+    COUNTER(host_register_bytes)
+    COUNTER(host_unregisters)
+    COUNTER(pageable_htod_copies)
+    COUNTER(pageable_dtoh_copies)
     COUNTER(sticky_errors)
     COUNTER(work_enqueued)
     COUNTER(work_run)

@@ -30,6 +30,8 @@ enum Result : int {
     ILLEGAL_ADDRESS = 700,
     LAUNCH_OUT_OF_RESOURCES = 701,
     CONTEXT_IS_DESTROYED = 709,
+    HOST_MEMORY_ALREADY_REGISTERED = 712,
+    HOST_MEMORY_NOT_REGISTERED = 713,
     HARDWARE_STACK_ERROR = 714,
     ILLEGAL_INSTRUCTION = 715,
     MISALIGNED_ADDRESS = 716,
@@ -83,12 +85,33 @@ bool device_range_ok(uintptr_t address, size_t bytes, std::string* why);
 // handed out (nothing wrote past the allocation's end into it); if not, `why` says where.
 bool padding_intact(uintptr_t address, std::string* why);
 
-// Page-locked host memory (cuMemHostAlloc): ordinary pages, remembered so that copies to
-// and from it run asynchronously, as DMA from pinned memory does.
+// Page-locked host memory: ordinary pages, remembered so that copies to and from it run
+// asynchronously, as DMA from pinned memory does. Two kinds: the driver's own
+// (cuMemHostAlloc: mmapped here, munmapped by cuMemFreeHost) and the caller's memory
+// registered with cuMemHostRegister (never mapped or unmapped here).
 void* pinned_alloc(size_t bytes, unsigned int flags);
-bool pinned_free(void* pointer);
-// Whether [pointer, pointer + bytes) lies in one live pinned allocation.
+// cuMemFreeHost: SUCCESS, or INVALID_VALUE (reported) when `pointer` is not the start of
+// memory of cuMemHostAlloc (a registered range is refused and stays as it is).
+int pinned_free(void* pointer);
+// cuMemHostRegister of [pointer, pointer + bytes) (bytes > 0, checked by the caller) for
+// the context of `context_generation`: SUCCESS, or HOST_MEMORY_ALREADY_REGISTERED
+// (reported) when the range overlaps page-locked memory of either kind.
+int host_register(void* pointer, size_t bytes, unsigned int flags, uint64_t context_generation);
+// cuMemHostUnregister: SUCCESS, or HOST_MEMORY_NOT_REGISTERED (reported) when `pointer`
+// is not the start of a registered range. The memory is the caller's: it is not unmapped.
+int host_unregister(void* pointer);
+// Ends every registration made by a context generation (context destroyed or reset);
+// `why` names what ended them.
+void host_unregister_generation(uint64_t context_generation, const char* why);
+// The id of the page-locked range (of either kind) that holds [pointer, pointer + bytes),
+// 0 when none does. Ids are never reused, so a copy can tell its range from one locked
+// later at the same address.
+uint64_t page_locked_id(const void* pointer, size_t bytes);
+// Whether [pointer, pointer + bytes) lies in one page-locked range (page_locked_id != 0).
 bool is_pinned(const void* pointer, size_t bytes);
+// What ended the page-locked range `id` ("cuMemFreeHost", "cuMemHostUnregister", a
+// context's destruction), or null while it lives.
+const char* page_locked_ended_by(uint64_t id);
 
 // ---- kernels on lanes (lanes.cpp) ---------------------------------------------------
 

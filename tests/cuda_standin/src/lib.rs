@@ -23,6 +23,13 @@
 //! [`StandIn::set_shared_poison`], [`StandIn::set_hazards`], [`StandIn::mark_writes`],
 //! [`StandIn::poison_written`] and [`StandIn::poison_live`] change or use them, and
 //! [`StandIn::counters`] says what the code did on the device.
+//!
+//! Pinned host memory is of two kinds, treated alike by copies (asynchronous DMA, checked
+//! when the stream gets there): `cuMemHostAlloc`'s, and the caller's own memory registered
+//! with `cuMemHostRegister_v2` (until `cuMemHostUnregister`, or until the context that
+//! registered it is destroyed: a registration is its context's, whatever its flags). A
+//! copy from or to any other host memory is pageable ([`Counters::pageable_htod_copies`],
+//! [`Counters::pageable_dtoh_copies`]).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -567,6 +574,20 @@ counters! {
     pinned_alloc_bytes,
     /// `cuMemFreeHost` calls accepted.
     pinned_frees,
+    /// `cuMemHostRegister_v2` calls that registered (page-locked) host memory, and their
+    /// bytes.
+    host_registers,
+    host_register_bytes,
+    /// `cuMemHostUnregister` calls accepted (not registrations ended with their context).
+    host_unregisters,
+    /// `cuMemcpyHtoD` and `cuMemcpyHtoDAsync` calls of more than 0 bytes whose source is
+    /// not page-locked (neither `cuMemHostAlloc` memory nor registered): the copies a real
+    /// driver stages through a page-locked buffer of its own, a host copy of the data,
+    /// synchronous or not.
+    pageable_htod_copies,
+    /// `cuMemcpyDtoH` and `cuMemcpyDtoHAsync` calls of more than 0 bytes whose destination
+    /// is not page-locked (as `pageable_htod_copies`).
+    pageable_dtoh_copies,
     /// Context errors that became sticky.
     sticky_errors,
     /// Device work queued (`celer_standin_enqueue_work`), and run.
