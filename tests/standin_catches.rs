@@ -829,3 +829,327 @@ fn a_block_needing_more_registers_than_an_sm_has_is_refused() {
     let want = (0..96).fold(0.0f32, |acc, _| acc * 0.5 + 1.0);
     assert_eq!(s.clone_dtoh(&dst).unwrap(), vec![want; 1024]);
 }
+
+/// Page-aligned heap memory of the test's own, as the pool of host buffers that celer
+/// page-locks with `cuMemHostRegister`: the memory is the caller's before, during and
+/// after its registration.
+struct HostPages {
+    pointer: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl HostPages {
+    const PAGE: usize = 4096;
+
+    /// `pages` zeroed pages.
+    fn new(pages: usize) -> HostPages {
+        let layout = std::alloc::Layout::from_size_align(pages * Self::PAGE, Self::PAGE)
+            .expect("a page-aligned layout");
+        assert!(layout.size() > 0);
+        // SAFETY: the layout's size is not 0.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let pointer =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        HostPages { pointer, layout }
+    }
+
+    fn bytes(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// The start of the pages, `offset` bytes in, as the driver takes host pointers.
+    fn at(&self, offset: usize) -> *mut std::ffi::c_void {
+        assert!(offset <= self.bytes());
+        // SAFETY: offset is within the allocation (or one past its end).
+        unsafe { self.pointer.as_ptr().add(offset) }.cast()
+    }
+
+    fn floats(&mut self) -> &mut [f32] {
+        // SAFETY: the pages are initialised (zeroed), page-aligned (so f32-aligned), a
+        // whole number of f32s, and borrowed mutably with `self`.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.pointer.as_ptr().cast::<f32>(), self.bytes() / 4)
+        }
+    }
+
+    /// `cuMemHostRegister_v2` of `bytes` from `offset`, with `flags`.
+    fn register_part(&self, offset: usize, bytes: usize, flags: u32) -> Result<(), DriverError> {
+        // SAFETY: the range lies in this allocation, which outlives the registration (Drop
+        // unregisters before freeing it); the driver only records the range.
+        unsafe { cudarc::driver::sys::cuMemHostRegister_v2(self.at(offset), bytes, flags) }.result()
+    }
+
+    fn register(&self) -> Result<(), DriverError> {
+        self.register_part(0, self.bytes(), 0)
+    }
+
+    fn unregister(&self) -> Result<(), DriverError> {
+        host_unregister(self.at(0))
+    }
+}
+
+impl Drop for HostPages {
+    fn drop(&mut self) {
+        // Registered or not (a test may end with it registered, or its context gone): the
+        // driver must not keep a range whose memory goes back to the heap.
+        let _ = self.unregister();
+        // SAFETY: allocated in new with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.pointer.as_ptr(), self.layout) }
+    }
+}
+
+/// `cuMemHostUnregister(pointer)`.
+fn host_unregister(pointer: *mut std::ffi::c_void) -> Result<(), DriverError> {
+    // SAFETY: the driver looks the pointer up among its registrations and touches no
+    // memory.
+    unsafe { cudarc::driver::sys::cuMemHostUnregister(pointer) }.result()
+}
+
+#[test]
+fn registered_host_memory_is_copied_by_dma_and_unregistered_memory_is_staged() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let mut up = HostPages::new(4);
+    let mut down = HostPages::new(4);
+    let n = up.bytes() / 4;
+    let want: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    up.floats().copy_from_slice(&want);
+    let mut device = s.alloc_zeros::<f32>(n).unwrap();
+    s.synchronize().unwrap();
+
+    let before = gpu.standin.counters();
+    up.register().expect("register the upload's pages");
+    down.register().expect("register the download's pages");
+    s.memcpy_htod(up.floats(), &mut device).unwrap();
+    s.memcpy_dtoh(&device, down.floats()).unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!(
+        (d.host_registers, d.host_register_bytes),
+        (2, 2 * 4 * 4096),
+        "{d:?}"
+    );
+    assert_eq!((d.htod_copies, d.pageable_htod_copies), (1, 0), "{d:?}");
+    assert_eq!((d.dtoh_copies, d.pageable_dtoh_copies), (1, 0), "{d:?}");
+    assert_eq!(
+        d.host_syncs, 0,
+        "DMA into registered memory does not wait: {d:?}"
+    );
+    // Queued, as DMA into pinned memory: the destination holds garbage until the sync.
+    assert!(
+        down.floats().iter().all(|v| v.to_bits() == 0xCBCB_CBCB),
+        "a queued download into registered memory"
+    );
+    s.synchronize().unwrap();
+    assert_eq!(down.floats(), &want[..]);
+
+    // Unregistered, the same pages are pageable: staged, and the download waits.
+    let before = gpu.standin.counters();
+    up.unregister().expect("unregister the upload's pages");
+    down.unregister().expect("unregister the download's pages");
+    down.floats().fill(0.0);
+    s.memcpy_htod(up.floats(), &mut device).unwrap();
+    s.memcpy_dtoh(&device, down.floats()).unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!((d.host_unregisters, d.host_registers), (2, 0), "{d:?}");
+    assert_eq!((d.htod_copies, d.pageable_htod_copies), (1, 1), "{d:?}");
+    assert_eq!((d.dtoh_copies, d.pageable_dtoh_copies), (1, 1), "{d:?}");
+    assert_eq!(d.host_syncs, 1, "the pageable download waited: {d:?}");
+    assert_eq!(down.floats(), &want[..], "complete when the call returned");
+    assert_eq!(d.sticky_errors, 0, "{d:?}");
+}
+
+#[test]
+fn a_registered_buffer_changed_or_unregistered_while_its_copy_is_queued_is_caught() {
+    let _one = serial();
+    // The twin: changed only after the sync, unregistered only after the sync.
+    {
+        let gpu = Gpu::new();
+        let s = &gpu.stream;
+        let mut host = HostPages::new(1);
+        host.floats().fill(3.0);
+        let mut device = s.alloc_zeros::<f32>(1024).unwrap();
+        host.register().unwrap();
+        s.memcpy_htod(host.floats(), &mut device).unwrap();
+        s.synchronize().unwrap();
+        host.floats()[0] = 4.0;
+        s.memcpy_dtoh(&device, host.floats()).unwrap();
+        s.synchronize().unwrap();
+        host.unregister().unwrap();
+        assert_eq!(host.floats(), &[3.0f32; 1024][..]);
+    }
+    // Planted: each in a fresh context (the error is sticky).
+    for planted in ["changed", "unregistered", "unregistered destination"] {
+        let gpu = Gpu::new();
+        let s = &gpu.stream;
+        let mut host = HostPages::new(1);
+        let mut device = s.clone_htod(&[1.0f32; 1024]).unwrap();
+        s.synchronize().unwrap();
+        host.register().unwrap();
+        if planted == "unregistered destination" {
+            s.memcpy_dtoh(&device, host.floats()).unwrap();
+        } else {
+            s.memcpy_htod(host.floats(), &mut device).unwrap();
+        }
+        if planted == "changed" {
+            host.floats()[7] = 8.0;
+        } else {
+            host.unregister()
+                .expect("unregistered while its copy is queued");
+        }
+        let err = s.synchronize().expect_err(planted);
+        assert_eq!(
+            code(&err),
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            "{planted}"
+        );
+        let why = gpu.standin.last_error();
+        let want = match planted {
+            "changed" => "cuMemcpyHtoDAsync(",
+            "unregistered" => "the pinned source was unregistered (cuMemHostUnregister) while its copy was queued",
+            _ => "the pinned destination was unregistered (cuMemHostUnregister) while its copy was queued",
+        };
+        assert!(why.contains(want), "{planted}: {why}");
+        if planted == "changed" {
+            assert!(why.contains("the pinned source changed"), "{why}");
+        }
+    }
+}
+
+#[test]
+fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let mut host = HostPages::new(4);
+    let other = HostPages::new(1);
+    let page = HostPages::PAGE;
+    // Planted: a range running into a registration, a part of it, the same range again.
+    let already = CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    host.register_part(page, page, 0)
+        .expect("the second page registered");
+    let err = host
+        .register()
+        .expect_err("all four pages run into the second");
+    assert_eq!(code(&err), already);
+    let err = host
+        .register_part(page + 16, 32, 0)
+        .expect_err("inside the second page");
+    assert_eq!(code(&err), already);
+    let err = host
+        .register_part(page, page, 0)
+        .expect_err("the same range");
+    assert_eq!(code(&err), already);
+    host_unregister(host.at(page)).expect("the second page unregistered");
+    host.register().expect("then all four pages");
+    let mut pinned = celer::cuda::pinned::<u8>(&gpu.context, 4096, false).unwrap();
+    let pinned_at = pinned
+        .as_mut_slice()
+        .unwrap()
+        .as_mut_ptr()
+        .cast::<std::ffi::c_void>();
+    // SAFETY: the driver only records the range; cuMemHostAlloc's memory must be refused.
+    let err = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(pinned_at, 64, 0) }
+        .result()
+        .expect_err("memory of cuMemHostAlloc is page-locked already");
+    assert_eq!(code(&err), already);
+    let why = gpu.standin.last_error();
+    assert!(why.contains("memory of cuMemHostAlloc"), "{why}");
+
+    // Planted: unregistering what is not the start of a registration.
+    let not_registered = CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    let err = host_unregister(host.at(page)).expect_err("inside a registration");
+    assert_eq!(code(&err), not_registered);
+    let err = other.unregister().expect_err("never registered");
+    assert_eq!(code(&err), not_registered);
+    let err = host_unregister(pinned_at).expect_err("memory of cuMemHostAlloc");
+    assert_eq!(code(&err), not_registered);
+
+    // Planted: cuMemFreeHost of registered memory. Refused, and the memory is untouched
+    // (still mapped: written below) and still registered (a copy from it is DMA).
+    // SAFETY: the driver must refuse it and unmap nothing.
+    let err = unsafe { cudarc::driver::sys::cuMemFreeHost(host.at(0)) }
+        .result()
+        .expect_err("not memory of cuMemHostAlloc");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    host.floats().fill(5.0);
+    let mut device = s.alloc_zeros::<f32>(4 * 1024).unwrap();
+    let before = gpu.standin.counters();
+    s.memcpy_htod(host.floats(), &mut device).unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!((d.htod_copies, d.pageable_htod_copies), (1, 0), "{d:?}");
+    s.synchronize().unwrap();
+    assert_eq!(s.clone_dtoh(&device).unwrap(), vec![5.0f32; 4 * 1024]);
+
+    // Planted: an undocumented flag, a null pointer, an empty range.
+    let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
+    let err = other.register_part(0, page, 0x10).expect_err("flag 0x10");
+    assert_eq!(code(&err), invalid);
+    let err = other.register_part(0, 0, 0).expect_err("0 bytes");
+    assert_eq!(code(&err), invalid);
+    // SAFETY: a null pointer, which the driver must refuse.
+    let err = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(std::ptr::null_mut(), page, 0) }
+        .result()
+        .expect_err("null");
+    assert_eq!(code(&err), invalid);
+    // The twin: every documented flag; the range next to a registration.
+    other
+        .register_part(0, page, 0x1 | 0x2 | 0x4 | 0x8)
+        .expect("PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY");
+    other.unregister().expect("unregistered");
+
+    host.unregister().expect("unregistered");
+    let err = host.unregister().expect_err("twice");
+    assert_eq!(code(&err), not_registered);
+    host.register()
+        .expect("registered again after its unregistration");
+    host.unregister().expect("unregistered");
+}
+
+#[test]
+fn registrations_end_with_the_context_that_made_them() {
+    let _one = serial();
+    let mut host = HostPages::new(1);
+    host.floats().fill(2.0);
+    {
+        let gpu = Gpu::new();
+        let s = &gpu.stream;
+        let mut device = s.alloc_zeros::<f32>(1024).unwrap();
+        s.synchronize().unwrap();
+        host.register_part(0, host.bytes(), 0x1)
+            .expect("registered PORTABLE");
+        let before = gpu.standin.counters();
+        s.memcpy_htod(host.floats(), &mut device).unwrap();
+        s.synchronize().unwrap();
+        let d = gpu.standin.counters() - before;
+        assert_eq!(d.pageable_htod_copies, 0, "registered: {d:?}");
+        // SAFETY: device 0 exists; the reset destroys what the handles above refer to,
+        // which is then only dropped (cudarc records the errors of its destroy calls).
+        unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(0) }
+            .result()
+            .expect("reset");
+    }
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let mut device = s.alloc_zeros::<f32>(1024).unwrap();
+    s.synchronize().unwrap();
+    let before = gpu.standin.counters();
+    s.memcpy_htod(host.floats(), &mut device).unwrap();
+    let d = gpu.standin.counters() - before;
+    assert_eq!(
+        (d.htod_copies, d.pageable_htod_copies),
+        (1, 1),
+        "pageable after its context's reset: {d:?}"
+    );
+    assert_eq!(s.clone_dtoh(&device).unwrap(), vec![2.0f32; 1024]);
+    let err = host.unregister().expect_err("ended with its context");
+    assert_eq!(code(&err), CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    let why = gpu.standin.last_error();
+    assert!(
+        why.contains("the registration that started here was ended by cuDevicePrimaryCtxReset"),
+        "{why}"
+    );
+    // The memory is the caller's still, and can be registered in the new context.
+    host.register().expect("registered in the new context");
+    host.unregister().expect("unregistered");
+}
