@@ -1,11 +1,14 @@
 //! What running the pipeline on one image gives: the alpha matte and the trimap at the
 //! source size, and the wall time of each stage. Made by either device's replica, read by
-//! the codec (render), the HTTP layer (Server-Timing) and the benchmarks. The ground floor.
+//! the codec (render), the HTTP layer (Server-Timing) and the benchmarks. The ground floor,
+//! with the host memory its planes live in (`crate::pixels`).
 
 use std::time::Duration;
 
 use image::{GrayImage, RgbaImage};
 use serde::Serialize;
+
+use crate::pixels::{self, GrayPixels, RgbaPixels};
 
 /// The result of the device stages for one image, at the source size.
 #[derive(Debug, Clone)]
@@ -48,14 +51,15 @@ impl Planes {
 pub struct MissingPlane(pub &'static str);
 
 /// What a device hands back for one image: the planes asked for (others may be there
-/// too, where they cost nothing), at the source size.
+/// too, where they cost nothing), at the source size. A GPU's planes are the blocks its
+/// download wrote, read by the encoder where they are.
 #[derive(Debug, Clone)]
 pub struct MattePlanes {
     pub width: u32,
     pub height: u32,
-    pub alpha: Option<GrayImage>,
-    pub trimap: Option<GrayImage>,
-    pub cutout: Option<RgbaImage>,
+    pub alpha: Option<GrayPixels>,
+    pub trimap: Option<GrayPixels>,
+    pub cutout: Option<RgbaPixels>,
 }
 
 impl MattePlanes {
@@ -66,9 +70,9 @@ impl MattePlanes {
         Self {
             width,
             height,
-            alpha: Some(matte.alpha),
-            trimap: Some(matte.trimap),
-            cutout,
+            alpha: Some(pixels::from_image(matte.alpha)),
+            trimap: Some(pixels::from_image(matte.trimap)),
+            cutout: cutout.map(pixels::from_image),
         }
     }
 
@@ -76,15 +80,15 @@ impl MattePlanes {
         (self.width, self.height)
     }
 
-    pub fn alpha(&self) -> Result<&GrayImage, MissingPlane> {
+    pub fn alpha(&self) -> Result<&GrayPixels, MissingPlane> {
         self.alpha.as_ref().ok_or(MissingPlane("alpha"))
     }
 
-    pub fn trimap(&self) -> Result<&GrayImage, MissingPlane> {
+    pub fn trimap(&self) -> Result<&GrayPixels, MissingPlane> {
         self.trimap.as_ref().ok_or(MissingPlane("trimap"))
     }
 
-    pub fn cutout(&self) -> Result<&RgbaImage, MissingPlane> {
+    pub fn cutout(&self) -> Result<&RgbaPixels, MissingPlane> {
         self.cutout.as_ref().ok_or(MissingPlane("cut-out"))
     }
 }

@@ -586,6 +586,7 @@ fn compare_pipelines(dir: &Path, images: &[(String, RgbImage)]) {
 fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
     let dev = gpu_support::gpu();
     let mut cpu = CpuStages::load(spec, 2).expect("CPU pipeline");
+    let blocks = gpu_support::blocks(&dev);
     let mut gpu = GpuStages::load(
         spec,
         dev,
@@ -593,16 +594,24 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
         GpuLimits {
             max_pixels: 4032 * 3024,
             max_side_px: 4032,
-            ..GpuLimits::default()
         },
+        blocks,
     )
     .expect("GPU pipeline");
     for (name, image) in images {
         let want = cpu.run(image, &mut StageTimings::default()).unwrap();
         let got = gpu
-            .run(image, Planes::ALL, &mut StageTimings::default())
+            .run(
+                &gpu_support::pixels(image),
+                Planes::ALL,
+                &mut StageTimings::default(),
+            )
             .unwrap();
-        assert_eq!(got.trimap.as_ref(), Some(&want.trimap), "{name}: trimap");
+        assert_eq!(
+            gpu_support::plane(&got.trimap),
+            Some(want.trimap),
+            "{name}: trimap"
+        );
         let got_alpha = got.alpha.as_ref().expect("alpha asked for");
         let worst = max_difference(got_alpha.as_raw(), want.alpha.as_raw());
         let differ = got_alpha
@@ -618,8 +627,12 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
             image.height()
         );
         assert!(worst <= 1, "{name}: alpha differs by {worst}");
-        let cut = got.cutout.as_ref().expect("cut-out asked for");
-        assert_eq!(cut, &composite::cutout(image, got_alpha), "{name}: cut-out");
+        let cut = gpu_support::plane(&got.cutout).expect("cut-out asked for");
+        assert_eq!(
+            cut.as_raw(),
+            composite::cutout(image, &gpu_support::plane(&got.alpha).unwrap()).as_raw(),
+            "{name}: cut-out"
+        );
     }
 }
 
@@ -697,7 +710,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         plans.into_iter().next().unwrap(),
         2,
         2,
-        GpuLimits::default(),
+        celer::replica::gpu::GpuServing::new(GpuLimits::default(), gpu_support::pool(&dev)),
     );
     let router = Scheduler::start(vec![setup], SchedulerConfig::default());
     router.wait_ready().expect("the GPU replicas load");
@@ -707,7 +720,8 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
         .unwrap();
     let mut cpu = CpuStages::load(&spec, 2).expect("CPU pipeline");
     for (w, h) in AWKWARD {
-        let image = Arc::new(texture(w, h, 5));
+        let texture = texture(w, h, 5);
+        let image = gpu_support::pixels(&texture);
         let ticket = router
             .submit(
                 MatteJob {
@@ -719,11 +733,11 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
             )
             .expect("admitted");
         let done = waiter.block_on(ticket.wait()).expect("served");
-        let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
+        let want = cpu.run(&texture, &mut StageTimings::default()).unwrap();
         let got = done.output;
         assert_eq!(
-            got.planes.trimap.as_ref(),
-            Some(&want.trimap),
+            gpu_support::plane(&got.planes.trimap),
+            Some(want.trimap),
             "{w}x{h}: trimap"
         );
         let got_alpha = got.planes.alpha.as_ref().expect("alpha asked for");
@@ -737,11 +751,10 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
             got.timings
         );
         assert_eq!(
-            got.planes
-                .cutout
-                .clone()
-                .expect("the GPU makes the cut-out it was asked for"),
-            composite::cutout(&image, got_alpha),
+            gpu_support::plane(&got.planes.cutout)
+                .expect("the GPU makes the cut-out it was asked for")
+                .as_raw(),
+            composite::cutout(&texture, &gpu_support::plane(&got.planes.alpha).unwrap()).as_raw(),
             "{w}x{h}: cut-out"
         );
     }
@@ -790,63 +803,5 @@ fn the_context_synchronises_by_blocking_not_spinning() {
         schedule,
         cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
         "context flags {flags:#x}"
-    );
-}
-
-/// Pinned staging is pinned at load for `staging_pixels` (not the 9 bytes a pixel the
-/// limits would allow) and never on the request path: a larger image is served through
-/// pageable memory, and staging of its size is pinned in the background, taken up by a
-/// later request.
-#[test]
-fn pinned_staging_is_pinned_at_load_and_grown_in_the_background() {
-    let dev = gpu_support::gpu();
-    let spec = PipelineSpec::load_dir(&repo("onnx/fixtures/prob-guided")).expect("fixture");
-    let limits = GpuLimits {
-        staging_pixels: 640 * 480,
-        ..GpuLimits::default()
-    };
-    let mut pipeline = GpuStages::load(
-        &spec,
-        dev,
-        ModelSource::OnnxRuntime { intra_threads: 1 },
-        limits,
-    )
-    .expect("GPU pipeline");
-    let at_load = pipeline.pinned_host_bytes();
-    assert_eq!(at_load, 9 * 640 * 480, "pinned at load");
-    let mut cpu = CpuStages::load(&spec, 1).expect("CPU pipeline");
-    let mut run = |p: &mut GpuStages, w: u32, h: u32| {
-        let image = texture(w, h, 3);
-        let got = p
-            .run(&image, Planes::ALL, &mut StageTimings::default())
-            .expect("served");
-        let want = cpu.run(&image, &mut StageTimings::default()).unwrap();
-        assert_eq!(got.trimap.as_ref(), Some(&want.trimap), "{w}x{h}: trimap");
-        p.pinned_host_bytes()
-    };
-    assert_eq!(
-        run(&mut pipeline, 640, 480),
-        at_load,
-        "fits: nothing pinned"
-    );
-    // Larger than the staging: served (through pageable memory) with the staging as it was.
-    assert_eq!(run(&mut pipeline, 1280, 720), at_load);
-    // A later request takes up the staging pinned in the background meanwhile.
-    let mut grown = at_load;
-    for _ in 0..200 {
-        grown = run(&mut pipeline, 64, 48);
-        if grown > at_load {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(
-        grown >= 9 * 1280 * 720,
-        "staging not grown for 1280x720: {grown} bytes pinned"
-    );
-    assert_eq!(
-        run(&mut pipeline, 1280, 720),
-        grown,
-        "kept, not grown again"
     );
 }

@@ -33,7 +33,10 @@ use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use image::{GrayImage, RgbImage};
 
-fn serve(router: &MatteScheduler, image: &Arc<RgbImage>) -> Result<GrayImage, String> {
+fn serve(
+    router: &MatteScheduler,
+    image: &Arc<celer::pixels::RgbPixels>,
+) -> Result<GrayImage, String> {
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -55,6 +58,7 @@ fn serve(router: &MatteScheduler, image: &Arc<RgbImage>) -> Result<GrayImage, St
             done.output
                 .planes
                 .alpha
+                .map(celer::pixels::into_image)
                 .ok_or_else(|| "no alpha".to_string())
         })
 }
@@ -118,11 +122,13 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
         plans.into_iter().next().unwrap(),
         2,
         1,
-        GpuLimits {
-            max_pixels: 1 << 20,
-            max_side_px: 2048,
-            staging_pixels: 1 << 20,
-        },
+        celer::replica::gpu::GpuServing::new(
+            GpuLimits {
+                max_pixels: 1 << 20,
+                max_side_px: 2048,
+            },
+            celer::replica::gpu::host_pool(2, 1 << 20, 1 << 20),
+        ),
     );
     let router = Scheduler::start(
         vec![setup],
@@ -132,14 +138,18 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
         },
     );
     router.wait_ready().expect("the GPU replicas load");
-    let image = Arc::new(RgbImage::from_fn(333, 517, |x, y| {
-        let v = if (80..250).contains(&x) && (120..400).contains(&y) {
-            220
-        } else {
-            25
-        };
-        image::Rgb([v, (x % 256) as u8, (y % 256) as u8])
-    }));
+    let image = Arc::new(celer::pixels::from_image(RgbImage::from_fn(
+        333,
+        517,
+        |x, y| {
+            let v = if (80..250).contains(&x) && (120..400).contains(&y) {
+                220
+            } else {
+                25
+            };
+            image::Rgb([v, (x % 256) as u8, (y % 256) as u8])
+        },
+    )));
     let before = serve(&router, &image).expect("served before the failure");
     let contexts = driver.standin().map(|s| s.counter("contexts_created"));
 

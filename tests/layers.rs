@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     // The ground floor: nothing of celer's.
     ("host", &[]),
-    ("matte", &[]),
+    ("pixels", &[]),
+    ("matte", &["pixels"]),
     ("spec", &[]),
     ("stats", &[]),
     ("tensor", &[]),
@@ -22,10 +23,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("ort", &["host", "tensor"]),
     // The CPU stages, the codec, the GPU and its engines.
     ("stages", &["spec", "tensor"]),
-    ("codec", &["matte", "spec"]),
+    ("codec", &["matte", "pixels", "spec"]),
     // The kernels mirror the CPU stages' tables (taps, trimap values): `stages` is their
     // reference, the one arrow from the GPU to the CPU side.
-    ("cuda", &["host", "spec", "stages", "tensorrt"]),
+    ("cuda", &["host", "pixels", "spec", "stages", "tensorrt"]),
     ("engines", &["cuda", "host", "spec", "tensorrt"]),
     // Scheduling is generic: no pixels, models or devices' internals.
     ("sched", &["spec", "stats"]),
@@ -33,23 +34,27 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "replica",
         &[
-            "codec", "cuda", "engines", "matte", "ort", "sched", "spec", "stages", "tensor",
-            "tensorrt",
+            "codec", "cuda", "engines", "matte", "ort", "pixels", "sched", "spec", "stages",
+            "tensor", "tensorrt",
         ],
     ),
     (
         "http",
-        &["codec", "config", "matte", "replica", "sched", "spec"],
+        &[
+            "codec", "config", "matte", "pixels", "replica", "sched", "spec",
+        ],
     ),
     (
         "bench",
-        &["codec", "matte", "ort", "replica", "spec", "stats"],
+        &[
+            "codec", "matte", "ort", "pixels", "replica", "spec", "stats",
+        ],
     ),
     (
         "cli",
         &[
             "bench", "codec", "config", "cuda", "engines", "host", "http", "matte", "ort",
-            "replica", "sched", "spec", "stats", "tensorrt",
+            "pixels", "replica", "sched", "spec", "stats", "tensorrt",
         ],
     ),
 ];

@@ -5,9 +5,11 @@
 //! a copy, a launch or a synchronisation to the request path fails here, and says which
 //! count moved; when a change removes work on purpose, the numbers here move with it.
 //!
-//! The design, for a cut-out: one upload (the RGB8 pixels), one download (the RGBA
-//! answer: its alpha is the matte, so no separate alpha), one host synchronisation (the
-//! download's), nothing pinned; for an alpha answer the download is the alpha plane.
+//! The design, for a cut-out: one upload (the RGB8 pixels, DMA from the page-locked block
+//! the decoder wrote), one download (the RGBA answer, DMA into a block the encoder reads
+//! as it is: its alpha is the matte, so no separate alpha), one host synchronisation (the
+//! download's), nothing pinned, nothing staged by the driver; for an alpha answer the
+//! download is the alpha plane.
 //! Runs on the stand-in only (the counters are its own); on a real GPU it fails, saying
 //! so.
 
@@ -17,9 +19,12 @@ mod trt_support;
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::Arc;
 
+use celer::codec::decode::{decode_into, DecodeLimits};
 use celer::matte::{Planes, StageTimings};
-use celer::replica::gpu::{GpuLimits, GpuStages};
+use celer::pixels::RgbPixels;
+use celer::replica::gpu::{host_pool, GpuLimits, GpuStages, DEFAULT_BLOCK_PIXELS};
 use celer_cuda_standin::StandIn;
 use image::{Rgb, RgbImage};
 
@@ -27,7 +32,7 @@ const W: u32 = 1920;
 const H: u32 = 1080;
 
 /// The counters a request moves, by name (driver.cpp's `celer_standin_counter`).
-const COUNTED: [&str; 11] = [
+const COUNTED: [&str; 13] = [
     "launches_enqueued",
     "memsets",
     "htod_copies",
@@ -39,7 +44,15 @@ const COUNTED: [&str; 11] = [
     "ctx_syncs",
     "host_syncs",
     "pinned_allocs",
+    "pageable_htod_copies",
+    "pageable_dtoh_copies",
 ];
+
+/// The counters are the process's: one test counts at a time.
+fn counting_alone() -> std::sync::MutexGuard<'static, ()> {
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ALONE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn standin() -> &'static StandIn {
     gpu_support::driver().standin().expect(
@@ -62,7 +75,7 @@ fn counters(s: &StandIn) -> BTreeMap<&'static str, u64> {
 /// What one request of `planes` moved, by counter.
 fn one_request(
     stages: &mut GpuStages,
-    image: &RgbImage,
+    image: &Arc<RgbPixels>,
     planes: Planes,
 ) -> BTreeMap<&'static str, u64> {
     let s = standin();
@@ -74,27 +87,87 @@ fn one_request(
     assert_eq!(out.cutout.is_some(), planes.cutout);
     assert_eq!(out.alpha.is_some(), planes.alpha);
     assert_eq!(out.trimap.is_some(), planes.trimap);
+    // The encoder reads the blocks the download wrote: no copy of the answer on the host.
+    for (name, leased) in [
+        (
+            "cut-out",
+            out.cutout.as_ref().map(|p| p.as_raw().is_leased()),
+        ),
+        ("alpha", out.alpha.as_ref().map(|p| p.as_raw().is_leased())),
+        (
+            "trimap",
+            out.trimap.as_ref().map(|p| p.as_raw().is_leased()),
+        ),
+    ] {
+        assert_ne!(
+            leased,
+            Some(false),
+            "{planes:?}: the {name} is not in a pool block"
+        );
+    }
     let moved: BTreeMap<_, _> = after.iter().map(|(k, v)| (*k, v - before[k])).collect();
     let _ = writeln!(std::io::stderr(), "{planes:?}: {moved:?}");
     moved
 }
 
+/// `image` as PNG bytes: what a client sends.
+fn png(image: &RgbImage) -> Vec<u8> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    image
+        .write_to(&mut out, image::ImageFormat::Png)
+        .expect("PNG");
+    out.into_inner()
+}
+
 fn photo() -> RgbImage {
-    RgbImage::from_fn(W, H, |x, y| {
-        let inside = (600..1300).contains(&x) && (200..900).contains(&y);
-        let v = if inside { 210 } else { 40 };
-        Rgb([v, (v as u32 + x % 17) as u8, (v as u32 + y % 13) as u8])
-    })
+    RgbImage::from_fn(W, H, photo_pixel)
+}
+
+fn photo_pixel(x: u32, y: u32) -> Rgb<u8> {
+    let inside = (600..1300).contains(&x) && (200..900).contains(&y);
+    let v = if inside { 210 } else { 40 };
+    Rgb([v, (v as u32 + x % 17) as u8, (v as u32 + y % 13) as u8])
+}
+
+/// `--warmup-size`: a size run at load is served, the first time a client sends it, with
+/// no upload but its pixels (its resize tables went up at load); the same first request
+/// on stages not warmed up at that size uploads its tables too.
+#[test]
+fn a_size_warmed_up_at_load_uploads_only_its_pixels_on_its_first_request() {
+    let _alone = counting_alone();
+    let _ = standin();
+    let limits = GpuLimits::default();
+    let pool = host_pool(1, limits.max_pixels, DEFAULT_BLOCK_PIXELS);
+    let (mut stages, _engines) =
+        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
+    let image =
+        Arc::new(decode_into(&png(&photo()), &DecodeLimits::default(), &pool).expect("decoded"));
+    let cold = one_request(&mut stages, &image, Planes::CUTOUT);
+    assert!(
+        cold["htod_copies"] > 1,
+        "a first request of a size not warmed up uploads its tables: {cold:?}"
+    );
+    // Warmed up at another size: the first request of that size uploads only its pixels.
+    stages.warm_up_at(&[(1280, 720)]).expect("warm-up");
+    let small = RgbImage::from_fn(1280, 720, photo_pixel);
+    let small =
+        Arc::new(decode_into(&png(&small), &DecodeLimits::default(), &pool).expect("decoded"));
+    let warm = one_request(&mut stages, &small, Planes::CUTOUT);
+    assert_eq!(warm["htod_copies"], 1, "{warm:?}");
 }
 
 #[test]
 fn a_1920x1080_request_copies_once_each_way_and_synchronises_once() {
+    let _alone = counting_alone();
     let _ = standin();
-    let (mut stages, _engines) = engine_support::stages_on_engines(
-        &engine_support::repo("onnx/u2netp"),
-        GpuLimits::default(),
-    );
-    let image = photo();
+    let limits = GpuLimits::default();
+    let pool = host_pool(1, limits.max_pixels, DEFAULT_BLOCK_PIXELS);
+    let (mut stages, _engines) =
+        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
+    // Decoded into the pool's page-locked blocks, as a GPU server's decoder does.
+    let image =
+        Arc::new(decode_into(&png(&photo()), &DecodeLimits::default(), &pool).expect("decoded"));
+    assert!(image.as_raw().is_leased(), "decoded into a pool block");
     // The first request of a size uploads its resize tables (from pageable memory, while
     // the stream is idle); every later one of that size finds them in place.
     stages
@@ -129,6 +202,14 @@ fn a_1920x1080_request_copies_once_each_way_and_synchronises_once() {
             moved["pinned_allocs"], 0,
             "{what}: nothing pinned on the request path"
         );
+        // Both copies DMA between the device and the blocks the decoder wrote and the
+        // encoder reads: none staged through the driver's pageable buffers, the only
+        // other way a host copy of the pixels could be made on the way.
+        assert_eq!(
+            (moved["pageable_htod_copies"], moved["pageable_dtoh_copies"]),
+            (0, 0),
+            "{what}: every copy DMA from page-locked blocks"
+        );
     }
     // The launches and memsets the design makes (docs/gpu.md lists them): any change is
     // a change to the request path, to be made here on purpose.
@@ -149,3 +230,69 @@ const LAUNCHES_CUTOUT: u64 = 18;
 const LAUNCHES_ALPHA: u64 = 18;
 /// Device memsets of one request.
 const MEMSETS: u64 = 1;
+
+/// A request's pixels cross the bus between page-locked host blocks and the device, and
+/// the pool they come from never pins on the request path: its blocks are made at start-up
+/// (page-locked when a GPU's context attaches them); a request the free blocks cannot
+/// serve gets the heap (copied through the driver's staging) and a block of its size is
+/// pinned in the background, which a later request of that size is served from, to the
+/// same bits.
+#[test]
+fn pixel_blocks_are_page_locked_at_load_and_grown_in_the_background() {
+    let _alone = counting_alone();
+    let s = standin();
+    let limits = GpuLimits::default();
+    let pool = host_pool(1, limits.max_pixels, 640 * 480);
+    let at_load = pool.stats();
+    assert_eq!(
+        (at_load.blocks, at_load.bytes),
+        (4, 4 * (4 * 640 * 480usize).next_multiple_of(4096)),
+        "made at start-up"
+    );
+    let (mut stages, _engines) =
+        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
+    let pageable = || s.counter("pageable_htod_copies") + s.counter("pageable_dtoh_copies");
+    // One cut-out of `w` x `h`, decoded into the pool as a server's decoder does: whether
+    // its image got a block, how many copies the driver staged through pageable memory (a
+    // size's first request also uploads its resize tables from the heap), the cut-out.
+    let mut run = |w: u32, h: u32| {
+        let photo = RgbImage::from_fn(w, h, |x, y| photo_pixel(x * W / w, y * H / h));
+        let image =
+            Arc::new(decode_into(&png(&photo), &DecodeLimits::default(), &pool).expect("decoded"));
+        let before = pageable();
+        let got = stages
+            .run(&image, Planes::CUTOUT, &mut StageTimings::default())
+            .expect("served");
+        let staged = pageable() - before;
+        let cutout = got.cutout.expect("cut-out").into_raw().into_vec();
+        (image.as_raw().is_leased(), staged, cutout)
+    };
+    run(640, 480);
+    let (leased, staged, _) = run(640, 480);
+    assert!(leased, "640x480 decodes into a block");
+    assert_eq!(staged, 0, "640x480: both copies DMA");
+    // Larger than the blocks: served from the heap, a block pinned meanwhile.
+    let (leased, staged, from_heap) = run(1280, 720);
+    assert!(!leased, "1280x720 is larger than the blocks");
+    assert!(staged > 0, "1280x720 from the heap, staged by the driver");
+    let mut served_from_blocks = false;
+    for _ in 0..200 {
+        let (leased, staged, cutout) = run(1280, 720);
+        assert!(
+            cutout == from_heap,
+            "the same cut-out from blocks as from the heap"
+        );
+        if (leased, staged) == (true, 0) {
+            served_from_blocks = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        served_from_blocks,
+        "no 1280x720 request was served from page-locked blocks: {:?}",
+        pool.stats()
+    );
+    let grown = pool.stats();
+    assert!(grown.blocks > at_load.blocks, "{grown:?}");
+}

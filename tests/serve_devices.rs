@@ -129,7 +129,9 @@ fn a_gpu_device_that_cannot_open_fails_its_load_and_the_router_says_why() {
         .unwrap()
         .pop()
         .unwrap();
-    let setup = gpu_device_setup(&spec, plan, 2, 1, GpuLimits::default());
+    let pool = celer::replica::gpu::host_pool(2, 1 << 20, 1 << 20);
+    let serving = celer::replica::gpu::GpuServing::new(GpuLimits::default(), pool);
+    let setup = gpu_device_setup(&spec, plan, 2, 1, serving);
     assert_eq!(setup.name, "gpu0");
     assert_eq!(setup.replicas, 2);
     let router = Scheduler::start(vec![setup], SchedulerConfig::default());

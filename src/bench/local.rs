@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::codec::decode::{decode, DecodeLimits};
+use crate::codec::decode::{decode, decode_into, DecodeLimits};
 use crate::codec::{render, RenderError};
 use crate::matte::{MattePlanes, StageTimings};
 use crate::ort::session::OpThreads;
 use crate::ort::OrtError;
+use crate::pixels::HostAlloc;
 use crate::replica::cpu::{cpu_cores, timed_cutout, CpuError, CpuStages};
 use crate::replica::gpu::GpuStages;
 use crate::spec::{OutputKind, PipelineSpec};
@@ -232,17 +233,18 @@ impl GpuHostCpu {
     }
 }
 
-/// Runs `image_bytes` (decoded once, as a server's decode would hand it over)
-/// `warmup + iterations` times through one GPU replica's stages, answering `output`;
-/// returns each measured request's stage times and host CPU.
+/// Runs `image_bytes` (decoded once into bytes from `pixels`, as a server's decode would
+/// hand it over) `warmup + iterations` times through one GPU replica's stages, answering
+/// `output`; returns each measured request's stage times and host CPU.
 pub fn gpu_host_cpu(
     stages: &mut GpuStages,
+    pixels: &dyn HostAlloc,
     image_bytes: &[u8],
     output: OutputKind,
     warmup: usize,
     iterations: usize,
 ) -> Result<Vec<(StageTimings, GpuHostCpu)>, LocalBenchError> {
-    let image = decode(image_bytes, &DecodeLimits::default())?;
+    let image = Arc::new(decode_into(image_bytes, &DecodeLimits::default(), pixels)?);
     let planes = crate::codec::planes_of(output);
     let models_on_host = stages.model_backend() != "TensorRT";
     stages.measure_waits(Some(super::cpu::of_this_thread));

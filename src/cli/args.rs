@@ -74,6 +74,30 @@ pub struct DeviceArgs {
     /// temporary directory for the engines built at start-up.
     #[arg(long, env = "CELER_ENGINES_DIR")]
     pub engines_dir: Option<PathBuf>,
+
+    /// An image size, WIDTHxHEIGHT, that each GPU replica runs once at load, so that the
+    /// first requests of that size pay no first-run costs (their resize tables, the first
+    /// launches at their grid sizes); repeat it, or list sizes with commas, for several
+    /// (the last one's tables stay in place). The page-locked blocks for requests' pixels
+    /// are sized for the largest, at least 1920x1080. Every replica also runs a small
+    /// image at load.
+    #[arg(long = "warmup-size", env = "CELER_WARMUP_SIZES", value_delimiter = ',', value_parser = image_size)]
+    pub warmup_sizes: Vec<(u32, u32)>,
+}
+
+/// `WIDTHxHEIGHT`, each side at least 1.
+fn image_size(text: &str) -> Result<(u32, u32), String> {
+    let (w, h) = text
+        .trim()
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("`{text}` is not WIDTHxHEIGHT (such as 1920x1080)"))?;
+    let side = |s: &str| match s.trim().parse::<u32>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!(
+            "`{text}`: `{s}` is not a side of at least one pixel"
+        )),
+    };
+    Ok((side(w)?, side(h)?))
 }
 
 /// `celer serve`'s options, in groups (each a heading of `--help`).
@@ -306,6 +330,7 @@ impl DeviceArgs {
             selection: self.devices.clone(),
             build_engines: self.build_engines,
             engines_dir: self.engines_dir.clone(),
+            warmup_sizes: self.warmup_sizes.clone(),
         }
     }
 }
@@ -355,6 +380,9 @@ pub(crate) mod tests {
             "--max-connections=0",
             "--header-timeout-ms=0",
             "--max-queue-wait=-1ms",
+            "--warmup-size=1920",
+            "--warmup-size=0x1080",
+            "--warmup-size=axb",
         ] {
             let e = parse(&[flag]).unwrap_err();
             assert_eq!(
@@ -363,8 +391,18 @@ pub(crate) mod tests {
                 "{flag}: {e}"
             );
         }
-        let ok = parse(&["--replicas=3", "--max-queue-wait=250ms"]).unwrap();
+        let ok = parse(&[
+            "--replicas=3",
+            "--max-queue-wait=250ms",
+            "--warmup-size=1920x1080,640X480",
+            "--warmup-size=4032x3024",
+        ])
+        .unwrap();
         assert_eq!(ok.runtime.replicas, Some(3));
+        assert_eq!(
+            ok.device.devices().warmup_sizes,
+            [(1920, 1080), (640, 480), (4032, 3024)]
+        );
         assert_eq!(
             ok.admission.max_queue_wait,
             Some(QueueBudget::Fixed(Duration::from_millis(250)))

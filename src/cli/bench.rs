@@ -461,7 +461,9 @@ fn local_gpu(
     threads: usize,
     bytes: &[u8],
 ) -> anyhow::Result<()> {
-    use crate::replica::gpu::{GpuLimits, SoloReplica};
+    use crate::replica::gpu::{
+        host_pool, GpuLimits, GpuServing, SoloReplica, DEFAULT_BLOCK_PIXELS,
+    };
 
     let probe = crate::cuda::probe();
     let info = probe
@@ -482,10 +484,14 @@ fn local_gpu(
     .into_iter()
     .next()
     .context("no plan for the GPU")?;
-    let mut replica = SoloReplica::open(spec, &plan, threads, GpuLimits::default())?;
+    let limits = GpuLimits::default();
+    let pool = host_pool(1, limits.max_pixels, DEFAULT_BLOCK_PIXELS);
+    let serving = GpuServing::new(limits, pool.clone());
+    let mut replica = SoloReplica::open(spec, &plan, threads, &serving)?;
     let backend = replica.stages().model_backend();
     let measured = crate::bench::local::gpu_host_cpu(
         replica.stages(),
+        &pool,
         bytes,
         args.output,
         args.warmup,

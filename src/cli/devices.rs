@@ -1,6 +1,7 @@
 //! The devices `celer serve` and `celer run` start: `--devices` resolved against the CUDA
 //! probe; for GPUs, what runs their models (engines, or ONNX Runtime where TensorRT is
-//! absent), decided before anything listens; otherwise the CPU.
+//! absent), decided before anything listens, and the page-locked pool their requests'
+//! pixels live in; otherwise the CPU, and the heap.
 
 use anyhow::Context;
 
@@ -8,11 +9,21 @@ use crate::config::{Devices, Replicas};
 use crate::cuda::{GpuInfo, Probe};
 use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::{plan_gpus, GpuPlan};
+use crate::pixels::{self, SharedAlloc};
 use crate::replica::cpu::cpu_device_setup;
-use crate::replica::gpu::{gpu_device_setup, GpuLimits};
+use crate::replica::gpu::{
+    gpu_device_setup, host_pool, GpuLimits, GpuServing, DEFAULT_BLOCK_PIXELS,
+};
 use crate::replica::BoxedMatteExecutor;
 use crate::sched::{Device, DeviceSetup};
 use crate::spec::PipelineSpec;
+
+/// The devices a server runs, and where its requests' pixels go: a GPU server's decoders
+/// write into the page-locked blocks its replicas copy from and into.
+pub struct ServingDevices {
+    pub setups: Vec<DeviceSetup<BoxedMatteExecutor>>,
+    pub pixels: SharedAlloc,
+}
 
 /// The device setups for `spec` from the model folder `model_dir`, images up to
 /// `max_pixels`. Fails, before any model is loaded, when a named GPU is missing or a
@@ -23,7 +34,7 @@ pub fn device_setups(
     replicas: &Replicas,
     device: &Devices,
     max_pixels: u64,
-) -> anyhow::Result<Vec<DeviceSetup<BoxedMatteExecutor>>> {
+) -> anyhow::Result<ServingDevices> {
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();
@@ -55,7 +66,10 @@ pub fn device_setups(
             solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
-        return Ok(vec![cpu_device_setup(spec, count, threads, solo_threads)]);
+        return Ok(ServingDevices {
+            setups: vec![cpu_device_setup(spec, count, threads, solo_threads)],
+            pixels: pixels::heap(),
+        });
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
     let plans = gpu_plans(
@@ -69,13 +83,38 @@ pub fn device_setups(
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
-        staging_pixels: GpuLimits::default().staging_pixels.min(max_pixels),
         ..GpuLimits::default()
     };
-    Ok(plans
+    let largest_warmup = device
+        .warmup_sizes
+        .iter()
+        .map(|&(w, h)| u64::from(w) * u64::from(h))
+        .max()
+        .unwrap_or(0);
+    let pool = host_pool(
+        replicas * plans.len(),
+        max_pixels,
+        DEFAULT_BLOCK_PIXELS.max(largest_warmup),
+    );
+    let stats = pool.stats();
+    tracing::info!(
+        blocks = stats.blocks,
+        mib = stats.bytes >> 20,
+        "host blocks for requests' pixels, page-locked in each GPU's context as it opens"
+    );
+    let serving = GpuServing {
+        limits,
+        pool: pool.clone(),
+        warmup: device.warmup_sizes.clone(),
+    };
+    let setups = plans
         .into_iter()
-        .map(|plan| gpu_device_setup(spec, plan, replicas, threads, limits))
-        .collect())
+        .map(|plan| gpu_device_setup(spec, plan, replicas, threads, serving.clone()))
+        .collect();
+    Ok(ServingDevices {
+        setups,
+        pixels: std::sync::Arc::new(pool),
+    })
 }
 
 /// What each of `gpus` serves from: the engines found under `engines_dir` (default: the

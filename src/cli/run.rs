@@ -12,9 +12,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::{DeviceArgs, RuntimeArgs};
-use crate::codec::decode::{decode, DecodeLimits};
+use crate::codec::decode::{decode_into, DecodeLimits};
 use crate::codec::render;
 use crate::matte::StageTimings;
+use crate::pixels::HostAlloc;
 use crate::replica::{BoxedMatteExecutor, MatteJob, MatteScheduler};
 use crate::sched::{Scheduler, SchedulerConfig, Ticket};
 use crate::spec::OutputKind;
@@ -49,7 +50,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     crate::ort::session::environment()?;
-    let devices = super::devices::device_setups(
+    let super::devices::ServingDevices { setups, pixels } = super::devices::device_setups(
         &spec,
         &args.runtime.model_dir,
         &args.runtime.replicas(),
@@ -57,9 +58,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         DecodeLimits::default().max_pixels,
     )?;
     // Two images per replica in flight: one running, one decoded and waiting.
-    let in_flight = devices.iter().map(|d| d.replicas).sum::<usize>() * 2;
+    let in_flight = setups.iter().map(|d| d.replicas).sum::<usize>() * 2;
     let pool = Scheduler::start(
-        devices,
+        setups,
         SchedulerConfig {
             queue_capacity: in_flight,
             ..SchedulerConfig::default()
@@ -81,7 +82,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut summary = Summary::default();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     for file in &files {
-        match submit(&pool, file, output) {
+        match submit(&pool, file, output, pixels.as_ref()) {
             Ok(p) => pending.push_back(p),
             Err(e) => summary.fail(&bar, file, &e),
         }
@@ -108,10 +109,15 @@ struct Pending {
     ticket: Ticket<BoxedMatteExecutor>,
 }
 
-fn submit(pool: &MatteScheduler, file: &Path, output: OutputKind) -> anyhow::Result<Pending> {
+fn submit(
+    pool: &MatteScheduler,
+    file: &Path,
+    output: OutputKind,
+    pixels: &dyn HostAlloc,
+) -> anyhow::Result<Pending> {
     let bytes = std::fs::read(file).context("cannot read")?;
     let t = Instant::now();
-    let image = Arc::new(decode(&bytes, &DecodeLimits::default())?);
+    let image = Arc::new(decode_into(&bytes, &DecodeLimits::default(), pixels)?);
     let timings = StageTimings {
         decode: t.elapsed(),
         ..StageTimings::default()

@@ -105,7 +105,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&config.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::ort::session::environment()?;
-    let setups = super::devices::device_setups(
+    let super::devices::ServingDevices { setups, pixels } = super::devices::device_setups(
         &spec,
         &config.model_dir,
         &config.replicas,
@@ -138,6 +138,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_batch: spec.batching.max_batch,
             max_wait_us: spec.batching.max_wait_us,
         },
+        pixels,
     };
     let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))

@@ -2,10 +2,17 @@
 //! the header, before a single pixel is decoded, so a decompression bomb never
 //! allocates. EXIF orientation is honoured; grayscale, CMYK, 16-bit and alpha inputs all
 //! end as RGB8 (alpha is dropped: the pipeline computes its own).
+//!
+//! `decode_into` writes the pixels where a request's allocator says (a GPU server's
+//! page-locked blocks, which the GPU uploads from as they are): straight from the decoder
+//! for JPEG and 8-bit RGB stored upright, the common case. The others are made RGB8 and
+//! upright on the heap, and stay there (the driver stages their upload).
 
 use std::io::Cursor;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage};
+
+use crate::pixels::{self, HostAlloc, RgbPixels};
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
@@ -90,8 +97,17 @@ pub fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), 
     Ok(())
 }
 
-/// Decodes `bytes` to RGB8, upright.
+/// Decodes `bytes` to RGB8, upright, on the heap.
 pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeError> {
+    decode_into(bytes, limits, &pixels::Heap).map(pixels::into_image)
+}
+
+/// Decodes `bytes` to RGB8, upright, into bytes from `alloc`.
+pub fn decode_into(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+    alloc: &dyn HostAlloc,
+) -> Result<RgbPixels, DecodeError> {
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
@@ -125,19 +141,36 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeErr
             "the WebP file is shorter than its RIFF header says".into(),
         ));
     }
+    let upright = orientation == image::metadata::Orientation::NoTransforms;
     let mut image = match format {
         // The `image` crate decodes JPEG leniently: missing data becomes grey rows.
         ImageFormat::Jpeg => {
             drop(decoder);
-            jpeg_strict(bytes)?
+            match jpeg_strict(bytes, upright.then_some(alloc))? {
+                Jpeg::Rgb(pixels) => return Ok(pixels),
+                Jpeg::Other(image) => image,
+            }
+        }
+        _ if upright && decoder.color_type() == image::ColorType::Rgb8 => {
+            let len = usize::try_from(decoder.total_bytes()).map_err(|_| {
+                DecodeError::Corrupt("the image is larger than this machine's memory".into())
+            })?;
+            let mut out = alloc.alloc(len);
+            decoder.read_image(&mut out).map_err(corrupt)?;
+            return rgb_pixels(width, height, out);
         }
         _ => DynamicImage::from_decoder(decoder).map_err(corrupt)?,
     };
     image.apply_orientation(orientation);
-    Ok(match image {
+    Ok(pixels::from_image(match image {
         DynamicImage::ImageRgb8(rgb) => rgb,
         other => other.into_rgb8(),
-    })
+    }))
+}
+
+fn rgb_pixels(width: u32, height: u32, bytes: pixels::HostBytes) -> Result<RgbPixels, DecodeError> {
+    RgbPixels::from_raw(width, height, bytes)
+        .ok_or_else(|| DecodeError::Corrupt("the decoder returned too few pixels".into()))
 }
 
 /// A decoder's refusal: unsupported, truncated (the data ends before the image does:
@@ -173,12 +206,13 @@ fn corrupt(e: image::ImageError) -> DecodeError {
 
 /// JPEG through zune-jpeg (the decoder the `image` crate wraps) in strict mode: data that
 /// ends early or does not decode is an error instead of grey rows. Gray stays gray (made
-/// RGB by the caller); every other colour space (YCbCr, CMYK, YCCK) becomes RGB.
+/// RGB by the caller); every other colour space (YCbCr, CMYK, YCCK) becomes RGB, straight
+/// into bytes from `alloc` when there is one (the image needs no turning).
 ///
 /// A JPEG must reach its end-of-image marker. Without it nothing tells whether the scan
 /// data is whole: zune-jpeg, even strict, decodes a scan short of its last bytes by
 /// padding the bits, so the last blocks would be made up.
-fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
+fn jpeg_strict(bytes: &[u8], alloc: Option<&dyn HostAlloc>) -> Result<Jpeg, DecodeError> {
     if jpeg_ends_early(bytes) {
         return Err(DecodeError::Truncated(
             "the JPEG data ends before its end-of-image marker".into(),
@@ -210,16 +244,31 @@ fn jpeg_strict(bytes: &[u8]) -> Result<DynamicImage, DecodeError> {
     let (width, height) = decoder
         .dimensions()
         .ok_or_else(|| DecodeError::Corrupt("JPEG without dimensions".into()))?;
-    let pixels = decoder.decode().map_err(refused)?;
     let (width, height) = (width as u32, height as u32);
+    if let (false, Some(alloc)) = (gray, alloc) {
+        let len = decoder
+            .output_buffer_size()
+            .ok_or_else(|| DecodeError::Corrupt("JPEG without dimensions".into()))?;
+        let mut out = alloc.alloc(len);
+        decoder.decode_into(&mut out).map_err(refused)?;
+        return rgb_pixels(width, height, out).map(Jpeg::Rgb);
+    }
+    let pixels = decoder.decode().map_err(refused)?;
     let wrong_size = || DecodeError::Corrupt("JPEG: the decoder returned too few pixels".into());
-    Ok(if gray {
+    Ok(Jpeg::Other(if gray {
         DynamicImage::ImageLuma8(
             image::GrayImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?,
         )
     } else {
         DynamicImage::ImageRgb8(RgbImage::from_raw(width, height, pixels).ok_or_else(wrong_size)?)
-    })
+    }))
+}
+
+/// A JPEG decoded: into an allocator's bytes (colour, stored upright), or as an image to
+/// be made RGB8 and upright.
+enum Jpeg {
+    Rgb(RgbPixels),
+    Other(DynamicImage),
 }
 
 /// Whether JPEG data runs out before its end-of-image marker: the marker segments are

@@ -6,10 +6,11 @@
 
 use std::time::Instant;
 
-use image::{ExtendedColorType, GrayImage};
+use image::ExtendedColorType;
 
 use super::encode::{self, EncodeError};
 use crate::matte::{MattePlanes, MissingPlane, Planes, StageTimings};
+use crate::pixels::GrayPixels;
 use crate::spec::OutputKind;
 
 /// How an image answer is encoded.
@@ -117,7 +118,7 @@ pub fn render_as(
             .map_err(|source| RenderError::Encode { what, source })
     };
     let png = |what, pixels: &[u8], color| encode_as(ImageFormat::Png, what, pixels, color);
-    let gray = |what, g: &GrayImage| png(what, g.as_raw(), ExtendedColorType::L8);
+    let gray = |what, g: &GrayPixels| png(what, g.as_raw(), ExtendedColorType::L8);
     let cutout = || planes.cutout().map_err(missing);
     let alpha = || planes.alpha().map_err(missing);
     let trimap = || planes.trimap().map_err(missing);

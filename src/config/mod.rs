@@ -46,6 +46,8 @@ pub struct Devices {
     pub build_engines: bool,
     /// Where engines are (`None`: the model folder's engines/).
     pub engines_dir: Option<PathBuf>,
+    /// Image sizes each GPU replica runs once at load, `(width, height)`.
+    pub warmup_sizes: Vec<(u32, u32)>,
 }
 
 /// Fetching images that JSON bodies name by `url`.

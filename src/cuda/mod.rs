@@ -11,6 +11,7 @@
 pub mod arch;
 pub mod device;
 pub mod guided;
+pub mod host_pool;
 pub mod kernels;
 pub mod launch;
 pub mod nvrtc;
@@ -22,6 +23,7 @@ pub mod trt_model;
 
 pub use arch::{Arch, UnknownArch};
 pub use device::{pinned, GpuDevice, PinnedBytes};
+pub use host_pool::HostPool;
 pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 
 /// An image's or plane's `(width, height)` in pixels.

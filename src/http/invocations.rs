@@ -23,9 +23,9 @@ use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::matte::{Planes, StageTimings};
+use crate::pixels::{HostAlloc, RgbPixels};
 use crate::replica::{MatteJob, MatteOutput};
 use crate::sched::Admission;
-use image::RgbImage;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,10 +45,13 @@ pub async fn invocations(
     let output = wanted.kind;
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let limits = state.limits.decode;
+    let pixels = state.pixels.clone();
     let source = blocking(move || match kind {
-        BodyKind::Image => timed_decode(&bytes, &limits).map(Source::Decoded),
+        BodyKind::Image => timed_decode(&bytes, &limits, pixels.as_ref()).map(Source::Decoded),
         BodyKind::Json => match json_image(&bytes)? {
-            JsonImage::Inline(encoded) => timed_decode(&encoded, &limits).map(Source::Decoded),
+            JsonImage::Inline(encoded) => {
+                timed_decode(&encoded, &limits, pixels.as_ref()).map(Source::Decoded)
+            }
             JsonImage::Url(url) => Ok(Source::Url(url)),
         },
     })
@@ -63,7 +66,8 @@ pub async fn invocations(
                 )
             })?;
             let encoded = fetcher.fetch(&url).await?;
-            blocking(move || timed_decode(&encoded, &limits)).await?
+            let pixels = state.pixels.clone();
+            blocking(move || timed_decode(&encoded, &limits, pixels.as_ref())).await?
         }
     };
     let planes = codec::planes_of(output);
@@ -110,7 +114,7 @@ pub(super) struct Served {
 pub(super) async fn run_image(
     state: &AppState,
     admission: Admission,
-    image: RgbImage,
+    image: RgbPixels,
     decode_time: Duration,
     planes: Planes,
     deadline: Instant,
@@ -183,7 +187,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// Where the request's image is, once the body has been read.
 enum Source {
-    Decoded((image::RgbImage, Duration)),
+    Decoded((RgbPixels, Duration)),
     /// A JSON `url`: fetched on the executor (it is I/O), then decoded.
     Url(String),
 }
@@ -191,9 +195,10 @@ enum Source {
 pub(super) fn timed_decode(
     encoded: &[u8],
     limits: &DecodeLimits,
-) -> Result<(image::RgbImage, Duration), ApiError> {
+    pixels: &dyn HostAlloc,
+) -> Result<(RgbPixels, Duration), ApiError> {
     let t = Instant::now();
-    let image = decode::decode(encoded, limits)?;
+    let image = decode::decode_into(encoded, limits, pixels)?;
     Ok((image, t.elapsed()))
 }
 

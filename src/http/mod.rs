@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::config::RequestLimits;
+use crate::pixels::SharedAlloc;
 use crate::replica::MatteScheduler;
 use crate::sched::Readiness;
 use crate::spec::OutputKind;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub hosting: Hosting,
     /// The model as the Open Inference Protocol names it.
     pub model: ServedModel,
+    /// Where decoded pixels go: the GPUs' page-locked blocks, or the heap.
+    pub pixels: SharedAlloc,
 }
 
 /// How the front end answers, besides the scheduler behind it: what `AppState` is built
@@ -57,11 +60,12 @@ pub struct FrontEnd {
     pub server_timing: bool,
     pub hosting: Hosting,
     pub model: ServedModel,
+    pub pixels: SharedAlloc,
 }
 
 impl FrontEnd {
-    /// `limits` and `default_output`; no fetching, no `Server-Timing`, real-time hosting
-    /// and the model named `celer`.
+    /// `limits` and `default_output`; no fetching, no `Server-Timing`, real-time hosting,
+    /// the model named `celer` and pixels on the heap.
     pub fn new(limits: RequestLimits, default_output: OutputKind) -> Self {
         Self {
             limits,
@@ -70,6 +74,7 @@ impl FrontEnd {
             server_timing: false,
             hosting: Hosting::default(),
             model: ServedModel::default(),
+            pixels: crate::pixels::heap(),
         }
     }
 }
@@ -105,6 +110,7 @@ impl AppState {
             metrics,
             hosting: front.hosting,
             model: front.model,
+            pixels: front.pixels,
         }
     }
 }

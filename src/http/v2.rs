@@ -25,6 +25,7 @@ use super::AppState;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::codec::ImageFormat;
 use crate::matte::{MattePlanes, MissingPlane, Planes};
+use crate::pixels::{HostAlloc, RgbPixels};
 use crate::sched::Readiness;
 
 /// The one version this server has of its model.
@@ -254,7 +255,7 @@ struct Asked {
 
 /// What an `infer` body holds once parsed: the image and what to answer.
 struct Parsed {
-    image: image::RgbImage,
+    image: RgbPixels,
     decode_time: std::time::Duration,
     id: Option<String>,
     asked: Vec<Asked>,
@@ -274,7 +275,9 @@ pub async fn infer(
     // admitted once the body is here.
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let limits = state.limits.decode;
-    let parsed = blocking(move || parse_infer(bytes, json_length, &limits)).await?;
+    let pixels = state.pixels.clone();
+    let parsed =
+        blocking(move || parse_infer(bytes, json_length, &limits, pixels.as_ref())).await?;
     let asked_for = |tensor| parsed.asked.iter().any(|a| a.tensor == tensor);
     let planes = Planes {
         alpha: asked_for(OutputTensor::Alpha),
@@ -369,6 +372,7 @@ fn parse_infer(
     body: Bytes,
     json_length: Option<usize>,
     limits: &DecodeLimits,
+    pixels: &dyn HostAlloc,
 ) -> Result<Parsed, ApiError> {
     let json_length = json_length.unwrap_or(body.len());
     if json_length > body.len() {
@@ -404,11 +408,11 @@ fn parse_infer(
     let (image, decode_time) = match (input.name.as_str(), input.datatype.as_str()) {
         (INPUT_ENCODED, "BYTES") => {
             let encoded = encoded_image(input, raw)?;
-            timed_decode(&encoded, limits)?
+            timed_decode(&encoded, limits, pixels)?
         }
         (INPUT_RGB, "UINT8") => {
             let t = Instant::now();
-            (rgb_image(input, raw, limits)?, t.elapsed())
+            (rgb_image(input, raw, limits, pixels)?, t.elapsed())
         }
         (name, datatype) => {
             return Err(bad(format!(
@@ -525,12 +529,14 @@ fn encoded_image(input: &RequestInput, raw: Option<Bytes>) -> Result<Vec<u8>, Ap
 }
 
 /// The image of a `UINT8 [H, W, 3]` input (a leading batch dimension of 1 allowed), its
-/// size checked against the limits before a pixel is copied.
+/// size checked against the limits before a pixel is copied (once, into bytes from
+/// `pixels`, as a decoder would write them).
 fn rgb_image(
     input: &RequestInput,
     raw: Option<Bytes>,
     limits: &DecodeLimits,
-) -> Result<image::RgbImage, ApiError> {
+    pixels: &dyn HostAlloc,
+) -> Result<RgbPixels, ApiError> {
     let shape = match input.shape[..] {
         [h, w, 3] | [1, h, w, 3] => (h, w),
         _ => {
@@ -546,22 +552,26 @@ fn rgb_image(
     let (height, width) = (side(shape.0)?, side(shape.1)?);
     decode::check_size(width, height, limits)?;
     let expected = elements(input)? as usize;
-    let pixels: Vec<u8> = match raw {
-        Some(raw) => raw.to_vec(),
+    let flattened;
+    let given: &[u8] = match &raw {
+        Some(raw) => raw,
         None => {
             let mut out = Vec::with_capacity(expected);
             flatten_u8(input.data.as_ref().unwrap_or(&Value::Null), &mut out)?;
-            out
+            flattened = out;
+            &flattened
         }
     };
-    if pixels.len() != expected {
+    if given.len() != expected {
         return Err(bad(format!(
             "input `{INPUT_RGB}` of shape {:?} needs {expected} bytes; got {}",
             input.shape,
-            pixels.len()
+            given.len()
         )));
     }
-    image::RgbImage::from_raw(width, height, pixels)
+    let mut bytes = pixels.alloc(expected);
+    bytes.copy_from_slice(given);
+    RgbPixels::from_raw(width, height, bytes)
         .ok_or_else(|| bad(format!("input `{INPUT_RGB}`: shape {:?}", input.shape)))
 }
 
@@ -629,12 +639,8 @@ fn answer(
     let mut kept: Vec<(Asked, Cow<'_, [u8]>)> = Vec::with_capacity(asked.len());
     for a in asked {
         let bytes = match a.tensor {
-            OutputTensor::Alpha => {
-                Cow::Borrowed(planes.alpha().map_err(missing)?.as_raw().as_slice())
-            }
-            OutputTensor::Trimap => {
-                Cow::Borrowed(planes.trimap().map_err(missing)?.as_raw().as_slice())
-            }
+            OutputTensor::Alpha => Cow::Borrowed(&planes.alpha().map_err(missing)?.as_raw()[..]),
+            OutputTensor::Trimap => Cow::Borrowed(&planes.trimap().map_err(missing)?.as_raw()[..]),
             OutputTensor::Cutout => {
                 let rgba = planes.cutout().map_err(missing)?;
                 Cow::Owned(
@@ -724,7 +730,13 @@ mod tests {
         let image = png(16, 12);
         let b64 = base64::engine::general_purpose::STANDARD.encode(&image);
         let body = json!({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64]}]});
-        let parsed = parse_infer(Bytes::from(body.to_string()), None, &limits()).unwrap();
+        let parsed = parse_infer(
+            Bytes::from(body.to_string()),
+            None,
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .unwrap();
         assert_eq!(parsed.image.dimensions(), (16, 12));
         assert_eq!(parsed.asked.len(), 3);
 
@@ -739,7 +751,13 @@ mod tests {
         .to_string();
         let mut body = head.clone().into_bytes();
         body.extend_from_slice(&element);
-        let parsed = parse_infer(Bytes::from(body), Some(head.len()), &limits()).unwrap();
+        let parsed = parse_infer(
+            Bytes::from(body),
+            Some(head.len()),
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .unwrap();
         assert_eq!(parsed.image.dimensions(), (16, 12));
         assert_eq!(parsed.id.as_deref(), Some("7"));
         assert_eq!(parsed.asked.len(), 1);
@@ -755,20 +773,37 @@ mod tests {
             .to_string();
         let mut body = head.clone().into_bytes();
         body.extend_from_slice(&pixels);
-        let parsed = parse_infer(Bytes::from(body), Some(head.len()), &limits()).unwrap();
+        let parsed = parse_infer(
+            Bytes::from(body),
+            Some(head.len()),
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .unwrap();
         assert_eq!(parsed.image.dimensions(), (10, 8));
-        assert_eq!(parsed.image.as_raw(), &pixels);
+        assert_eq!(&parsed.image.as_raw()[..], &pixels[..]);
 
         let nested = json!({"inputs": [{"name": "image_rgb", "shape": [8, 10, 3], "datatype": "UINT8",
                                         "data": vec![vec![vec![1, 2, 3]; 10]; 8]}]});
-        let parsed = parse_infer(Bytes::from(nested.to_string()), None, &limits()).unwrap();
+        let parsed = parse_infer(
+            Bytes::from(nested.to_string()),
+            None,
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .unwrap();
         assert_eq!(&parsed.image.as_raw()[..3], &[1, 2, 3]);
 
         // Too large for the limits: refused from the shape alone.
         let huge = json!({"inputs": [{"name": "image_rgb", "shape": [100000, 100000, 3], "datatype": "UINT8", "data": []}]});
-        let e = parse_infer(Bytes::from(huge.to_string()), None, &limits())
-            .err()
-            .unwrap();
+        let e = parse_infer(
+            Bytes::from(huge.to_string()),
+            None,
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         for bad_body in [
             json!({"inputs": [{"name": "image_rgb", "shape": [8, 10, 3], "datatype": "UINT8", "data": [1, 2]}]}),
@@ -780,14 +815,24 @@ mod tests {
             json!({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [""]}],
                    "outputs": [{"name": "mask"}]}),
         ] {
-            let e = parse_infer(Bytes::from(bad_body.to_string()), None, &limits())
-                .err()
-                .unwrap_or_else(|| panic!("accepted {bad_body}"));
+            let e = parse_infer(
+                Bytes::from(bad_body.to_string()),
+                None,
+                &limits(),
+                &crate::pixels::Heap,
+            )
+            .err()
+            .unwrap_or_else(|| panic!("accepted {bad_body}"));
             assert!(e.status.is_client_error(), "{bad_body}: {}", e.status);
         }
-        let e = parse_infer(Bytes::from_static(b"{}"), Some(10), &limits())
-            .err()
-            .unwrap();
+        let e = parse_infer(
+            Bytes::from_static(b"{}"),
+            Some(10),
+            &limits(),
+            &crate::pixels::Heap,
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fast_image_resize::Resizer;
-use image::{GrayImage, RgbImage, RgbaImage};
+use image::{GrayImage, RgbaImage};
 
 use super::cores::CoreShare;
 use super::models::{self, nchw, ModelError};
@@ -15,11 +15,14 @@ use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::matte::{Matte, MattePlanes, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::ort::OrtError;
+use crate::pixels::RgbPixels;
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
 use crate::stages::plane::Plane;
-use crate::stages::{composite, guided_filter, preprocess, resample, trimap, StageError};
+use crate::stages::{
+    composite, guided_filter, preprocess, resample, trimap, Bytes, Rgb8, StageError,
+};
 use crate::tensor::Tensor;
 
 /// Why the CPU stages failed: the models or their outputs, never the client's input.
@@ -182,7 +185,7 @@ fn input_len(spec: &ImageInputSpec) -> usize {
 fn prepare_into(
     lanes: Lanes,
     resized: &mut Vec<u8>,
-    image: &RgbImage,
+    image: &Rgb8<impl Bytes>,
     spec: &ImageInputSpec,
     out: &mut [f32],
 ) {
@@ -221,7 +224,11 @@ impl CpuStages {
 
     /// Runs every stage between decode and composite on `image`, recording the time of
     /// each in `timings`: a batch of one.
-    pub fn run(&mut self, image: &RgbImage, timings: &mut StageTimings) -> Result<Matte, CpuError> {
+    pub fn run(
+        &mut self,
+        image: &Rgb8<impl Bytes>,
+        timings: &mut StageTimings,
+    ) -> Result<Matte, CpuError> {
         self.run_batch(&[image], std::slice::from_mut(timings))?
             .pop()
             .ok_or_else(|| CpuError::Batch {
@@ -242,7 +249,7 @@ impl CpuStages {
     /// replica's thread.
     pub fn run_batch(
         &mut self,
-        images: &[&RgbImage],
+        images: &[&Rgb8<impl Bytes>],
         timings: &mut [StageTimings],
     ) -> Result<Vec<Matte>, CpuError> {
         let running = self.cores.enter();
@@ -265,7 +272,7 @@ impl Stages {
     fn run_batch(
         &mut self,
         sessions: &mut Sessions,
-        images: &[&RgbImage],
+        images: &[&Rgb8<impl Bytes>],
         timings: &mut [StageTimings],
     ) -> Result<Vec<Matte>, CpuError> {
         if images.len() != timings.len() {
@@ -307,7 +314,7 @@ impl Stages {
     fn finish(
         &mut self,
         sessions: &mut Sessions,
-        image: &RgbImage,
+        image: &Rgb8<impl Bytes>,
         out: &Tensor,
         timings: &mut StageTimings,
     ) -> Result<Matte, CpuError> {
@@ -466,7 +473,11 @@ fn split_batch(out: Tensor, n: usize) -> Result<Vec<Tensor>, CpuError> {
 }
 
 /// The RGBA cut-out of `image` under `matte`'s alpha, timed as the composite stage.
-pub fn timed_cutout(image: &RgbImage, matte: &Matte, timings: &mut StageTimings) -> RgbaImage {
+pub fn timed_cutout(
+    image: &Rgb8<impl Bytes>,
+    matte: &Matte,
+    timings: &mut StageTimings,
+) -> RgbaImage {
     let t = Instant::now();
     let rgba = composite::cutout(image, &matte.alpha);
     timings.composite = t.elapsed();
@@ -491,7 +502,7 @@ impl Executor for CpuExecutor {
     /// One segmentation run for the batch; each job that asked for the cut-out gets it
     /// composited here, on the replica, as a GPU makes it on the device.
     fn run_batch(&mut self, jobs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
-        let images: Vec<&RgbImage> = jobs.iter().map(|j| j.image.as_ref()).collect();
+        let images: Vec<&RgbPixels> = jobs.iter().map(|j| j.image.as_ref()).collect();
         let mut timings: Vec<StageTimings> = jobs.iter().map(|j| j.timings).collect();
         let mattes = self.pipeline.run_batch(&images, &mut timings)?;
         Ok(mattes

@@ -16,13 +16,15 @@ use std::sync::Arc;
 use image::RgbImage;
 
 use crate::matte::{MattePlanes, Planes, StageTimings};
+use crate::pixels::{self, RgbPixels};
 use crate::sched::{Executor, Scheduler};
 
-/// The device stages' input: a decoded image, the times of the stages before, and the
-/// planes the answer shows (decided once, from what the client asked for).
+/// The device stages' input: a decoded image (in the host block its decoder wrote, which
+/// a GPU uploads from), the times of the stages before, and the planes the answer shows
+/// (decided once, from what the client asked for).
 #[derive(Debug, Clone)]
 pub struct MatteJob {
-    pub image: Arc<RgbImage>,
+    pub image: Arc<RgbPixels>,
     pub timings: StageTimings,
     /// What to hand back. A cut-out is made by the device (the GPU before its one
     /// download, the CPU on its replica), so that rendering only encodes.
@@ -30,7 +32,7 @@ pub struct MatteJob {
 }
 
 impl MatteJob {
-    pub fn new(image: Arc<RgbImage>, timings: StageTimings, planes: Planes) -> Self {
+    pub fn new(image: Arc<RgbPixels>, timings: StageTimings, planes: Planes) -> Self {
         Self {
             image,
             timings,
@@ -69,7 +71,7 @@ pub(crate) fn health_check_image() -> RgbImage {
 /// A health check's job: its image, alpha only.
 pub(crate) fn health_check_job() -> MatteJob {
     MatteJob {
-        image: Arc::new(health_check_image()),
+        image: Arc::new(pixels::from_image(health_check_image())),
         timings: StageTimings::default(),
         planes: Planes::ALPHA,
     }

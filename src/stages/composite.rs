@@ -2,9 +2,10 @@
 //! that alpha, straight, not premultiplied; a fully transparent pixel carries no colour).
 //! The guided filter quantises its own alpha (it evaluates only the trimap's unknown band).
 
-use image::{GrayImage, RgbImage, RgbaImage};
+use image::{GrayImage, RgbaImage};
 
 use super::plane::Plane;
+use super::{Bytes, Rgb8};
 
 /// Alpha in u8: a matting result in [0, 1] (clamped), rounded.
 pub fn quantize_alpha(refined: &Plane) -> GrayImage {
@@ -26,7 +27,7 @@ pub fn unit_to_u8(v: f32) -> u8 {
 /// pixel's colour shows nowhere, and keeping it made a photo's cut-out PNG twice the size
 /// (the background's detail compressed as if it mattered). The GPU's `write_cutout`
 /// (src/cuda/kernels/composite.cu) does exactly the same.
-pub fn cutout(rgb: &RgbImage, alpha: &GrayImage) -> RgbaImage {
+pub fn cutout(rgb: &Rgb8<impl Bytes>, alpha: &GrayImage) -> RgbaImage {
     let mut out = vec![0u8; rgb.as_raw().len() / 3 * 4];
     for ((dst, px), &a) in out
         .chunks_exact_mut(4)
@@ -43,7 +44,7 @@ pub fn cutout(rgb: &RgbImage, alpha: &GrayImage) -> RgbaImage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::Rgb;
+    use image::{Rgb, RgbImage};
 
     /// The reference `unit_to_u8` replaces.
     fn rounded(v: f32) -> u8 {

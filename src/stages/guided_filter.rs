@@ -6,7 +6,7 @@
 //! sums, O(1) per pixel whatever the radius.
 
 use fast_image_resize::Resizer;
-use image::{GrayImage, RgbImage};
+use image::GrayImage;
 
 use super::composite::unit_to_u8;
 use super::lanes::Lanes;
@@ -14,7 +14,7 @@ use super::plane::Plane;
 use super::preprocess::{bilinear_weights, resize_rgb_in};
 use super::resample::resize_plane;
 use super::trimap::{BACKGROUND, FOREGROUND};
-use super::StageError;
+use super::{Bytes, Rgb8, StageError};
 
 /// Luma in [0, 1] (BT.601 weights) of one RGB8 pixel: the filter's guide.
 fn luma_of(p: &[u8]) -> f32 {
@@ -44,7 +44,7 @@ pub struct LinearModel {
 pub fn fit(
     lanes: Lanes,
     resizer: &mut Resizer,
-    image: &RgbImage,
+    image: &Rgb8<impl Bytes>,
     coarse: &Plane,
     radius: u32,
     epsilon: f32,
@@ -87,7 +87,7 @@ impl LinearModel {
     /// where it is unknown. Only unknown pixels are evaluated: the band is typically a
     /// tenth of the image, and upsampling `A` and `B` everywhere cost more than the fit.
     /// Its rows are split across `lanes` (the same bits for any number).
-    pub fn alpha(&self, lanes: Lanes, image: &RgbImage, trimap: &GrayImage) -> GrayImage {
+    pub fn alpha(&self, lanes: Lanes, image: &Rgb8<impl Bytes>, trimap: &GrayImage) -> GrayImage {
         let t = trimap.as_raw();
         let rgb = image.as_raw();
         let (w, h) = image.dimensions();
@@ -339,6 +339,7 @@ fn window_len(i: usize, r: usize, len: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use image::RgbImage;
 
     fn brute_box(src: &[f32], w: usize, h: usize, r: usize) -> Vec<f32> {
         let mut out = vec![0f32; w * h];

@@ -18,6 +18,16 @@ pub mod preprocess;
 pub mod resample;
 pub mod trimap;
 
+/// An RGB8 image in any container of bytes: a heap vector, or the host block a request's
+/// decoder wrote.
+pub type Rgb8<C> = image::ImageBuffer<image::Rgb<u8>, C>;
+
+/// What an `Rgb8` may keep its bytes in (read by several threads at once where a stage
+/// splits its rows).
+pub trait Bytes: std::ops::Deref<Target = [u8]> + Sync {}
+
+impl<T: std::ops::Deref<Target = [u8]> + Sync> Bytes for T {}
+
 /// Why a stage refused what it was given: a model output of another shape than the stage
 /// reads, or a resize the resampling library refused. The server's fault (its models or
 /// their description), never the client's.

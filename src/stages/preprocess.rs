@@ -5,12 +5,11 @@
 //! output and our reference is PIL; a +-1 LSB difference flips trimap pixels of the
 //! U2Net family, so "close" is not enough. The CUDA kernel implements the same scheme.
 
+use super::lanes::Lanes;
+use super::{Bytes, Rgb8};
+use crate::spec::{Normalize, Scale};
 use fast_image_resize::ResizeAlg;
 use fast_image_resize::{FilterType, ResizeOptions};
-use image::RgbImage;
-
-use super::lanes::Lanes;
-use crate::spec::{Normalize, Scale};
 
 /// Bilinear resampling as PIL does it, for the f32 planes (masks) that `resample` resizes:
 /// a triangle filter widened by the scale factor when shrinking.
@@ -97,12 +96,18 @@ const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
 /// Resizes interleaved RGB8 `src` to `width` x `height` into `out` (resized to fit):
 /// horizontal pass over the rows the vertical pass needs, then the vertical pass.
-pub fn resize_rgb(src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
+pub fn resize_rgb(src: &Rgb8<impl Bytes>, width: u32, height: u32, out: &mut Vec<u8>) {
     resize_rgb_in(Lanes::ONE, src, width, height, out);
 }
 
 /// `resize_rgb` with each pass's rows split across `lanes` (the same bits).
-pub fn resize_rgb_in(lanes: Lanes, src: &RgbImage, width: u32, height: u32, out: &mut Vec<u8>) {
+pub fn resize_rgb_in(
+    lanes: Lanes,
+    src: &Rgb8<impl Bytes>,
+    width: u32,
+    height: u32,
+    out: &mut Vec<u8>,
+) {
     resize_rgb_with(lanes, src, width, height, true, out);
 }
 
@@ -110,7 +115,7 @@ pub fn resize_rgb_in(lanes: Lanes, src: &RgbImage, width: u32, height: u32, out:
 /// (`Exact16`) or, for the tests that hold the two to the same bits, not.
 fn resize_rgb_with(
     lanes: Lanes,
-    src: &RgbImage,
+    src: &Rgb8<impl Bytes>,
     width: u32,
     height: u32,
     exact16: bool,
@@ -377,7 +382,7 @@ pub fn normalize_into(rgb: &[u8], norm: &Normalize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::Rgb;
+    use image::{Rgb, RgbImage};
 
     /// The horizontal pass on `Taps` as they are, each sample's own count of weights.
     fn horizontal_row_unpadded(line: &[u8], taps: &Taps, dst: &mut [u8]) {

@@ -89,15 +89,20 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
         device.clone(),
         ModelSource::OnnxRuntime { intra_threads: 4 },
         limits,
+        gpu_support::blocks(&device),
     )
     .expect("the ONNX Runtime pipeline");
     let want: Vec<Vec<u8>> = photos
         .iter()
         .map(|(_, image)| {
             let out = reference
-                .run(image, Planes::ALPHA, &mut StageTimings::default())
+                .run(
+                    &gpu_support::pixels(image),
+                    Planes::ALPHA,
+                    &mut StageTimings::default(),
+                )
                 .unwrap();
-            out.alpha.expect("alpha asked for").into_raw()
+            out.alpha.expect("alpha asked for").into_raw().into_vec()
         })
         .collect();
 
@@ -133,6 +138,7 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
                 matting: engine(MATTING_MODEL),
             },
             limits,
+            gpu_support::blocks(&device),
         )
         .expect("the pipeline on engines");
         assert_eq!(served.model_backend(), "TensorRT");
@@ -142,7 +148,9 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
         };
         for ((name, image), want) in photos.iter().zip(&want) {
             let mut timings = StageTimings::default();
-            let got = served.run(image, Planes::ALL, &mut timings).unwrap();
+            let got = served
+                .run(&gpu_support::pixels(image), Planes::ALL, &mut timings)
+                .unwrap();
             let alpha = got.alpha.as_ref().expect("alpha asked for");
             let (mean, iou) = agreement(alpha.as_raw(), want);
             let _ = writeln!(
@@ -163,7 +171,11 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
 /// The pipeline in `model_dir` served by `GpuStages` from engines built now (at the
 /// precision TensorRT builds by default: fp32 on 10, the model's own on 11), within
 /// `limits`. The folder holding the engines goes with the stages' last use.
-pub fn stages_on_engines(model_dir: &Path, limits: GpuLimits) -> (GpuStages, tempfile::TempDir) {
+pub fn stages_on_engines(
+    model_dir: &Path,
+    limits: GpuLimits,
+    pool: &celer::cuda::HostPool,
+) -> (GpuStages, tempfile::TempDir) {
     let spec = PipelineSpec::load_dir(model_dir)
         .unwrap_or_else(|e| panic!("{}: the pipeline description: {e}", model_dir.display()));
     let (device, trt) = gpu_and_tensorrt();
@@ -192,6 +204,8 @@ pub fn stages_on_engines(model_dir: &Path, limits: GpuLimits) -> (GpuStages, tem
         })
         .collect();
     let engine = |key: &str| built.iter().find(|(k, _)| *k == key).map(|(_, e)| e);
+    pool.attach(device.context());
+    let blocks: celer::pixels::SharedAlloc = Arc::new(pool.clone());
     let stages = GpuStages::load(
         &spec,
         device,
@@ -200,6 +214,7 @@ pub fn stages_on_engines(model_dir: &Path, limits: GpuLimits) -> (GpuStages, tem
             matting: engine(MATTING_MODEL),
         },
         limits,
+        blocks,
     )
     .expect("the pipeline on engines");
     assert_eq!(stages.model_backend(), "TensorRT");

@@ -107,3 +107,29 @@ pub fn use_driver(command: &mut Command) -> &mut Command {
     }
     command
 }
+
+/// A page-locked host pool for `dev`'s requests (as a server makes one), attached to its
+/// context: what `GpuStages::load` downloads into.
+pub fn blocks(dev: &Arc<GpuDevice>) -> celer::pixels::SharedAlloc {
+    Arc::new(pool(dev))
+}
+
+/// As `blocks`, the pool itself: one replica's, for images up to the default limits.
+pub fn pool(dev: &Arc<GpuDevice>) -> celer::cuda::HostPool {
+    let max = celer::replica::gpu::GpuLimits::default().max_pixels;
+    let pool = celer::replica::gpu::host_pool(1, max, celer::replica::gpu::DEFAULT_BLOCK_PIXELS);
+    pool.attach(dev.context());
+    pool
+}
+
+/// A test image as a request's decoded pixels (on the heap).
+pub fn pixels(image: &image::RgbImage) -> Arc<celer::pixels::RgbPixels> {
+    Arc::new(celer::pixels::from_image(image.clone()))
+}
+
+/// A plane a GPU handed back, as a heap image to compare with the CPU's.
+pub fn plane<P: image::Pixel<Subpixel = u8>>(
+    plane: &Option<image::ImageBuffer<P, celer::pixels::HostBytes>>,
+) -> Option<image::ImageBuffer<P, Vec<u8>>> {
+    plane.clone().map(celer::pixels::into_image)
+}

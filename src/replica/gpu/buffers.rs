@@ -14,14 +14,7 @@ use crate::cuda::CudaError;
 pub struct GpuLimits {
     pub max_pixels: u64,
     pub max_side_px: u32,
-    /// Images up to this many pixels copy through staging pinned at load (9 bytes a
-    /// pixel per replica); larger ones through pageable memory until staging of their
-    /// size is pinned in the background (`super::transfer`).
-    pub staging_pixels: u64,
 }
-
-/// The staging pinned at load unless told otherwise: a 1920x1080 frame (18.7 MB a replica).
-pub const DEFAULT_STAGING_PIXELS: u64 = 1920 * 1080;
 
 impl Default for GpuLimits {
     /// The decoder's default limits, so that every image it accepts fits.
@@ -30,7 +23,6 @@ impl Default for GpuLimits {
         Self {
             max_pixels: decode.max_pixels,
             max_side_px: decode.max_side_px,
-            staging_pixels: DEFAULT_STAGING_PIXELS.min(decode.max_pixels),
         }
     }
 }

@@ -24,16 +24,18 @@ pub use model::ModelSource;
 pub use stages::{GpuStages, ThreadCpuClock};
 
 use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
-use crate::cuda::GpuDevice;
+use crate::cuda::{GpuDevice, HostPool};
 use crate::engines::plan::{GpuEngines, GpuPlan};
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
 use crate::spec::{BatchingSpec, PipelineSpec};
 
-/// A GPU opened, with its engines deserialised: shared by its replicas.
+/// A GPU opened, with its engines deserialised and the host pool page-locked in its
+/// context: shared by its replicas.
 struct LoadedGpu {
     /// `None` where the models run on ONNX Runtime.
     engines: Option<GpuEngines>,
     device: Arc<GpuDevice>,
+    pool: HostPool,
 }
 
 impl LoadedGpu {
@@ -43,7 +45,7 @@ impl LoadedGpu {
         &self,
         spec: &PipelineSpec,
         ort_threads: usize,
-        limits: GpuLimits,
+        serving: &GpuServing,
     ) -> Result<GpuStages, GpuError> {
         let source = match &self.engines {
             Some(engines) => ModelSource::TensorRt {
@@ -54,7 +56,11 @@ impl LoadedGpu {
                 intra_threads: ort_threads,
             },
         };
-        GpuStages::load(spec, self.device.clone(), source, limits)
+        let blocks = Arc::new(self.pool.clone());
+        let mut stages =
+            GpuStages::load(spec, self.device.clone(), source, serving.limits, blocks)?;
+        stages.warm_up_at(&serving.warmup)?;
+        Ok(stages)
     }
 }
 
@@ -75,6 +81,50 @@ enum Opening {
     Failed(Arc<OpenError>),
 }
 
+/// What every GPU of a server is set up with.
+#[derive(Clone)]
+pub struct GpuServing {
+    /// The largest image the device buffers hold.
+    pub limits: GpuLimits,
+    /// The server's page-locked host blocks, which its decoders lease from too.
+    pub pool: HostPool,
+    /// Image sizes each replica runs once at load, after the small warm-up every replica
+    /// runs: the sizes the first requests will be (`--warmup-size`), whose first run
+    /// would otherwise pay the uploads of its resize tables and the first launches of
+    /// kernels at its grid sizes. The tables of the last stay in place.
+    pub warmup: Vec<(u32, u32)>,
+}
+
+impl GpuServing {
+    /// Images up to `limits`, pixels in `pool`, no warm-up beyond the small one.
+    pub fn new(limits: GpuLimits, pool: HostPool) -> Self {
+        Self {
+            limits,
+            pool,
+            warmup: Vec::new(),
+        }
+    }
+}
+
+/// Host blocks lent to a request at once, at most: its decoded image, and the cut-out
+/// (or alpha) it downloads.
+const BLOCKS_PER_REQUEST: usize = 2;
+
+/// The pixels of a 1920x1080 frame: the blocks made at start-up each hold its RGBA
+/// cut-out (8.3 MB).
+pub const DEFAULT_BLOCK_PIXELS: u64 = 1920 * 1080;
+
+/// The page-locked host pool a server's decoders and GPU replicas share, for
+/// `gpu_replicas` replicas in all and images up to `max_pixels`: blocks for two requests
+/// per replica (one on the GPU, one decoding or encoding beside it), each holding a
+/// `block_pixels` RGBA plane (at most `max_pixels`), made at start-up; growing, by a
+/// block each time the free ones cannot serve a lease, to four times that.
+pub fn host_pool(gpu_replicas: usize, max_pixels: u64, block_pixels: u64) -> HostPool {
+    let block_bytes = usize::try_from(4 * block_pixels.min(max_pixels)).unwrap_or(usize::MAX);
+    let blocks = 2 * BLOCKS_PER_REQUEST * gpu_replicas.max(1);
+    HostPool::new(blocks, block_bytes, 4 * blocks * block_bytes)
+}
+
 /// One GPU and its replicas' stages. A CUDA context is shared by every replica of a
 /// GPU, so when it is lost (a sticky error) it is lost for all of them: recovery empties
 /// every replica's slot and drops the GPU, which destroys the context with its last
@@ -85,7 +135,7 @@ struct GpuReplicas {
     plan: GpuPlan,
     name: String,
     ort_threads: usize,
-    limits: GpuLimits,
+    serving: GpuServing,
     /// The opened GPU, and the generation of its context (one more per recovery).
     opened: Mutex<(u64, Opening)>,
     /// One slot per replica, held while that replica runs: its stages (stream, buffers,
@@ -108,18 +158,20 @@ impl GpuReplicas {
         match &opened.1 {
             Opening::Open(gpu) => Ok((generation, gpu.clone())),
             Opening::Failed(e) => Err(GpuError::Open(e.clone())),
-            Opening::Closed => match load_gpu(&self.spec, &self.plan, &self.name) {
-                Ok(gpu) => {
-                    let gpu = Arc::new(gpu);
-                    opened.1 = Opening::Open(gpu.clone());
-                    Ok((generation, gpu))
+            Opening::Closed => {
+                match load_gpu(&self.spec, &self.plan, &self.name, &self.serving.pool) {
+                    Ok(gpu) => {
+                        let gpu = Arc::new(gpu);
+                        opened.1 = Opening::Open(gpu.clone());
+                        Ok((generation, gpu))
+                    }
+                    Err(e) => {
+                        let e = Arc::new(e);
+                        opened.1 = Opening::Failed(e.clone());
+                        Err(GpuError::Open(e))
+                    }
                 }
-                Err(e) => {
-                    let e = Arc::new(e);
-                    opened.1 = Opening::Failed(e.clone());
-                    Err(GpuError::Open(e))
-                }
-            },
+            }
         }
     }
 
@@ -130,7 +182,7 @@ impl GpuReplicas {
     /// New stages for one replica on the opened GPU: its own stream, buffers and
     /// execution contexts.
     fn load_stages(&self, gpu: &LoadedGpu) -> Result<GpuStages, ExecError> {
-        Ok(gpu.load_stages(&self.spec, self.ort_threads, self.limits)?)
+        Ok(gpu.load_stages(&self.spec, self.ort_threads, &self.serving)?)
     }
 
     /// Reopens the GPU after its context was lost in generation `lost_in`: nothing when
@@ -181,13 +233,13 @@ impl GpuReplicas {
 }
 
 /// The setup of `plan`'s GPU: `replicas` replicas, with `ort_threads` ONNX Runtime
-/// threads each where TensorRT is absent, images up to `limits`.
+/// threads each where TensorRT is absent, set up as `serving` says.
 pub fn gpu_device_setup(
     spec: &PipelineSpec,
     plan: GpuPlan,
     replicas: usize,
     ort_threads: usize,
-    limits: GpuLimits,
+    serving: GpuServing,
 ) -> DeviceSetup<BoxedMatteExecutor> {
     let name = Device::Gpu(plan.info.ordinal as u32).to_string();
     let replicas = replicas.max(1);
@@ -196,7 +248,7 @@ pub fn gpu_device_setup(
         plan,
         name: name.clone(),
         ort_threads,
-        limits,
+        serving,
         opened: Mutex::new((0, Opening::Closed)),
         stages: (0..replicas).map(|_| Mutex::new(None)).collect(),
     });
@@ -239,16 +291,17 @@ pub struct SoloReplica {
 
 impl SoloReplica {
     /// Opens `plan`'s GPU and loads one replica (models on ONNX Runtime with
-    /// `ort_threads` where the plan has no engines), for images up to `limits`.
+    /// `ort_threads` where the plan has no engines), set up as `serving` says.
     pub fn open(
         spec: &PipelineSpec,
         plan: &GpuPlan,
         ort_threads: usize,
-        limits: GpuLimits,
+        serving: &GpuServing,
     ) -> Result<Self, GpuError> {
         let name = Device::Gpu(plan.info.ordinal as u32).to_string();
-        let gpu = load_gpu(spec, plan, &name).map_err(|e| GpuError::Open(Arc::new(e)))?;
-        let stages = gpu.load_stages(spec, ort_threads, limits)?;
+        let gpu =
+            load_gpu(spec, plan, &name, &serving.pool).map_err(|e| GpuError::Open(Arc::new(e)))?;
+        let stages = gpu.load_stages(spec, ort_threads, serving)?;
         Ok(Self { stages, _gpu: gpu })
     }
 
@@ -257,9 +310,14 @@ impl SoloReplica {
     }
 }
 
-/// Opens the GPU of `plan` and loads its engines (none where its models run on ONNX
-/// Runtime).
-fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedGpu, OpenError> {
+/// Opens the GPU of `plan`, page-locks `pool` in its context and loads its engines (none
+/// where its models run on ONNX Runtime).
+fn load_gpu(
+    spec: &PipelineSpec,
+    plan: &GpuPlan,
+    device: &str,
+    pool: &HostPool,
+) -> Result<LoadedGpu, OpenError> {
     let gpu = GpuDevice::open(plan.info.clone()).map_err(|source| OpenError::Device {
         device: device.to_string(),
         name: plan.info.name.clone(),
@@ -271,10 +329,12 @@ fn load_gpu(spec: &PipelineSpec, plan: &GpuPlan, device: &str) -> Result<LoadedG
             device: device.to_string(),
             source,
         })?;
+    pool.attach(gpu.context());
     let engines = plan.load_engines(spec, device)?;
     Ok(LoadedGpu {
         engines,
         device: gpu,
+        pool: pool.clone(),
     })
 }
 

@@ -2,15 +2,15 @@
 //! decoded RGB8 goes up once (`transfer`), the segmentation input is made (`input`) and
 //! its model runs (`model`), the trimap (`mask`) and matting (`matting`) follow, and
 //! the planes the answer shows come down once (a cut-out alone for a cut-out), with one
-//! synchronisation at the end (`clock` reads the stage times then). Device buffers and
-//! pinned staging are allocated at start-up and reused: the request path allocates
-//! nothing on the GPU and pins nothing.
+//! synchronisation at the end (`clock` reads the stage times then). Device buffers are
+//! allocated at start-up and reused, and the copies read and write the host blocks the
+//! decoder and encoder use: the request path allocates nothing on the GPU, pins nothing
+//! and copies no pixels on the host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use image::RgbImage;
 
 use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, ModelPlaces, StageClock};
@@ -23,6 +23,7 @@ use super::transfer::{DevicePlanes, Transfer};
 use crate::cuda::launch::Launcher;
 use crate::cuda::GpuDevice;
 use crate::matte::{MattePlanes, Planes, StageTimings};
+use crate::pixels::{self, RgbPixels, SharedAlloc};
 use crate::replica::models;
 use crate::spec::PipelineSpec;
 
@@ -48,8 +49,8 @@ pub struct GpuStages {
     clock: StageClock,
     stream: Arc<CudaStream>,
     device: Arc<GpuDevice>,
-    /// A request failed part-way, and may have left copies in flight from the staging or
-    /// into the buffers: the next one synchronises before touching either.
+    /// A request failed part-way, and may have left copies in flight from its host blocks
+    /// or into the buffers: the next one synchronises before touching either.
     unsettled: bool,
     /// With a benchmark's clock: the thread CPU time the last request spent waiting for
     /// the stream (on the stand-in driver, the device's work runs there).
@@ -59,12 +60,15 @@ pub struct GpuStages {
 
 impl GpuStages {
     /// Sets up the models of `spec` from `source` (each learns its output's shape), and
-    /// every device buffer for images up to `limits`, on a new stream of `device`.
+    /// every device buffer for images up to `limits`, on a new stream of `device`;
+    /// downloads go into blocks from `blocks` (the server's page-locked pool, attached to
+    /// `device`'s context).
     pub fn load(
         spec: &PipelineSpec,
         device: Arc<GpuDevice>,
         source: ModelSource<'_>,
         limits: GpuLimits,
+        blocks: SharedAlloc,
     ) -> Result<Self, GpuError> {
         device.context().bind_to_thread()?;
         let stream = device.new_stream()?;
@@ -89,10 +93,7 @@ impl GpuStages {
             mask,
             matting,
             planes: SourcePlanes::alloc(&stream, &limits)?,
-            transfer: Transfer::new(
-                &stream,
-                usize::try_from(limits.staging_pixels).unwrap_or(usize::MAX),
-            )?,
+            transfer: Transfer::new(&stream, blocks),
             clock: StageClock::new(&device)?,
             spec: spec.clone(),
             limits,
@@ -111,8 +112,17 @@ impl GpuStages {
     /// engines' first enqueue and the driver's lazy loading are paid here, not by the
     /// first client.
     fn warm_up(&mut self) -> Result<(), GpuError> {
-        let image = crate::replica::health_check_image();
+        let image = Arc::new(pixels::from_image(crate::replica::health_check_image()));
         self.run(&image, Planes::ALL, &mut StageTimings::default())?;
+        Ok(())
+    }
+
+    /// One request of each of `sizes` with every plane, at load (`GpuServing::warmup`).
+    pub fn warm_up_at(&mut self, sizes: &[(u32, u32)]) -> Result<(), GpuError> {
+        for &(w, h) in sizes {
+            let image = Arc::new(pixels::from_image(warmup_image(w, h)));
+            self.run(&image, Planes::ALL, &mut StageTimings::default())?;
+        }
         Ok(())
     }
 
@@ -123,13 +133,6 @@ impl GpuStages {
         } else {
             "ONNX Runtime (CPU)"
         }
-    }
-
-    /// Host memory this replica holds page-locked now: the upload and download staging,
-    /// pinned at load, grown in the background after a larger request (ONNX Runtime
-    /// models' input staging aside).
-    pub fn pinned_host_bytes(&self) -> usize {
-        self.transfer.pinned_bytes()
     }
 
     /// For a benchmark: time each request's waits for the stream with `clock` (the
@@ -161,7 +164,7 @@ impl GpuStages {
     /// parts, event time for the GPU's.
     pub fn run(
         &mut self,
-        image: &RgbImage,
+        image: &Arc<RgbPixels>,
         planes: Planes,
         timings: &mut StageTimings,
     ) -> Result<MattePlanes, GpuError> {
@@ -169,8 +172,8 @@ impl GpuStages {
         let wall = Instant::now();
         self.last_wait_cpu = Duration::ZERO;
         if self.unsettled {
-            // The last request failed half-way and may have left copies in flight from the
-            // staging or into the buffers; they must finish before either is written again.
+            // The last request failed half-way and may have left copies in flight from its
+            // blocks or into the buffers; they must finish before either is used again.
             self.wait_for_stream()?;
         }
         self.unsettled = true;
@@ -181,7 +184,7 @@ impl GpuStages {
 
     fn run_settled(
         &mut self,
-        image: &RgbImage,
+        image: &Arc<RgbPixels>,
         size: (u32, u32),
         planes: Planes,
         wall: Instant,
@@ -226,7 +229,7 @@ impl GpuStages {
     }
 
     /// Everything a request of `size` needs before its first copy, while the stream is
-    /// idle: the staging, and every resize table. The tables come from pageable host
+    /// idle: the last request's blocks given back, and every resize table. The tables come from pageable host
     /// memory, whose copies the driver may serialise with the stream: made mid-request,
     /// after an engine is queued, they would wait for it. The stages' own calls then find
     /// the tables in place and upload nothing.
@@ -273,4 +276,14 @@ impl GpuStages {
             cutout: down.cutout,
         })
     }
+}
+
+/// A `w` x `h` image for a warm-up: the health check's (a bright square on a dark ground)
+/// at that size, so that every stage has work.
+fn warmup_image(w: u32, h: u32) -> image::RgbImage {
+    image::RgbImage::from_fn(w, h, |x, y| {
+        let inside = (w / 4..w - w / 4).contains(&x) && (h / 4..h - h / 4).contains(&y);
+        let v = if inside { 220 } else { 30 };
+        image::Rgb([v, v, v])
+    })
 }
