@@ -125,6 +125,17 @@ fn protocol_errors_and_the_shared_limits() {
         (200, serde_json::json!({"name": "matte", "ready": true}))
     );
     assert_eq!(server.get("/v2/models/celer").0, 404);
+    // The server metadata at both spellings: `/v2`, and `/v2/` (KServe's OpenAPI).
+    let (status, plain) = server.get("/v2");
+    assert_eq!(status, 200);
+    let plain: serde_json::Value = serde_json::from_slice(&plain).expect("JSON");
+    assert!(plain["name"].is_string(), "{plain}");
+    let (status, slash) = server.get("/v2/");
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&slash).expect("JSON"),
+        plain
+    );
     // Malformed requests: 400, the server stays up.
     for body in [
         &b"not json"[..],

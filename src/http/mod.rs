@@ -123,6 +123,8 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/execution-parameters", get(hosting::execution_parameters))
         .route("/v2", get(v2::server_metadata))
+        // KServe's published OpenAPI names the server metadata `/v2/`.
+        .route("/v2/", get(v2::server_metadata))
         .route("/v2/health/live", get(v2::live))
         .route("/v2/health/ready", get(v2::ready))
         .route("/v2/models/{model}", get(v2::model_metadata))
