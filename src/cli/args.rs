@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::RangedU64ValueParser;
+use clap::builder::{BoolishValueParser, RangedU64ValueParser};
 use clap::Args;
 
 use crate::codec::decode::DecodeLimits;
@@ -65,7 +65,7 @@ pub struct DeviceArgs {
     /// On a GPU with TensorRT, build a missing or unfit engine at start-up (one log line
     /// per model; /ping answers 503 until it is ready) instead of refusing to start.
     /// `celer build` ahead of time is the faster start.
-    #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false)]
+    #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false, value_parser = BoolishValueParser::new())]
     pub build_engines: bool,
 
     /// Where engines are (and where --build-engines writes them). Default: the model
@@ -142,7 +142,7 @@ pub struct ListenArgs {
     pub model_name: String,
 
     /// Send a `Server-Timing` header with the per-stage times of each request.
-    #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false)]
+    #[arg(long, env = "CELER_SERVER_TIMING", default_value_t = false, value_parser = BoolishValueParser::new())]
     pub server_timing: bool,
 
     /// Seconds to let in-flight requests finish after SIGTERM (SageMaker kills the
@@ -361,6 +361,38 @@ pub(crate) mod tests {
     /// `celer serve`'s options from `flags`, as clap parses them.
     pub(crate) fn parse(flags: &[&str]) -> Result<ServeArgs, clap::Error> {
         Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied())).map(|s| s.args)
+    }
+
+    /// Booleans from the environment as people write them (`CELER_SERVER_TIMING=1` once
+    /// stopped the server at start-up). The only test that sets these variables.
+    #[test]
+    fn boolean_environment_variables_take_the_usual_spellings() {
+        for (value, want) in [
+            ("1", true),
+            ("yes", true),
+            ("on", true),
+            ("TRUE", true),
+            ("0", false),
+            ("no", false),
+            ("off", false),
+            ("false", false),
+        ] {
+            std::env::set_var("CELER_SERVER_TIMING", value);
+            std::env::set_var("CELER_BUILD_ENGINES", value);
+            let parsed = parse(&[]);
+            std::env::remove_var("CELER_SERVER_TIMING");
+            std::env::remove_var("CELER_BUILD_ENGINES");
+            let args = parsed.unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert_eq!(
+                (args.listen.server_timing, args.device.build_engines),
+                (want, want),
+                "{value}"
+            );
+        }
+        std::env::set_var("CELER_SERVER_TIMING", "maybe");
+        let refused = parse(&[]);
+        std::env::remove_var("CELER_SERVER_TIMING");
+        assert!(refused.is_err(), "an unknown word is refused");
     }
 
     #[test]
