@@ -1,7 +1,5 @@
 //! `celer`: parse the command line, set up logging, dispatch.
 
-use std::io::IsTerminal;
-
 use clap::Parser;
 
 /// See Cargo.toml: memory returns to the system after load (the library and the tests
@@ -86,16 +84,10 @@ fn main() -> std::process::ExitCode {
         glibc_heap::tune();
     }
     let cli = celer::cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CELER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: a container's log (CloudWatch, journald,
-        // a file) would keep the escape codes as text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    if let Err(e) = celer::cli::logging::init() {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     match cli.run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

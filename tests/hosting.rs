@@ -596,3 +596,85 @@ fn serve_runs_with_glibc_huge_pages_unless_told_not_to() {
         );
     }
 }
+
+/// CloudWatch's view of a server: with `CELER_LOG_FORMAT=json` every log line is one JSON
+/// object, and each request has an access line under its id: SageMaker's
+/// `X-Amzn-SageMaker-Inference-Id` when sent, else one celer makes; either comes back in
+/// `X-Request-Id`. An inference's line names its route, status, bytes, device and times.
+#[test]
+fn json_logs_carry_each_requests_id_in_its_access_line() {
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[("CELER_LOG_FORMAT", "json")],
+    );
+    let mut png = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_fn(64, 48, |x, y| {
+        image::Rgb([(x * 4) as u8, (y * 5) as u8, 90])
+    })
+    .write_to(&mut png, image::ImageFormat::Png)
+    .unwrap();
+    let png = png.into_inner();
+    let named = server.post(
+        "/invocations",
+        &[
+            ("content-type", "image/png"),
+            ("x-amzn-sagemaker-inference-id", "inf-7f3a"),
+        ],
+        &png,
+    );
+    assert_eq!(named.status, 200);
+    assert_eq!(named.header("x-request-id"), Some("inf-7f3a"));
+    let anonymous = server.post("/invocations", &[("content-type", "image/png")], &png);
+    assert_eq!(anonymous.status, 200);
+    let made = anonymous
+        .header("x-request-id")
+        .expect("an id made")
+        .to_string();
+    assert!(
+        made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{made}"
+    );
+    let refused = server.request("GET", "/nowhere", &[("x-request-id", "lost-1")], None);
+    assert_eq!(
+        (refused.status, refused.header("x-request-id")),
+        (404, Some("lost-1"))
+    );
+
+    // The lines come through a pipe read by another thread: wait for the last one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("lost-1") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let access = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["target"] == "celer::access" && l["request_id"] == id)
+            .unwrap_or_else(|| panic!("no access line for {id}:\n{log}"))
+            .clone()
+    };
+    for id in ["inf-7f3a", made.as_str()] {
+        let line = access(id);
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert_eq!(line["method"], "POST", "{line}");
+        assert_eq!(line["path"], "/invocations", "{line}");
+        assert_eq!(line["status"], 200, "{line}");
+        assert!(line["bytes"].as_u64().unwrap_or(0) > 0, "{line}");
+        assert!(line["duration_ms"].as_f64().is_some(), "{line}");
+        assert!(line["device"].is_string(), "{line}");
+        assert!(line["queue_ms"].as_f64().is_some(), "{line}");
+        assert!(line["compute_ms"].as_f64().is_some(), "{line}");
+    }
+    let lost = access("lost-1");
+    assert_eq!(
+        (lost["status"].clone(), lost["path"].clone()),
+        (404.into(), "/nowhere".into())
+    );
+    assert!(lost["device"].is_null(), "{lost}");
+    assert!(server.stop().success());
+}

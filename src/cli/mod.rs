@@ -8,6 +8,7 @@ mod build;
 mod devices;
 mod inspect;
 mod kernels;
+pub mod logging;
 pub mod resolve;
 mod run;
 mod serve;

@@ -17,6 +17,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use super::access;
 use super::error::ApiError;
 use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
@@ -74,6 +75,7 @@ pub async fn invocations(
     let served = run_image(&state, admission, image, decode_time, planes, deadline).await?;
 
     let queued = served.queued;
+    let inference = served.inference;
     let dimensions = served.output.planes.dimensions();
     let (rendered, timings) = blocking(move || {
         let out = served.output;
@@ -89,6 +91,7 @@ pub async fn invocations(
         .check_response(rendered.body.len(), wanted, dimensions)?;
 
     let mut response = (StatusCode::OK, rendered.body).into_response();
+    response.extensions_mut().insert(inference);
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -106,6 +109,8 @@ pub async fn invocations(
 pub(super) struct Served {
     pub output: MatteOutput,
     pub queued: Duration,
+    /// For the access log: the device, the wait and the run.
+    pub inference: access::Inference,
 }
 
 /// The part of the request path every protocol shares: an admitted, decoded image
@@ -126,9 +131,19 @@ pub(super) async fn run_image(
     let job = MatteJob::new(Arc::new(image), timings, planes);
     let ticket = state.scheduler.submit_admitted(admission, job, deadline)?;
     let done = ticket.wait().await?;
+    let inference = access::Inference {
+        device: state
+            .scheduler
+            .device_name(done.device)
+            .unwrap_or("?")
+            .to_string(),
+        queued: done.queued,
+        compute: done.compute,
+    };
     Ok(Served {
         output: done.output,
         queued: done.queued,
+        inference,
     })
 }
 

@@ -3,6 +3,7 @@
 //! decoded images to the router and encode answers on the blocking pool; no pixel work
 //! runs on the executor.
 
+pub mod access;
 pub mod body;
 pub mod error;
 mod fetch;
@@ -153,6 +154,8 @@ pub fn routes(state: Arc<AppState>) -> Router {
         ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outside the routes: refusals of unknown paths get an id and a line too.
+        .layer(axum::middleware::from_fn(access::log))
         .with_state(state)
 }
 

@@ -293,6 +293,7 @@ pub async fn infer(
         deadline,
     )
     .await?;
+    let inference = served.inference;
     let model = state.model.name.clone();
     let (id, asked) = (parsed.id, parsed.asked);
     let (answer, timings, dimensions) = blocking(move || {
@@ -326,6 +327,7 @@ pub async fn infer(
         ));
     }
     let mut response = (StatusCode::OK, answer.body).into_response();
+    response.extensions_mut().insert(inference);
     let h = response.headers_mut();
     match answer.json_length {
         Some(n) => {

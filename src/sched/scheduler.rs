@@ -392,6 +392,14 @@ impl<E: Executor> Scheduler<E> {
         }
     }
 
+    /// The name of the device at `index` (as `Done::device` gives it).
+    pub fn device_name(&self, index: usize) -> Option<&str> {
+        self.shared
+            .devices
+            .get(index)
+            .map(|slot| slot.state.name.as_str())
+    }
+
     pub fn devices(&self) -> Vec<DeviceView> {
         self.shared
             .devices

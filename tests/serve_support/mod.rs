@@ -15,6 +15,21 @@ use std::time::{Duration, Instant};
 use image::RgbaImage;
 
 /// A running `celer serve`.
+/// The address of the "listening" line, in the text or the JSON log format.
+fn listening_address(line: &str) -> Option<String> {
+    if line.trim_start().starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        return (v["message"] == "listening")
+            .then(|| v["address"].as_str().map(str::to_string))
+            .flatten();
+    }
+    if !line.contains("listening") {
+        return None;
+    }
+    let at = line.split("address=").nth(1)?;
+    Some(at.split_whitespace().next().unwrap_or("").to_string())
+}
+
 pub struct Server {
     child: Option<Child>,
     pub address: SocketAddr,
@@ -78,10 +93,8 @@ impl Server {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("listening") {
-                    if let Some(at) = line.split("address=").nth(1) {
-                        let _ = found.send(at.split_whitespace().next().unwrap_or("").to_string());
-                    }
+                if let Some(at) = listening_address(&line) {
+                    let _ = found.send(at);
                 }
                 let mut log = sink.lock().unwrap();
                 log.push_str(&line);
