@@ -22,6 +22,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use celer::codec::decode::{decode_into, DecodeLimits};
+use celer::cuda::HostPool;
 use celer::matte::{Planes, StageTimings};
 use celer::pixels::RgbPixels;
 use celer::replica::gpu::{host_pool, GpuLimits, GpuStages, DEFAULT_BLOCK_PIXELS};
@@ -110,6 +111,26 @@ fn one_request(
     moved
 }
 
+/// One replica's host pool, its blocks of `block_pixels` RGBA pixels.
+fn pool_of(block_pixels: u64) -> HostPool {
+    host_pool(1, GpuLimits::default().max_pixels, block_pixels)
+}
+
+/// U2NetP's stages on engines built now by the stand-in TensorRT, their downloads into
+/// `pool`.
+fn u2netp_on_engines(pool: &HostPool) -> (GpuStages, tempfile::TempDir) {
+    engine_support::stages_on_engines(
+        &engine_support::repo("onnx/u2netp"),
+        GpuLimits::default(),
+        pool,
+    )
+}
+
+/// `image` sent as PNG and decoded into `pool`, as a GPU server's decoder does.
+fn decoded(image: &RgbImage, pool: &HostPool) -> Arc<RgbPixels> {
+    Arc::new(decode_into(&png(image), &DecodeLimits::default(), pool).expect("decoded"))
+}
+
 /// `image` as PNG bytes: what a client sends.
 fn png(image: &RgbImage) -> Vec<u8> {
     let mut out = std::io::Cursor::new(Vec::new());
@@ -136,12 +157,9 @@ fn photo_pixel(x: u32, y: u32) -> Rgb<u8> {
 fn a_size_warmed_up_at_load_uploads_only_its_pixels_on_its_first_request() {
     let _alone = counting_alone();
     let _ = standin();
-    let limits = GpuLimits::default();
-    let pool = host_pool(1, limits.max_pixels, DEFAULT_BLOCK_PIXELS);
-    let (mut stages, _engines) =
-        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
-    let image =
-        Arc::new(decode_into(&png(&photo()), &DecodeLimits::default(), &pool).expect("decoded"));
+    let pool = pool_of(DEFAULT_BLOCK_PIXELS);
+    let (mut stages, _engines) = u2netp_on_engines(&pool);
+    let image = decoded(&photo(), &pool);
     let cold = one_request(&mut stages, &image, Planes::CUTOUT);
     assert!(
         cold["htod_copies"] > 1,
@@ -150,8 +168,7 @@ fn a_size_warmed_up_at_load_uploads_only_its_pixels_on_its_first_request() {
     // Warmed up at another size: the first request of that size uploads only its pixels.
     stages.warm_up_at(&[(1280, 720)]).expect("warm-up");
     let small = RgbImage::from_fn(1280, 720, photo_pixel);
-    let small =
-        Arc::new(decode_into(&png(&small), &DecodeLimits::default(), &pool).expect("decoded"));
+    let small = decoded(&small, &pool);
     let warm = one_request(&mut stages, &small, Planes::CUTOUT);
     assert_eq!(warm["htod_copies"], 1, "{warm:?}");
 }
@@ -160,13 +177,10 @@ fn a_size_warmed_up_at_load_uploads_only_its_pixels_on_its_first_request() {
 fn a_1920x1080_request_copies_once_each_way_and_synchronises_once() {
     let _alone = counting_alone();
     let _ = standin();
-    let limits = GpuLimits::default();
-    let pool = host_pool(1, limits.max_pixels, DEFAULT_BLOCK_PIXELS);
-    let (mut stages, _engines) =
-        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
+    let pool = pool_of(DEFAULT_BLOCK_PIXELS);
+    let (mut stages, _engines) = u2netp_on_engines(&pool);
     // Decoded into the pool's page-locked blocks, as a GPU server's decoder does.
-    let image =
-        Arc::new(decode_into(&png(&photo()), &DecodeLimits::default(), &pool).expect("decoded"));
+    let image = decoded(&photo(), &pool);
     assert!(image.as_raw().is_leased(), "decoded into a pool block");
     // The first request of a size uploads its resize tables (from pageable memory, while
     // the stream is idle); every later one of that size finds them in place.
@@ -241,24 +255,21 @@ const MEMSETS: u64 = 1;
 fn pixel_blocks_are_page_locked_at_load_and_grown_in_the_background() {
     let _alone = counting_alone();
     let s = standin();
-    let limits = GpuLimits::default();
-    let pool = host_pool(1, limits.max_pixels, 640 * 480);
+    let pool = pool_of(640 * 480);
     let at_load = pool.stats();
     assert_eq!(
         (at_load.blocks, at_load.bytes),
         (4, 4 * (4 * 640 * 480usize).next_multiple_of(4096)),
         "made at start-up"
     );
-    let (mut stages, _engines) =
-        engine_support::stages_on_engines(&engine_support::repo("onnx/u2netp"), limits, &pool);
+    let (mut stages, _engines) = u2netp_on_engines(&pool);
     let pageable = || s.counter("pageable_htod_copies") + s.counter("pageable_dtoh_copies");
     // One cut-out of `w` x `h`, decoded into the pool as a server's decoder does: whether
     // its image got a block, how many copies the driver staged through pageable memory (a
     // size's first request also uploads its resize tables from the heap), the cut-out.
     let mut run = |w: u32, h: u32| {
         let photo = RgbImage::from_fn(w, h, |x, y| photo_pixel(x * W / w, y * H / h));
-        let image =
-            Arc::new(decode_into(&png(&photo), &DecodeLimits::default(), &pool).expect("decoded"));
+        let image = decoded(&photo, &pool);
         let before = pageable();
         let got = stages
             .run(&image, Planes::CUTOUT, &mut StageTimings::default())

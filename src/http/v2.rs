@@ -719,6 +719,11 @@ mod tests {
         DecodeLimits::default()
     }
 
+    /// An `infer` body parsed under the default limits, its pixels on the heap.
+    fn parse(body: Bytes, json_length: Option<usize>) -> Result<Parsed, ApiError> {
+        parse_infer(body, json_length, &limits(), &crate::pixels::Heap)
+    }
+
     fn png(w: u32, h: u32) -> Vec<u8> {
         let mut out = Vec::new();
         image::RgbImage::from_pixel(w, h, image::Rgb([9, 8, 7]))
@@ -732,13 +737,7 @@ mod tests {
         let image = png(16, 12);
         let b64 = base64::engine::general_purpose::STANDARD.encode(&image);
         let body = json!({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64]}]});
-        let parsed = parse_infer(
-            Bytes::from(body.to_string()),
-            None,
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .unwrap();
+        let parsed = parse(Bytes::from(body.to_string()), None).unwrap();
         assert_eq!(parsed.image.dimensions(), (16, 12));
         assert_eq!(parsed.asked.len(), 3);
 
@@ -753,13 +752,7 @@ mod tests {
         .to_string();
         let mut body = head.clone().into_bytes();
         body.extend_from_slice(&element);
-        let parsed = parse_infer(
-            Bytes::from(body),
-            Some(head.len()),
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .unwrap();
+        let parsed = parse(Bytes::from(body), Some(head.len())).unwrap();
         assert_eq!(parsed.image.dimensions(), (16, 12));
         assert_eq!(parsed.id.as_deref(), Some("7"));
         assert_eq!(parsed.asked.len(), 1);
@@ -775,37 +768,18 @@ mod tests {
             .to_string();
         let mut body = head.clone().into_bytes();
         body.extend_from_slice(&pixels);
-        let parsed = parse_infer(
-            Bytes::from(body),
-            Some(head.len()),
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .unwrap();
+        let parsed = parse(Bytes::from(body), Some(head.len())).unwrap();
         assert_eq!(parsed.image.dimensions(), (10, 8));
         assert_eq!(&parsed.image.as_raw()[..], &pixels[..]);
 
         let nested = json!({"inputs": [{"name": "image_rgb", "shape": [8, 10, 3], "datatype": "UINT8",
                                         "data": vec![vec![vec![1, 2, 3]; 10]; 8]}]});
-        let parsed = parse_infer(
-            Bytes::from(nested.to_string()),
-            None,
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .unwrap();
+        let parsed = parse(Bytes::from(nested.to_string()), None).unwrap();
         assert_eq!(&parsed.image.as_raw()[..3], &[1, 2, 3]);
 
         // Too large for the limits: refused from the shape alone.
         let huge = json!({"inputs": [{"name": "image_rgb", "shape": [100000, 100000, 3], "datatype": "UINT8", "data": []}]});
-        let e = parse_infer(
-            Bytes::from(huge.to_string()),
-            None,
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .err()
-        .unwrap();
+        let e = parse(Bytes::from(huge.to_string()), None).err().unwrap();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
         for bad_body in [
             json!({"inputs": [{"name": "image_rgb", "shape": [8, 10, 3], "datatype": "UINT8", "data": [1, 2]}]}),
@@ -817,24 +791,12 @@ mod tests {
             json!({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [""]}],
                    "outputs": [{"name": "mask"}]}),
         ] {
-            let e = parse_infer(
-                Bytes::from(bad_body.to_string()),
-                None,
-                &limits(),
-                &crate::pixels::Heap,
-            )
-            .err()
-            .unwrap_or_else(|| panic!("accepted {bad_body}"));
+            let e = parse(Bytes::from(bad_body.to_string()), None)
+                .err()
+                .unwrap_or_else(|| panic!("accepted {bad_body}"));
             assert!(e.status.is_client_error(), "{bad_body}: {}", e.status);
         }
-        let e = parse_infer(
-            Bytes::from_static(b"{}"),
-            Some(10),
-            &limits(),
-            &crate::pixels::Heap,
-        )
-        .err()
-        .unwrap();
+        let e = parse(Bytes::from_static(b"{}"), Some(10)).err().unwrap();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
     }
 
