@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::{sys, CudaContext};
 
-use crate::pixels::{HostAlloc, HostBytes, Lease};
+use crate::pixels::{Heap, HostAlloc, HostBytes, Lease};
 
 /// Blocks are whole pages: page-locking works page by page.
 const PAGE: usize = 4096;
@@ -95,6 +95,17 @@ fn register(context: &CudaContext, address: usize, len: usize) -> Result<(), sys
     }
 }
 
+/// `register`, a failure logged: the block still serves, its copies staged by the driver.
+fn register_or_warn(context: &CudaContext, address: usize, len: usize) {
+    if let Err(e) = register(context, address, len) {
+        tracing::warn!(
+            error = ?e,
+            bytes = len,
+            "cannot page-lock a pixel block: its copies go through the driver's staging"
+        );
+    }
+}
+
 /// What the pool has made and where it is registered.
 struct Registry {
     /// Every block's `(address, len)`, lent or free.
@@ -138,13 +149,7 @@ impl Shared {
         };
         let mut registry = lock(&self.registry);
         for context in registry.live_contexts() {
-            if let Err(e) = register(&context, block.address(), block.len) {
-                tracing::warn!(
-                    error = ?e,
-                    bytes = block.len,
-                    "cannot page-lock a pixel block: its copies go through the driver's staging"
-                );
-            }
+            register_or_warn(&context, block.address(), block.len);
         }
         registry.blocks.push((block.address(), block.len));
         registry.bytes += block.len;
@@ -233,13 +238,7 @@ impl HostPool {
     pub fn attach(&self, context: &Arc<CudaContext>) {
         let mut registry = lock(&self.shared.registry);
         for &(address, len) in &registry.blocks {
-            if let Err(e) = register(context, address, len) {
-                tracing::warn!(
-                    error = ?e,
-                    bytes = len,
-                    "cannot page-lock a pixel block: its copies go through the driver's staging"
-                );
-            }
+            register_or_warn(context, address, len);
         }
         registry.contexts.retain(|c| c.strong_count() > 0);
         registry.contexts.push(Arc::downgrade(context));
@@ -296,7 +295,7 @@ impl HostAlloc for HostPool {
             None => {
                 self.shared.misses.fetch_add(1, Ordering::Relaxed);
                 self.grow(len);
-                HostBytes::from(vec![0; len])
+                Heap.alloc(len)
             }
         }
     }

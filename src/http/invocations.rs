@@ -74,8 +74,8 @@ pub async fn invocations(
     let planes = codec::planes_of(output);
     let served = run_image(&state, admission, image, decode_time, planes, deadline).await?;
 
-    let queued = served.queued;
     let inference = served.inference;
+    let queued = inference.queued;
     let dimensions = served.output.planes.dimensions();
     let (rendered, timings) = blocking(move || {
         let out = served.output;
@@ -105,11 +105,9 @@ pub async fn invocations(
     Ok(response)
 }
 
-/// What a device made of one image, and how long the image waited for it.
+/// What a device made of one image, and where and how long it waited and ran.
 pub(super) struct Served {
     pub output: MatteOutput,
-    pub queued: Duration,
-    /// For the access log: the device, the wait and the run.
     pub inference: access::Inference,
 }
 
@@ -142,7 +140,6 @@ pub(super) async fn run_image(
     };
     Ok(Served {
         output: done.output,
-        queued: done.queued,
         inference,
     })
 }
