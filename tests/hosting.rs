@@ -678,3 +678,56 @@ fn json_logs_carry_each_requests_id_in_its_access_line() {
     assert!(lost["device"].is_null(), "{lost}");
     assert!(server.stop().success());
 }
+
+/// Kubernetes' stop: SIGTERM arrives while the endpoint is still routed here for a moment.
+/// With `CELER_DRAIN_S` celer keeps answering in those seconds while its readiness answers
+/// 503 (the load balancer's cue to stop sending), and liveness stays 200 (no restart);
+/// then it closes the listener, finishes and exits 0.
+#[test]
+fn after_sigterm_a_drain_answers_requests_while_readiness_says_503() {
+    let server = Server::start(
+        &model_dir("u2netp"),
+        std::iter::empty::<&str>(),
+        &[("CELER_DRAIN_S", "5")],
+    );
+    let mut png = std::io::Cursor::new(Vec::new());
+    image::RgbImage::from_fn(64, 48, |x, y| {
+        image::Rgb([(x * 4) as u8, (y * 5) as u8, 90])
+    })
+    .write_to(&mut png, image::ImageFormat::Png)
+    .unwrap();
+    let png = png.into_inner();
+    assert_eq!(server.get("/ping").0, 200);
+    assert_eq!(server.get("/v2/health/ready").0, 200);
+
+    server.terminate();
+    // Readiness turns once the signal is handled; the listener is still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut ping = server.get("/ping");
+    while ping.0 != 503 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        ping = server.get("/ping");
+    }
+    assert_eq!(ping.0, 503, "{}", server.log());
+    let said: serde_json::Value = serde_json::from_slice(&ping.1).unwrap();
+    assert_eq!(said["status"], "draining");
+    let ready = server.get("/v2/health/ready");
+    assert_eq!(ready.0, 503);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&ready.1).unwrap()["ready"],
+        false
+    );
+    assert_eq!(server.get("/v2/health/live").0, 200);
+    // Requests routed here during the drain are answered, on new connections too.
+    for _ in 0..3 {
+        let answer = server.post("/invocations", &[("content-type", "image/png")], &png);
+        assert_eq!(answer.status, 200, "{}", server.log());
+    }
+    let log = server.log_handle();
+    let status = server.wait();
+    assert!(status.success(), "exit status: {status}\n{}", log());
+    let log = log();
+    let draining = log.find("draining: still serving").expect("a drain logged");
+    let closing = log.find("shutting down").expect("a shutdown logged");
+    assert!(draining < closing, "{log}");
+}

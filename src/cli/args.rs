@@ -149,6 +149,12 @@ pub struct ListenArgs {
     /// container 30 s after it).
     #[arg(long, env = "CELER_SHUTDOWN_GRACE_S", default_value_t = 25)]
     pub shutdown_grace_s: u64,
+
+    /// Seconds to keep accepting and answering after SIGTERM while readiness (`/ping`,
+    /// `/v2/health/ready`) answers 503, before the shutdown grace: the time a load
+    /// balancer or Kubernetes takes to stop routing here. 0: stop accepting at once.
+    #[arg(long, env = "CELER_DRAIN_S", default_value_t = 0)]
+    pub drain_s: u64,
 }
 
 /// How requests are placed on devices and when they are refused at once.

@@ -80,6 +80,7 @@ pub fn resolve(
             timeout: Duration::from_millis(args.requests.fetch_timeout_ms),
         },
         server_timing: args.listen.server_timing,
+        drain: Duration::from_secs(args.listen.drain_s),
         shutdown_grace: Duration::from_secs(args.listen.shutdown_grace_s),
         hosting,
     })

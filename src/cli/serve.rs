@@ -194,9 +194,16 @@ async fn run_server(
     };
     let server = crate::http::server::serve(
         listener,
-        routes(state),
+        routes(state.clone()),
         config.connections,
-        shutdown_signal(signals, stop),
+        shutdown_signal(
+            signals,
+            stop,
+            Drain {
+                state,
+                for_: config.drain,
+            },
+        ),
     );
     tokio::select! {
         result = server => result.context("serving")?,
@@ -235,15 +242,37 @@ async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> 
     }
 }
 
-/// Resolves on SIGTERM, Ctrl-C, or an internal stop; starts the grace timer.
-async fn shutdown_signal(mut signals: StopSignals, stop: Arc<watch::Sender<bool>>) {
+/// What happens between SIGTERM and closing the listener: `for_` of serving while
+/// readiness answers 503, so that the load balancer (Kubernetes' endpoints, SageMaker's
+/// router) stops sending requests here before they could be refused.
+struct Drain {
+    state: Arc<AppState>,
+    for_: Duration,
+}
+
+/// Resolves on SIGTERM or Ctrl-C after the drain, or at once on an internal stop or a
+/// second signal during the drain; then starts the grace timer.
+async fn shutdown_signal(mut signals: StopSignals, stop: Arc<watch::Sender<bool>>, drain: Drain) {
     let mut stopping = stop.subscribe();
     let stopped = async move {
         let _ = stopping.wait_for(|s| *s).await;
     };
-    tokio::select! {
-        () = signals.recv() => {}
-        () = stopped => {}
+    tokio::pin!(stopped);
+    let signalled = tokio::select! {
+        () = signals.recv() => true,
+        () = &mut stopped => false,
+    };
+    if signalled && !drain.for_.is_zero() {
+        drain.state.start_draining();
+        tracing::info!(
+            drain_s = drain.for_.as_secs(),
+            "draining: still serving, readiness answers 503"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(drain.for_) => {}
+            () = signals.recv() => tracing::info!("a second stop signal: the drain is cut short"),
+            () = &mut stopped => {}
+        }
     }
     tracing::info!("shutting down: no new connections, finishing in-flight requests");
     stop.send_replace(true);

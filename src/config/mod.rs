@@ -76,7 +76,9 @@ pub struct ServerConfig {
     pub fetch: Fetch,
     /// Per-stage times in a `Server-Timing` header.
     pub server_timing: bool,
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// How long celer keeps accepting after SIGTERM, not ready, before it stops.
+    pub drain: Duration,
+    /// How long in-flight requests may take to finish once celer stops accepting.
     pub shutdown_grace: Duration,
 }
 
@@ -142,9 +144,10 @@ impl fmt::Display for ServerConfig {
         )?;
         write!(
             f,
-            "connections up to {}, bodies in transit up to {} bytes, shutdown grace {} s",
+            "connections up to {}, bodies in transit up to {} bytes, drain {} s, shutdown grace {} s",
             self.connections.max_connections,
             self.connections.body_buffer_bytes,
+            self.drain.as_secs(),
             self.shutdown_grace.as_secs()
         )
     }

@@ -14,6 +14,7 @@ mod negotiate;
 pub mod server;
 pub mod v2;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -50,6 +51,9 @@ pub struct AppState {
     pub model: ServedModel,
     /// Where decoded pixels go: the GPUs' page-locked blocks, or the heap.
     pub pixels: SharedAlloc,
+    /// Set at SIGTERM: requests are still answered, readiness says 503 so that load
+    /// balancers stop sending them.
+    draining: AtomicBool,
 }
 
 /// How the front end answers, besides the scheduler behind it: what `AppState` is built
@@ -112,7 +116,17 @@ impl AppState {
             hosting: front.hosting,
             model: front.model,
             pixels: front.pixels,
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// From now on readiness answers 503; serving goes on until the listener closes.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 }
 
@@ -178,9 +192,16 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// 200 once every replica has loaded its models and while a device can serve; 503 before,
-/// if loading failed, and while every device is unhealthy (SageMaker then replaces the
-/// instance). Reads a few atomics: it never waits behind inference or a full queue.
+/// if loading failed, while every device is unhealthy (SageMaker then replaces the
+/// instance) and while draining after SIGTERM. Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
+    if state.is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "draining" })),
+        )
+            .into_response();
+    }
     match state.scheduler.readiness() {
         Readiness::Ready if !state.scheduler.devices().iter().any(|d| d.healthy) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -102,9 +102,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     (status, Json(json!({"ready": ready}))).into_response()
 }
 
-/// 200 and true when the replicas are loaded and a device is healthy, else 503 and false.
+/// 200 and true when the replicas are loaded, a device is healthy and the server is not
+/// draining; else 503 and false.
 fn readiness(state: &AppState) -> (StatusCode, bool) {
-    let ready = matches!(state.scheduler.readiness(), Readiness::Ready)
+    let ready = !state.is_draining()
+        && matches!(state.scheduler.readiness(), Readiness::Ready)
         && state.scheduler.devices().iter().any(|d| d.healthy);
     if ready {
         (StatusCode::OK, true)

@@ -235,11 +235,21 @@ impl Server {
     }
 
     /// SIGTERM, then waits for the exit (at most 30 s, as SageMaker).
-    pub fn stop(mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
+    pub fn stop(self) -> ExitStatus {
+        self.terminate();
+        self.wait()
+    }
+
+    /// SIGTERM, without waiting: the server drains, or stops.
+    pub fn terminate(&self) {
         let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args(["-TERM", &self.pid().to_string()])
             .status();
+    }
+
+    /// Waits for the exit (at most 30 s, as SageMaker after SIGTERM).
+    pub fn wait(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
