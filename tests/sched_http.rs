@@ -105,10 +105,9 @@ async fn metrics(app: &axum::Router) -> String {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    assert!(
-        content_type.starts_with("application/openmetrics-text"),
-        "{content_type}"
-    );
+    // Prometheus' text format 0.0.4, as Triton serves it (not OpenMetrics, which would
+    // rename Triton's counters with `_total`).
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
     text(response).await
 }
 
@@ -199,6 +198,22 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         &full,
         r#"celer_http_requests_total{path="/ping",status="200",outcome="success"} 1"#,
     );
+    assert_has(&full, "# TYPE celer_http_requests_total counter");
+    // Triton's families, under its names and labels; the signals to scale on: every
+    // place taken (one running, two queued of 1 + 2).
+    assert_has(
+        &full,
+        r#"nv_inference_request_failure{model="celer",reason="REJECTED",version="1"} 1"#,
+    );
+    assert_has(
+        &full,
+        r#"nv_inference_pending_request_count{model="celer",version="1"} 2"#,
+    );
+    assert_has(&full, "celer_capacity_in_use_ratio 1");
+    assert_has(
+        &full,
+        r#"celer_device_capacity_in_use_ratio{device="gated"} 1"#,
+    );
 
     gate.set_open(true);
     for client in clients {
@@ -230,6 +245,23 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         &after,
         r#"celer_http_requests_total{path="/invocations",status="200",outcome="success"} 3"#,
     );
+    for family in [
+        "nv_inference_request_success",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+    ] {
+        assert_has(
+            &after,
+            &format!(r#"{family}{{model="celer",version="1"}} 3"#),
+        );
+        assert_has(&after, &format!("# TYPE {family} counter"));
+    }
+    assert_has(&after, "# TYPE nv_inference_request_duration_us counter");
+    assert_has(
+        &after,
+        r#"nv_inference_pending_request_count{model="celer",version="1"} 0"#,
+    );
+    assert_has(&after, "celer_capacity_in_use_ratio 0");
     state.scheduler.shutdown();
 }
 

@@ -63,17 +63,100 @@ fn tritonclient_gets_the_cutout_of_invocations() {
     // Upright from EXIF orientation 6, and a square photo.
     triton_client(&server, "chelsea-exif6.jpg");
     triton_client(&server, "astronaut.jpg");
-    // Inferences are counted on /metrics with /invocations' figures.
-    let (status, metrics) = server.get("/metrics");
-    assert_eq!(status, 200);
-    let metrics = String::from_utf8_lossy(&metrics);
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.contains("path=\"/v2/models/infer\"") && l.contains("status=\"200\"")),
-        "{metrics}"
+    // Inferences are counted on /metrics with /invocations' figures, and under Triton's
+    // names, types and labels as Prometheus' own parser reads them.
+    let scraped = scrape(&server);
+    let family = |name: &str| scraped["families"][name].clone();
+    let only = |name: &str, kind: &str| -> serde_json::Value {
+        let f = family(name);
+        assert_eq!(f["type"], kind, "{name}: {f}");
+        let samples = f["samples"].as_array().cloned().unwrap_or_default();
+        assert_eq!(samples.len(), 1, "{name}: {f}");
+        samples[0].clone()
+    };
+    let model = serde_json::json!({"model": "celer", "version": "1"});
+    // As many as the inferences answered (v2 and /invocations), each its own model run
+    // (no batching).
+    let answered: f64 = family("celer_http_requests")["samples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["labels"]["path"] != "/ping" && s["labels"]["status"] == "200")
+        .filter_map(|s| s["value"].as_f64())
+        .sum();
+    assert!(answered >= 2.0, "{scraped}");
+    for name in [
+        "nv_inference_request_success",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+    ] {
+        let sample = only(name, "counter");
+        assert_eq!(sample["labels"], model, "{sample}");
+        assert_eq!(sample["value"].as_f64(), Some(answered), "{sample}");
+    }
+    for name in [
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+    ] {
+        let sample = only(name, "counter");
+        assert_eq!(sample["labels"], model, "{sample}");
+        assert!(sample["value"].as_f64().is_some(), "{sample}");
+    }
+    for name in [
+        "nv_inference_request_duration_us",
+        "nv_inference_compute_infer_duration_us",
+    ] {
+        assert!(
+            only(name, "counter")["value"].as_f64() > Some(0.0),
+            "{name}"
+        );
+    }
+    let failures = family("nv_inference_request_failure");
+    assert_eq!(failures["type"], "counter");
+    let reasons: Vec<&str> = failures["samples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["labels"]["reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["REJECTED", "CANCELED", "BACKEND", "OTHER"],
+        "{failures}"
     );
+    assert_eq!(
+        only("nv_inference_pending_request_count", "gauge")["value"],
+        0.0
+    );
+    // celer's own beside them, and the process's.
+    assert_eq!(family("celer_http_requests")["type"], "counter");
+    assert!(only("process_resident_memory_bytes", "gauge")["value"].as_f64() > Some(0.0));
+    // The parser names a counter family without its samples' `_total`.
+    only("process_cpu_seconds", "counter");
+    only("process_open_fds", "gauge");
+    only("celer_expected_queue_wait_seconds", "gauge");
+    only("celer_capacity_in_use_ratio", "gauge");
     assert!(server.stop().success());
+}
+
+/// `/metrics` as Prometheus' parser (prometheus_client, tests/metrics_scrape.py) reads it.
+fn scrape(server: &Server) -> serde_json::Value {
+    let out = Command::new(venv_python(&["prometheus_client"]))
+        .arg(repo("tests/metrics_scrape.py"))
+        .arg(server.host_port())
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "{}", printed(&out));
+    let scraped: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", printed(&out)));
+    assert_eq!(
+        scraped["content_type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    scraped
 }
 
 #[test]

@@ -13,16 +13,20 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http_body::Body as _;
 
+use crate::matte::StageTimings;
+
 pub const INFERENCE_ID: &str = "x-amzn-sagemaker-inference-id";
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// What an inference handler says of its request, for the access line: set as an
-/// extension of its response.
+/// What an inference handler says of its request, for the access line and the metrics:
+/// set as an extension of its response.
 #[derive(Debug, Clone)]
 pub struct Inference {
     pub device: String,
     pub queued: Duration,
     pub compute: Duration,
+    /// Each stage's time, decode and encode included.
+    pub stages: StageTimings,
 }
 
 /// The request's id: SageMaker's, a client's, or a new one (128 random bits in hex). Only

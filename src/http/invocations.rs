@@ -74,7 +74,7 @@ pub async fn invocations(
     let planes = codec::planes_of(output);
     let served = run_image(&state, admission, image, decode_time, planes, deadline).await?;
 
-    let inference = served.inference;
+    let mut inference = served.inference;
     let queued = inference.queued;
     let dimensions = served.output.planes.dimensions();
     let (rendered, timings) = blocking(move || {
@@ -85,7 +85,7 @@ pub async fn invocations(
             .map_err(ApiError::internal)
     })
     .await?;
-    state.metrics.observe_stages(&timings);
+    inference.stages = timings;
     state
         .hosting
         .check_response(rendered.body.len(), wanted, dimensions)?;
@@ -137,6 +137,7 @@ pub(super) async fn run_image(
             .to_string(),
         queued: done.queued,
         compute: done.compute,
+        stages: StageTimings::default(),
     };
     Ok(Served {
         output: done.output,

@@ -105,7 +105,7 @@ impl Default for ServedModel {
 
 impl AppState {
     pub fn new(scheduler: MatteScheduler, front: FrontEnd) -> Self {
-        let metrics = HttpMetrics::new(scheduler.metrics());
+        let metrics = HttpMetrics::new(scheduler.metrics(), &front.model.name);
         Self {
             scheduler,
             limits: front.limits,

@@ -295,7 +295,7 @@ pub async fn infer(
         deadline,
     )
     .await?;
-    let inference = served.inference;
+    let mut inference = served.inference;
     let model = state.model.name.clone();
     let (id, asked) = (parsed.id, parsed.asked);
     let (answer, timings, dimensions) = blocking(move || {
@@ -307,7 +307,7 @@ pub async fn infer(
         Ok((answer, timings, out.planes.dimensions()))
     })
     .await?;
-    state.metrics.observe_stages(&timings);
+    inference.stages = timings;
     if let Some(limit) = state
         .hosting
         .max_response_bytes

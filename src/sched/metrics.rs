@@ -1,5 +1,6 @@
-//! The scheduler's Prometheus figures, named after Triton's (`nv_inference_*` becomes
-//! `celer_inference_*`). The families live in the router, not in a global recorder, so a
+//! The scheduler's Prometheus figures by device, named after Triton's (`nv_inference_*`
+//! becomes `celer_inference_*`; Triton's own families, per model, are written beside them
+//! by `http::metrics::triton`). The families live in the router, not in a global recorder, so a
 //! process can hold many routers (tests, `celer sim`); `register` adds them to the
 //! registry that `/metrics` encodes. Hot-path handles are resolved once per device.
 

@@ -427,6 +427,11 @@ impl<E: Executor> Scheduler<E> {
         }
     }
 
+    /// Requests each device queues beyond its running replicas.
+    pub fn queue_capacity(&self) -> usize {
+        self.shared.queue_capacity
+    }
+
     /// Admitted requests not yet answered.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
