@@ -11,6 +11,7 @@ pub mod pixels;
 pub mod spec;
 pub mod stats;
 pub mod tensor;
+pub mod trace;
 
 // Bindings and backends.
 pub mod ort;

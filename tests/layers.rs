@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("spec", &[]),
     ("stats", &[]),
     ("tensor", &[]),
+    ("trace", &[]),
     // Bindings and backends.
     ("tensorrt", &[]),
     ("ort", &["host", "tensor"]),
@@ -30,7 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("engines", &["cuda", "host", "spec", "tensorrt"]),
     // Scheduling is generic: no pixels, models or devices' internals.
     ("sched", &["spec", "stats"]),
-    ("config", &["codec", "host", "sched"]),
+    ("config", &["codec", "host", "sched", "trace"]),
     (
         "replica",
         &[
@@ -41,7 +42,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "http",
         &[
-            "codec", "config", "matte", "pixels", "replica", "sched", "spec",
+            "codec", "config", "matte", "pixels", "replica", "sched", "spec", "trace",
         ],
     ),
     (
@@ -54,7 +55,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "cli",
         &[
             "bench", "codec", "config", "cuda", "engines", "host", "http", "matte", "ort",
-            "pixels", "replica", "sched", "spec", "stats", "tensorrt",
+            "pixels", "replica", "sched", "spec", "stats", "tensorrt", "trace",
         ],
     ),
 ];

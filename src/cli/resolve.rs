@@ -27,7 +27,7 @@ pub fn resolve(
     let hosting = HostingPlan::resolve(
         args.hosting.mode,
         explicit,
-        BatchJob::from_env(var)?,
+        BatchJob::from_env(&var)?,
         args.requests.max_pixels,
     );
     let requests = RequestLimits {
@@ -82,6 +82,7 @@ pub fn resolve(
         server_timing: args.listen.server_timing,
         drain: Duration::from_secs(args.listen.drain_s),
         shutdown_grace: Duration::from_secs(args.listen.shutdown_grace_s),
+        trace: crate::trace::TraceConfig::from_env(&var)?,
         hosting,
     })
 }

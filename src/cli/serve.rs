@@ -139,6 +139,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_wait_us: spec.batching.max_wait_us,
         },
         pixels,
+        tracer: config.trace.clone().map(|t| {
+            let _entered = runtime.enter();
+            crate::trace::Tracer::start(t)
+        }),
     };
     let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))
@@ -200,7 +204,7 @@ async fn run_server(
             signals,
             stop,
             Drain {
-                state,
+                state: state.clone(),
                 for_: config.drain,
             },
         ),
@@ -208,6 +212,10 @@ async fn run_server(
     tokio::select! {
         result = server => result.context("serving")?,
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),
+    }
+    if let Some(tracer) = &state.tracer {
+        // The last requests' spans, within what is left of SageMaker's 30 s.
+        tracer.shutdown(Duration::from_secs(3)).await;
     }
     trimming.abort();
     match load_failure.await {

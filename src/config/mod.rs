@@ -28,6 +28,8 @@ pub enum ConfigError {
         value: String,
         expected: String,
     },
+    #[error(transparent)]
+    Tracing(#[from] crate::trace::TraceConfigError),
 }
 
 /// What a request may be, checked before any work is done.
@@ -80,6 +82,8 @@ pub struct ServerConfig {
     pub drain: Duration,
     /// How long in-flight requests may take to finish once celer stops accepting.
     pub shutdown_grace: Duration,
+    /// Where spans go (`OTEL_*`); `None`: no tracing.
+    pub trace: Option<crate::trace::TraceConfig>,
 }
 
 impl fmt::Display for ServerConfig {
@@ -149,6 +153,10 @@ impl fmt::Display for ServerConfig {
             self.connections.body_buffer_bytes,
             self.drain.as_secs(),
             self.shutdown_grace.as_secs()
-        )
+        )?;
+        match &self.trace {
+            Some(t) => write!(f, "; {}", t.describe()),
+            None => write!(f, "; no tracing"),
+        }
     }
 }

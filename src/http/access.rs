@@ -27,7 +27,21 @@ pub struct Inference {
     pub compute: Duration,
     /// Each stage's time, decode and encode included.
     pub stages: StageTimings,
+    /// When decoding ended, the replica's run started and encoding ended: where a trace
+    /// places the stages (`http::spans`).
+    pub decoded_at: Instant,
+    pub started: Instant,
+    pub encoded_at: Instant,
 }
+
+/// The request's id, as `log` chose it, for the layers inside (a request extension).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// The trace a request's spans went to (a response extension set by `http::spans`), for
+/// the access line: logs and traces meet on it.
+#[derive(Debug, Clone)]
+pub struct TraceRef(pub String);
 
 /// The request's id: SageMaker's, a client's, or a new one (128 random bits in hex). Only
 /// printable ASCII up to 128 bytes is taken from a client, so that the id is a header
@@ -42,8 +56,9 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)))
 }
 
-pub async fn log(request: Request, next: Next) -> Response {
+pub async fn log(mut request: Request, next: Next) -> Response {
     let id = request_id(request.headers());
+    request.extensions_mut().insert(RequestId(id.clone()));
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let start = Instant::now();
@@ -56,6 +71,10 @@ pub async fn log(request: Request, next: Next) -> Response {
     let bytes = response.body().size_hint().exact();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let inference = response.extensions().get::<Inference>();
+    let trace_id = response
+        .extensions()
+        .get::<TraceRef>()
+        .map(|t| t.0.as_str());
     let health = path == "/ping" || path.starts_with("/v2/health/");
     macro_rules! access {
         ($level:ident) => {
@@ -70,6 +89,7 @@ pub async fn log(request: Request, next: Next) -> Response {
                 device = inference.map(|i| i.device.as_str()),
                 queue_ms = inference.map(|i| ms(i.queued)),
                 compute_ms = inference.map(|i| ms(i.compute)),
+                trace_id = trace_id.map(tracing::field::display),
                 "request"
             )
         };

@@ -86,6 +86,7 @@ pub async fn invocations(
     })
     .await?;
     inference.stages = timings;
+    inference.encoded_at = Instant::now();
     state
         .hosting
         .check_response(rendered.body.len(), wanted, dimensions)?;
@@ -122,6 +123,8 @@ pub(super) async fn run_image(
     planes: Planes,
     deadline: Instant,
 ) -> Result<Served, ApiError> {
+    // Called as soon as the image is decoded.
+    let decoded_at = Instant::now();
     let timings = StageTimings {
         decode: decode_time,
         ..StageTimings::default()
@@ -138,6 +141,10 @@ pub(super) async fn run_image(
         queued: done.queued,
         compute: done.compute,
         stages: StageTimings::default(),
+        decoded_at,
+        started: done.started,
+        // Set again by the caller once it has encoded the answer.
+        encoded_at: Instant::now(),
     };
     Ok(Served {
         output: done.output,

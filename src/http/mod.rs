@@ -12,6 +12,7 @@ mod invocations;
 pub mod metrics;
 mod negotiate;
 pub mod server;
+mod spans;
 pub mod v2;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ use crate::pixels::SharedAlloc;
 use crate::replica::MatteScheduler;
 use crate::sched::Readiness;
 use crate::spec::OutputKind;
+use crate::trace::Tracer;
 use error::ApiError;
 
 pub use fetch::UrlFetcher;
@@ -51,6 +53,8 @@ pub struct AppState {
     pub model: ServedModel,
     /// Where decoded pixels go: the GPUs' page-locked blocks, or the heap.
     pub pixels: SharedAlloc,
+    /// Traces requests when an OTLP endpoint is set.
+    pub tracer: Option<Tracer>,
     /// Set at SIGTERM: requests are still answered, readiness says 503 so that load
     /// balancers stop sending them.
     draining: AtomicBool,
@@ -66,11 +70,12 @@ pub struct FrontEnd {
     pub hosting: Hosting,
     pub model: ServedModel,
     pub pixels: SharedAlloc,
+    pub tracer: Option<Tracer>,
 }
 
 impl FrontEnd {
     /// `limits` and `default_output`; no fetching, no `Server-Timing`, real-time hosting,
-    /// the model named `celer` and pixels on the heap.
+    /// the model named `celer`, pixels on the heap and no tracing.
     pub fn new(limits: RequestLimits, default_output: OutputKind) -> Self {
         Self {
             limits,
@@ -80,6 +85,7 @@ impl FrontEnd {
             hosting: Hosting::default(),
             model: ServedModel::default(),
             pixels: crate::pixels::heap(),
+            tracer: None,
         }
     }
 }
@@ -116,6 +122,7 @@ impl AppState {
             hosting: front.hosting,
             model: front.model,
             pixels: front.pixels,
+            tracer: front.tracer,
             draining: AtomicBool::new(false),
         }
     }
@@ -165,6 +172,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            spans::record,
         ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

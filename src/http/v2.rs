@@ -308,6 +308,7 @@ pub async fn infer(
     })
     .await?;
     inference.stages = timings;
+    inference.encoded_at = Instant::now();
     if let Some(limit) = state
         .hosting
         .max_response_bytes

@@ -18,7 +18,7 @@ pub mod sim;
 mod state;
 mod worker;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor, LoadFn, Recovery};
@@ -36,6 +36,8 @@ pub struct Done<O> {
     pub device: usize,
     /// Time between entering the device's queue and starting to run.
     pub queued: Duration,
+    /// When the run (its batch) started.
+    pub started: Instant,
     /// Wall time of the model run (the whole batch's, when batched).
     pub compute: Duration,
     pub batch_size: usize,

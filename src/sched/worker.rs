@@ -213,6 +213,7 @@ impl<E: Executor> Replica<E> {
                         output,
                         device: state.index,
                         queued: started - job.enqueued,
+                        started,
                         compute,
                         batch_size: n,
                         failed_over: false,
