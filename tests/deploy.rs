@@ -4,8 +4,8 @@
 //! `kubernetes` client's (all in .venv from scripts/requirements-kserve.txt), then a policy
 //! of restricted pods, drain and Knative rules; it must refuse mutations of each. Then
 //! each container the overlays define is started as rendered (its args and env, only the
-//! model folder, address and port moved to this machine) and answers its probes and a v2
-//! request.
+//! model folder, address and port moved to this machine), answers its probes and a v2
+//! request, and drains on SIGTERM where its manifest says so.
 
 mod common;
 mod serve_support;
@@ -313,6 +313,24 @@ fn each_overlays_container_starts_celer_and_answers_its_probes() {
             "{where_}:\n{}",
             server.log()
         );
-        assert!(server.stop().success(), "{where_}");
+        // The drain the manifest asks for (plain Kubernetes): after SIGTERM, readiness
+        // says 503 while requests are still answered.
+        let drain_s: u64 = c["env"]["CELER_DRAIN_S"]
+            .as_str()
+            .map_or(0, |s| s.parse().unwrap());
+        if drain_s > 0 {
+            server.terminate();
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(server.get("/v2/health/ready").0, 503, "{where_}: draining");
+            let a = server.post(
+                &format!("/v2/models/{model}/infer"),
+                &[("Content-Type", "application/json")],
+                body.as_bytes(),
+            );
+            assert_eq!(a.status, 200, "{where_}: an infer while draining");
+            assert!(server.wait().success(), "{where_}");
+        } else {
+            assert!(server.stop().success(), "{where_}");
+        }
     }
 }
