@@ -320,7 +320,11 @@ fn each_overlays_container_starts_celer_and_answers_its_probes() {
             .map_or(0, |s| s.parse().unwrap());
         if drain_s > 0 {
             server.terminate();
-            std::thread::sleep(Duration::from_millis(300));
+            // Readiness turns once the signal is handled.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while server.get("/v2/health/ready").0 != 503 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             assert_eq!(server.get("/v2/health/ready").0, 503, "{where_}: draining");
             let a = server.post(
                 &format!("/v2/models/{model}/infer"),

@@ -19,7 +19,7 @@ use celer::http::{routes, AppState, FrontEnd};
 use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
 use celer::sched::{DeviceSetup, ExecError, Executor, Scheduler, SchedulerConfig};
 use celer::spec::OutputKind;
-use common::{app_state, fetched, fixture_dir, model_dir, StateOptions};
+use common::{app_state, fetched, fixture_dir, gradient_png, model_dir, StateOptions};
 use http_body_util::BodyExt;
 use serve_support::{Answer, Body as Sent, Server};
 use tower::ServiceExt;
@@ -608,13 +608,7 @@ fn json_logs_carry_each_requests_id_in_its_access_line() {
         std::iter::empty::<&str>(),
         &[("CELER_LOG_FORMAT", "json")],
     );
-    let mut png = std::io::Cursor::new(Vec::new());
-    image::RgbImage::from_fn(64, 48, |x, y| {
-        image::Rgb([(x * 4) as u8, (y * 5) as u8, 90])
-    })
-    .write_to(&mut png, image::ImageFormat::Png)
-    .unwrap();
-    let png = png.into_inner();
+    let png = gradient_png(64, 48);
     let named = server.post(
         "/invocations",
         &[
@@ -690,13 +684,7 @@ fn after_sigterm_a_drain_answers_requests_while_readiness_says_503() {
         std::iter::empty::<&str>(),
         &[("CELER_DRAIN_S", "5")],
     );
-    let mut png = std::io::Cursor::new(Vec::new());
-    image::RgbImage::from_fn(64, 48, |x, y| {
-        image::Rgb([(x * 4) as u8, (y * 5) as u8, 90])
-    })
-    .write_to(&mut png, image::ImageFormat::Png)
-    .unwrap();
-    let png = png.into_inner();
+    let png = gradient_png(64, 48);
     assert_eq!(server.get("/ping").0, 200);
     assert_eq!(server.get("/v2/health/ready").0, 200);
 

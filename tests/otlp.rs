@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{model_dir, repo, venv_python};
+use common::{gradient_png, model_dir, repo, venv_python};
 use serde_json::Value;
 use serve_support::Server;
 
@@ -87,16 +87,6 @@ impl Drop for Receiver {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn png() -> Vec<u8> {
-    let mut png = std::io::Cursor::new(Vec::new());
-    image::RgbImage::from_fn(96, 64, |x, y| {
-        image::Rgb([(x * 2) as u8, (y * 3) as u8, 120])
-    })
-    .write_to(&mut png, image::ImageFormat::Png)
-    .unwrap();
-    png.into_inner()
 }
 
 fn server(receiver: &Receiver, protocol: &str) -> Server {
@@ -174,7 +164,7 @@ fn check_tree(spans: &[Value], trace: &str, parent: Option<&str>, content_type: 
 fn a_traced_request_is_exported_as_a_span_tree_in_the_callers_trace() {
     let receiver = Receiver::start();
     let server = server(&receiver, "http/protobuf");
-    let photo = png();
+    let photo = gradient_png(96, 64);
 
     // The caller did not sample this one: nothing is exported for it.
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
@@ -263,7 +253,7 @@ fn spans_go_as_otlp_json_when_asked() {
             ("content-type", "image/png"),
             ("traceparent", &format!("00-{TRACE}-{CALLER_SPAN}-01")),
         ],
-        &png(),
+        &gradient_png(96, 64),
     );
     assert_eq!(answer.status, 200);
     let spans = receiver.spans_of(TRACE, 1 + STAGES.len());

@@ -173,6 +173,14 @@ pub fn bright_rectangle(width: u32, height: u32) -> RgbImage {
     })
 }
 
+/// A small `width` x `height` PNG of smooth gradients: a request body for tests about
+/// the server rather than the pixels.
+pub fn gradient_png(width: u32, height: u32) -> Vec<u8> {
+    png_bytes(&RgbImage::from_fn(width, height, |x, y| {
+        Rgb([(x * 4) as u8, (y * 5) as u8, 90])
+    }))
+}
+
 pub fn png_bytes(image: &RgbImage) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::png::PngEncoder::new(&mut out)
