@@ -34,6 +34,14 @@ pub struct Inference {
     pub encoded_at: Instant,
 }
 
+impl Inference {
+    /// The answer is encoded: the stages' times, encode's included, and when it ended.
+    pub fn encoded(&mut self, stages: StageTimings) {
+        self.stages = stages;
+        self.encoded_at = Instant::now();
+    }
+}
+
 /// The request's id, as `log` chose it, for the layers inside (a request extension).
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);

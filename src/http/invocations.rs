@@ -85,8 +85,7 @@ pub async fn invocations(
             .map_err(ApiError::internal)
     })
     .await?;
-    inference.stages = timings;
-    inference.encoded_at = Instant::now();
+    inference.encoded(timings);
     state
         .hosting
         .check_response(rendered.body.len(), wanted, dimensions)?;

@@ -27,12 +27,12 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
     let Some(tracer) = state.tracer.as_ref() else {
         return next.run(request).await;
     };
-    let route = request
+    // Nothing is copied out of the request until it is known to be traced.
+    let matched = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| request.uri().path().to_string());
-    if route == "/ping" || route == "/metrics" || route.starts_with("/v2/health/") {
+        .map_or(request.uri().path(), |p| p.as_str());
+    if matched == "/ping" || matched == "/metrics" || matched.starts_with("/v2/health/") {
         return next.run(request).await;
     }
     let headers = request.headers();
@@ -41,6 +41,7 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
     let Some(sampled) = tracer.sample(parent) else {
         return next.run(request).await;
     };
+    let route = matched.to_string();
     let method = request.method().to_string();
     let path = request.uri().path().to_string();
     let request_id = request.extensions().get::<RequestId>().map(|r| r.0.clone());
@@ -117,16 +118,13 @@ fn stage_spans(tracer: &Tracer, request: &Sampled, i: &Inference) -> Vec<SpanRec
             i.queued,
         ),
     ];
+    // The replica's stages: all but decode and encode, which the handler times.
     let mut at = i.started;
-    for (name, took) in [
-        ("preprocess", s.preprocess),
-        ("model", s.model),
-        ("trimap", s.trimap),
-        ("matting", s.matting),
-        ("composite", s.composite),
-    ] {
-        placed.push((name, at, took));
-        at += took;
+    for (name, took) in s.stages() {
+        if name != "decode" && name != "encode" {
+            placed.push((name, at, took));
+            at += took;
+        }
     }
     placed.push((
         "encode",

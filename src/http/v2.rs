@@ -307,8 +307,7 @@ pub async fn infer(
         Ok((answer, timings, out.planes.dimensions()))
     })
     .await?;
-    inference.stages = timings;
-    inference.encoded_at = Instant::now();
+    inference.encoded(timings);
     if let Some(limit) = state
         .hosting
         .max_response_bytes

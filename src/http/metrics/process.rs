@@ -28,6 +28,8 @@ struct CpuTimes {
 
 impl ProcessMetrics {
     pub fn write(&self, e: &mut Exposition) {
+        // Read once: the boot time and the machine's CPU times both come from it.
+        let machine = std::fs::read_to_string("/proc/stat").ok();
         if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
             if let Some(s) = SelfStat::parse(&stat) {
                 e.single(
@@ -36,7 +38,7 @@ impl ProcessMetrics {
                     Kind::Counter,
                     (s.utime + s.stime) as f64 / TICKS_PER_SECOND,
                 );
-                if let Some(boot) = boot_time() {
+                if let Some(boot) = machine.as_deref().and_then(boot_time) {
                     e.single(
                         "process_start_time_seconds",
                         "Start time of the process since unix epoch in seconds.",
@@ -92,11 +94,12 @@ impl ProcessMetrics {
                 max as f64,
             );
         }
-        self.write_host(e);
+        self.write_host(e, machine.as_deref());
     }
 
-    /// Triton's host figures: the machine's memory and its CPUs' busy share.
-    fn write_host(&self, e: &mut Exposition) {
+    /// Triton's host figures: the machine's memory and its CPUs' busy share (from
+    /// `/proc/stat`'s text, `machine`).
+    fn write_host(&self, e: &mut Exposition, machine: Option<&str>) {
         if let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") {
             if let (Some(total), Some(available)) = (
                 field_kib(&meminfo, "MemTotal:"),
@@ -116,10 +119,7 @@ impl ProcessMetrics {
                 );
             }
         }
-        let Some(now) = std::fs::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|s| CpuTimes::parse(&s))
-        else {
+        let Some(now) = machine.and_then(CpuTimes::parse) else {
             return;
         };
         let mut last = self.last_cpu.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,10 +192,9 @@ fn field_kib(text: &str, key: &str) -> Option<u64> {
         .ok()
 }
 
-fn boot_time() -> Option<u64> {
-    std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
+/// The `btime` line of `/proc/stat`: seconds since the epoch at boot.
+fn boot_time(stat: &str) -> Option<u64> {
+    stat.lines()
         .find_map(|l| l.strip_prefix("btime "))?
         .trim()
         .parse()

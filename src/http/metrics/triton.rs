@@ -38,6 +38,17 @@ impl Failure {
         Failure::Other,
     ];
 
+    /// Where `TritonTotals` counts it; `None`: the scheduler counts it (cancellations
+    /// happen in a queue, with no response to see).
+    fn slot(self) -> Option<usize> {
+        match self {
+            Failure::Rejected => Some(0),
+            Failure::Backend => Some(1),
+            Failure::Other => Some(2),
+            Failure::Canceled => None,
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Failure::Rejected => "REJECTED",
@@ -93,24 +104,17 @@ impl TritonTotals {
 
     /// A request that ended without a result (cancellations are the scheduler's count).
     pub fn failure(&self, why: Failure, took: Duration) {
-        let slot = match why {
-            Failure::Rejected => 0,
-            Failure::Backend => 1,
-            Failure::Other => 2,
-            Failure::Canceled => return,
+        let Some(slot) = why.slot() else {
+            return;
         };
         self.failure[slot].fetch_add(1, Ordering::Relaxed);
         self.request_us.fetch_add(us(took), Ordering::Relaxed);
     }
 
     fn failures(&self, why: Failure, sched: &SchedulerTotals) -> u64 {
-        let read = |i: usize| self.failure[i].load(Ordering::Relaxed);
-        match why {
-            Failure::Rejected => read(0),
-            Failure::Backend => read(1),
-            Failure::Other => read(2),
-            Failure::Canceled => sched.canceled,
-        }
+        why.slot().map_or(sched.canceled, |slot| {
+            self.failure[slot].load(Ordering::Relaxed)
+        })
     }
 
     /// Triton's families for `model`.
