@@ -17,7 +17,13 @@ Schemas, each manifest against two independent sources:
     its type, every required field present; then the client's own pydantic validation.
 Then what celer needs of them (v2 probes, a GPU, the flags that start it on 8080, an
 InferenceService naming a runtime and model format defined beside it, a Service that
-selects the Deployment's pods), and a policy of our own: Pod Security "restricted" for
+selects the Deployment's pods and whose every port targets one of theirs), gRPC where it
+applies (the Deployment's container exposes its gRPC port, CELER_GRPC_PORT or
+--grpc-port or celer's default 8001, named grpc, and the Service a grpc port targeting
+it with appProtocol kubernetes.io/h2c; a ServingRuntime lists grpc-v2 exactly when its
+container serves gRPC; an InferenceService on grpc-v2 is in RawDeployment/Standard mode,
+the gRPC port among its predictor's ports, since Knative routes one port and the
+runtime's is REST's), and a policy of our own: Pod Security "restricted" for
 every pod (numeric non-root user, no privilege escalation, all capabilities dropped,
 RuntimeDefault seccomp, read-only root with an emptyDir at /tmp, restricted volume
 types), the GPU toleration, and per setup: plain Kubernetes drains (preStop sleep,
@@ -383,6 +389,173 @@ def flag(args, name):
     return values[0] if len(values) == 1 else None
 
 
+def grpc_port(c):
+    """The port celer serves gRPC on in container `c` (a flag wins over its variable,
+    celer's default otherwise; 0: off), or an error."""
+    value = setting(c, "grpc-port", "CELER_GRPC_PORT")
+    if value is None:
+        return GRPC_PORT, None
+    if not str(value).isdigit() or int(value) > 65535:
+        return None, f"container {c.get('name')}: gRPC port {value!r} is not a port number"
+    return int(value), None
+
+
+def port_named(ports, name):
+    return next((p for p in ports or [] if p.get("name") == name), None)
+
+
+def pod_ports(c):
+    """{name or number: containerPort} of a container's ports."""
+    out = {}
+    for p in c.get("ports") or []:
+        out[p.get("containerPort")] = p.get("containerPort")
+        if p.get("name"):
+            out[p["name"]] = p.get("containerPort")
+    return out
+
+
+def merged_ports(runtime_container, model):
+    """The ports KServe gives the predictor: the runtime container's and the
+    InferenceService model's, merged by number (a strategic merge patch)."""
+    ports = {p.get("containerPort"): dict(p) for p in runtime_container.get("ports") or []}
+    for p in model.get("ports") or []:
+        ports.setdefault(p.get("containerPort"), {}).update(p)
+    return list(ports.values())
+
+
+def grpc_requirements(docs):
+    """The gRPC port exposed where it applies (see the module's doc)."""
+    errors = []
+    labels = {
+        d["metadata"]["name"]: (d["spec"]["template"].get("metadata") or {}).get("labels") or {}
+        for _, d in docs
+        if d["kind"] == "Deployment"
+    }
+    deployments = []  # (the pods' labels, container, its gRPC port)
+    for where_, kind, owner, c in containers(docs):
+        port, error = grpc_port(c)
+        if error:
+            errors.append(f"{where_}: {error}")
+            continue
+        if port == 8080:
+            errors.append(
+                f"{where_}: container {c['name']}: gRPC port 8080 is REST's (--port=8080)"
+            )
+        if kind == "Deployment":
+            declared = port_named(c.get("ports"), "grpc")
+            if port == 0:
+                errors.append(
+                    f"{where_}: container {c['name']}: gRPC is off (CELER_GRPC_PORT=0); the"
+                    f" Kubernetes overlay serves it on {GRPC_PORT}"
+                )
+            elif declared is None or declared.get("containerPort") != port:
+                got = None if declared is None else declared.get("containerPort")
+                errors.append(
+                    f"{where_}: container {c['name']}: a port named grpc on celer's gRPC port"
+                    f" {port} (CELER_GRPC_PORT) expected, got {got}"
+                )
+            deployments.append((labels[owner], c, port))
+    for where_, d in docs:
+        if d["kind"] == "Service":
+            errors += service_ports(where_, d, deployments)
+    runtimes = {}
+    for where_, d in docs:
+        if d["kind"] not in RUNTIMES:
+            continue
+        runtimes[d["metadata"]["name"]] = d
+        c = next(
+            (c for c in d["spec"].get("containers") or [] if c.get("name") == "kserve-container"),
+            None,
+        )
+        if c is None:
+            continue
+        port, error = grpc_port(c)
+        if error:
+            continue
+        listed = "grpc-v2" in (d["spec"].get("protocolVersions") or [])
+        if listed and port == 0:
+            errors.append(
+                f"{where_}: protocolVersions lists grpc-v2, but container {c['name']} has gRPC"
+                " off (CELER_GRPC_PORT=0)"
+            )
+        if port and not listed:
+            errors.append(
+                f"{where_}: container {c['name']} serves gRPC on {port}: protocolVersions"
+                " should list grpc-v2 (as KServe's kserve-tritonserver does)"
+            )
+    for where_, d in docs:
+        if d["kind"] != "InferenceService":
+            continue
+        model = (d["spec"].get("predictor") or {}).get("model") or {}
+        runtime = runtimes.get(model.get("runtime"))
+        if model.get("protocolVersion") != "grpc-v2" or runtime is None:
+            continue
+        mode = ((d.get("metadata") or {}).get("annotations") or {}).get(MODE_ANNOTATION)
+        c = next(
+            (
+                c
+                for c in runtime["spec"].get("containers") or []
+                if c.get("name") == "kserve-container"
+            ),
+            {},
+        )
+        port = grpc_port(c)[0]
+        if mode not in RAW_MODES:
+            errors.append(
+                f"{where_}: protocolVersion grpc-v2 in Knative mode: Knative routes one port,"
+                f" runtime {model.get('runtime')}'s REST 8080; celer's gRPC ({port}) needs"
+                f" {MODE_ANNOTATION}: Standard (or RawDeployment) and a port named grpc"
+            )
+            continue
+        ports = [(p.get("name"), p.get("containerPort")) for p in merged_ports(c, model)]
+        named = [name or "" for name, number in ports if number == port]
+        if not port or not named or not any(s in named[0] for s in ("grpc", "h2c")):
+            errors.append(
+                f"{where_}: protocolVersion grpc-v2: spec.predictor.model.ports needs celer's"
+                f" gRPC port {port}, named grpc (KServe's Service then gives it appProtocol"
+                f" kubernetes.io/h2c), got {ports}"
+            )
+    return errors
+
+
+def service_ports(where_, svc, deployments):
+    """Each port of a Service targets a port of the pods it selects; gRPC's, the grpc
+    port, as HTTP/2 in cleartext."""
+    errors = []
+    selector = svc["spec"].get("selector") or {}
+    for labels, c, grpc in deployments:
+        if not selector.items() <= labels.items():
+            continue
+        targets = pod_ports(c)
+        exposed = False
+        for sp in svc["spec"].get("ports") or []:
+            target = sp.get("targetPort", sp.get("port"))
+            number = targets.get(target)
+            if number is None:
+                errors.append(
+                    f"{where_}: port {sp.get('name')} targets {target!r}, which is no port of"
+                    f" container {c['name']} ({sorted(map(str, targets))})"
+                )
+                continue
+            if number == grpc:
+                exposed = True
+            if sp.get("name") == "grpc" and number != grpc:
+                errors.append(
+                    f"{where_}: port grpc targets {target!r} = {number}, not celer's gRPC port"
+                    f" {grpc} (CELER_GRPC_PORT)"
+                )
+            if number == grpc and sp.get("appProtocol") != "kubernetes.io/h2c":
+                errors.append(
+                    f"{where_}: port {sp.get('name')} (gRPC) needs appProtocol"
+                    f" kubernetes.io/h2c, got {sp.get('appProtocol')!r}"
+                )
+        if grpc and not exposed:
+            errors.append(
+                f"{where_}: no port targets celer's gRPC port {grpc} of container {c['name']}"
+            )
+    return errors
+
+
 def celer_requirements(docs):
     """What celer needs of the manifests beyond their schemas."""
     errors = []
@@ -440,8 +613,14 @@ def celer_requirements(docs):
                 errors.append(
                     f"{where_}: modelFormat is not one of runtime {model.get('runtime')}'s {formats}"
                 )
-            if model.get("protocolVersion") != "v2":
-                errors.append(f"{where_}: protocolVersion v2 expected")
+            versions = runtime["spec"].get("protocolVersions") or []
+            if model.get("protocolVersion") not in ("v2", "grpc-v2"):
+                errors.append(f"{where_}: protocolVersion v2 or grpc-v2 expected")
+            elif model.get("protocolVersion") not in versions:
+                errors.append(
+                    f"{where_}: protocolVersion {model.get('protocolVersion')} is not one of"
+                    f" runtime {model.get('runtime')}'s {versions}"
+                )
         if d["kind"] == "Service":
             selector = d["spec"].get("selector") or {}
             pods = [
@@ -451,7 +630,7 @@ def celer_requirements(docs):
             ]
             if not any(selector.items() <= labels.items() for labels in pods):
                 errors.append(f"{where_}: selector {selector} matches no Deployment's pods")
-    return errors
+    return errors + grpc_requirements(docs)
 
 
 # ---- policy: restricted pods, drain, Knative -------------------------------------------
@@ -468,12 +647,15 @@ RAW_MODES = ("RawDeployment", "Standard")
 MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 # celer's defaults that containerConcurrency is derived from (src/config/replicas.rs:
 # replicas per GPU; src/cli/args.rs: --queue-capacity, --shutdown-grace-s; src/cli/
-# resolve.rs: --max-queue-wait in real-time hosting). tests/deploy.rs checks the four
+# resolve.rs: --max-queue-wait in real-time hosting). tests/deploy.rs checks these
 # against `celer serve --help`.
 GPU_REPLICAS = 2
 QUEUE_CAPACITY = 16
 QUEUE_WAIT_SERVICE_TIMES = 2.0
 SHUTDOWN_GRACE_S = 25
+# --grpc-port's default (src/cli/args.rs, Triton's 8001), also checked against `celer
+# serve --help`.
+GRPC_PORT = 8001
 
 
 def env_of(c):
@@ -800,6 +982,34 @@ def self_test(paths):
     def annotations_to_metadata(d):
         d["metadata"]["annotations"] = d["spec"].pop("annotations")
 
+    def set_env(pod_path, name, value):
+        def mutate(d):
+            c = walk(d, pod_path + ("containers", 0))
+            c["env"] = [e for e in c["env"] if e["name"] != name] + [{"name": name, "value": value}]
+
+        return mutate
+
+    def service_port(name, key, value):
+        def mutate(d):
+            port = port_named(d["spec"]["ports"], name)
+            if value is None:
+                d["spec"]["ports"].remove(port)
+            else:
+                port[key] = value
+
+        return mutate
+
+    def drop_container_port(pod_path, name):
+        def mutate(d):
+            c = walk(d, pod_path + ("containers", 0))
+            c["ports"] = [p for p in c["ports"] if p.get("name") != name]
+
+        return mutate
+
+    def grpc_in_standard_mode(d):
+        d["metadata"]["annotations"][MODE_ANNOTATION] = "Standard"
+        d["spec"]["predictor"]["model"]["protocolVersion"] = "grpc-v2"
+
     sr = ("spec",)
     dp = ("spec", "template", "spec")
     c0 = sr + ("containers", 0)
@@ -919,6 +1129,33 @@ def self_test(paths):
             "containerConcurrency not celer's queue",
             setv(("spec", "predictor", "containerConcurrency"), 100),
         ),
+        # gRPC: exposed where it applies, on the port celer serves it on.
+        ("Service", "grpc targetPort on REST's port", service_port("grpc", "targetPort", 8080)),
+        ("Service", "grpc port removed", service_port("grpc", None, None)),
+        (
+            "Service",
+            "grpc port without appProtocol h2c",
+            service_port("grpc", "appProtocol", "http"),
+        ),
+        ("Deployment", "grpc container port removed", drop_container_port(dp, "grpc")),
+        ("Deployment", "gRPC port moved alone", set_env(dp, "CELER_GRPC_PORT", "9001")),
+        ("Deployment", "gRPC off", set_env(dp, "CELER_GRPC_PORT", "0")),
+        ("ServingRuntime", "grpc-v2 with gRPC off", set_env(sr, "CELER_GRPC_PORT", "0")),
+        (
+            "ServingRuntime",
+            "gRPC served but grpc-v2 not listed",
+            setv(("spec", "protocolVersions"), ["v2"]),
+        ),
+        (
+            "InferenceService",
+            "grpc-v2 in Knative mode",
+            setv(("spec", "predictor", "model", "protocolVersion"), "grpc-v2"),
+        ),
+        (
+            "InferenceService",
+            "grpc-v2 in Standard mode without the gRPC port",
+            grpc_in_standard_mode,
+        ),
     ]
     for kind, what, mutate in cases:
         if kind not in by_kind:
@@ -973,6 +1210,7 @@ def main():
                             for a in c.get("args") or []
                         ],
                         "env": {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e},
+                        "grpc_port": grpc_port(c)[0],
                         "probes": [
                             c[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")
                         ],

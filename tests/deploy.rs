@@ -4,8 +4,9 @@
 //! `kubernetes` client's (all in .venv from scripts/requirements-kserve.txt), then a policy
 //! of restricted pods, drain and Knative rules; it must refuse mutations of each. Then
 //! each container the overlays define is started as rendered (its args and env, only the
-//! model folder, address and port moved to this machine), answers its probes and a v2
-//! request, and drains on SIGTERM where its manifest says so.
+//! model folder, address and ports moved to this machine), answers its probes, gRPC's
+//! health check as Kubernetes' gRPC probe calls it and a v2 request, and drains on SIGTERM
+//! where its manifest says so.
 
 mod common;
 mod serve_support;
@@ -66,8 +67,8 @@ fn the_check_refuses_typos_insecure_pods_and_what_knative_refuses() {
     let out = check_manifests(&["--self-test"]);
     let text = said(&out);
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches(": refused: ").count(), 36, "{text}");
-    assert!(text.contains("self-test: 36 mutations"), "{text}");
+    assert_eq!(text.matches(": refused: ").count(), 46, "{text}");
+    assert!(text.contains("self-test: 46 mutations"), "{text}");
     for (case, because) in [
         (
             "ServingRuntime seccompProfile dropped",
@@ -97,6 +98,26 @@ fn the_check_refuses_typos_insecure_pods_and_what_knative_refuses() {
             "ServingRuntime field newer than Kubernetes 1.30",
             "(kubernetes-validate --strict, container at 1.30)",
         ),
+        (
+            "Service grpc targetPort on REST's port",
+            "not celer's gRPC port 8001",
+        ),
+        (
+            "Service grpc port removed",
+            "no port targets celer's gRPC port 8001",
+        ),
+        (
+            "Deployment gRPC port moved alone",
+            "a port named grpc on celer's gRPC port 9001",
+        ),
+        (
+            "ServingRuntime grpc-v2 with gRPC off",
+            "protocolVersions lists grpc-v2, but",
+        ),
+        (
+            "InferenceService grpc-v2 in Knative mode",
+            "Knative routes one port",
+        ),
     ] {
         let line = text
             .lines()
@@ -112,22 +133,30 @@ fn the_check_refuses_typos_insecure_pods_and_what_knative_refuses() {
     let copy_arg = copy.to_str().unwrap();
     let out = check_manifests(&[copy_arg]);
     assert!(out.status.success(), "the copy as it is: {}", said(&out));
-    // `file` (under deploy/) with `old` replaced by `new` once, checked, then restored.
-    let check_with = |file: &str, old: &str, new: &str, args: &[&str]| -> Output {
+    // `file` (under deploy/) with each `old` replaced by its `new` once, checked, then
+    // restored.
+    let check_edited = |file: &str, edits: &[(&str, &str)], args: &[&str]| -> Output {
         let path = copy.join(file);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains(old), "{file} has no {old}");
-        std::fs::write(&path, text.replacen(old, new, 1)).unwrap();
+        let mut edited = text.clone();
+        for (old, new) in edits {
+            assert!(edited.contains(old), "{file} has no {old}");
+            edited = edited.replacen(old, new, 1);
+        }
+        std::fs::write(&path, edited).unwrap();
         let out = check_manifests(&[args, &[copy_arg]].concat());
         std::fs::write(&path, text).unwrap();
         out
+    };
+    let check_with = |file: &str, old: &str, new: &str, args: &[&str]| -> Output {
+        check_edited(file, &[(old, new)], args)
     };
     for (file, old, new, refusal) in [
         // A typo in a key of the shared container: both overlays render it.
         (
             "base/celer.yaml",
-            "readinessProbe:",
-            "readinesProbe:",
+            "\n        readinessProbe:",
+            "\n        readinesProbe:",
             "V1Container has no field 'readinesProbe'",
         ),
         // Valid by the schema, but not a celer that KServe can reach: bound to localhost.
@@ -158,6 +187,27 @@ fn the_check_refuses_typos_insecure_pods_and_what_knative_refuses() {
             "  - ../../no-such-base\n",
             "deploy/overlays/kubernetes: kustomize failed",
         ),
+        // The Service's gRPC port aimed at REST's.
+        (
+            "overlays/kubernetes/service.yaml",
+            "targetPort: grpc",
+            "targetPort: http",
+            "port grpc targets 'http' = 8080, not celer's gRPC port 8001",
+        ),
+        // gRPC moved in the shared container, not in the Deployment's ports.
+        (
+            "base/celer.yaml",
+            "value: \"8001\"",
+            "value: \"8002\"",
+            "a port named grpc on celer's gRPC port 8002 (CELER_GRPC_PORT) expected, got 8001",
+        ),
+        // The runtime serves gRPC but does not say so to KServe.
+        (
+            "overlays/kserve/serving-runtime.yaml",
+            "    - grpc-v2\n",
+            "",
+            "serves gRPC on 8001: protocolVersions should list grpc-v2",
+        ),
     ] {
         let out = check_with(file, old, new, &[]);
         assert!(
@@ -171,6 +221,32 @@ fn the_check_refuses_typos_insecure_pods_and_what_knative_refuses() {
             said(&out)
         );
     }
+
+    // gRPC on KServe as serving-runtime.yaml describes it: an InferenceService in Standard
+    // mode on grpc-v2, its predictor given the port named grpc. The gRPC rules accept it;
+    // what is left is Standard mode's drain, which the runtime (written for Knative) lacks.
+    let out = check_edited(
+        "overlays/kserve/inference-service.yaml",
+        &[
+            (
+                "\n    serving.kserve.io/deploymentMode: Serverless",
+                "\n    serving.kserve.io/deploymentMode: Standard",
+            ),
+            (
+                "      protocolVersion: v2\n",
+                "      protocolVersion: grpc-v2\n      ports:\n        - name: grpc\n          \
+                 containerPort: 8001\n          protocol: TCP\n",
+            ),
+        ],
+        &[],
+    );
+    let text = said(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("CELER_DRAIN_S of at least 1 expected"),
+        "{text}"
+    );
+    assert!(!text.contains("grpc") && !text.contains("gRPC"), "{text}");
 
     // The image is named once, in the base, for both overlays.
     let out = check_with(
@@ -199,7 +275,8 @@ fn help_of(help: &str, option: &str) -> String {
 #[test]
 fn the_manifests_numbers_are_celers_defaults() {
     // containerConcurrency and scaleTarget (overlays/kserve) and the termination grace
-    // (overlays/kubernetes) are derived by scripts/check_manifests.py from these defaults.
+    // (overlays/kubernetes) are derived by scripts/check_manifests.py from these defaults;
+    // the gRPC port the manifests expose is celer's default.
     let out = Command::new(env!("CARGO_BIN_EXE_celer"))
         .args(["serve", "--help"])
         .output()
@@ -215,6 +292,7 @@ fn the_manifests_numbers_are_celers_defaults() {
             "QUEUE_WAIT_SERVICE_TIMES",
         ),
         ("--shutdown-grace-s", "[default: 25]", "SHUTDOWN_GRACE_S"),
+        ("--grpc-port", "[default: 8001]", "GRPC_PORT"),
     ] {
         let text = help_of(&help, option);
         assert!(
@@ -223,6 +301,41 @@ fn the_manifests_numbers_are_celers_defaults() {
              scripts/check_manifests.py and the manifests' arithmetic:\n{text}"
         );
     }
+}
+
+/// gRPC's health check of `service` at `address`, as Kubernetes' gRPC probe makes it
+/// (grpc.health.v1.Health/Check, called with .venv's grpcio on raw bytes: the request
+/// `{service}` and the reply `{status}` encoded by hand): SERVING, NOT_SERVING, ...
+fn grpc_health(address: &str, service: &str) -> String {
+    const CHECK: &str = r#"
+import sys, grpc
+request = sys.argv[2].encode()
+request = (b"\x0a" + bytes([len(request)]) + request) if request else b""
+channel = grpc.insecure_channel(sys.argv[1])
+check = channel.unary_unary("/grpc.health.v1.Health/Check")
+reply = check(request, timeout=10)
+names = {b"": "UNKNOWN", b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}
+print(names.get(reply, repr(reply)))
+"#;
+    let out = Command::new(venv_python(&["grpc"]))
+        .args(["-c", CHECK, address, service])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "gRPC health of {address}: {}",
+        said(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A port no one listens on now, for a server of this test's to take.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -256,6 +369,8 @@ fn each_overlays_container_starts_celer_and_answers_its_probes() {
                     "--bind=127.0.0.1".to_string()
                 } else if a.starts_with("--port=") {
                     "--port=0".to_string()
+                } else if a.starts_with("--grpc-port=") {
+                    panic!("{where_}: --grpc-port in args: the manifests set CELER_GRPC_PORT")
                 } else {
                     a.to_string()
                 }
@@ -281,11 +396,29 @@ fn each_overlays_container_starts_celer_and_answers_its_probes() {
         for (name, value) in c["env"].as_object().unwrap() {
             command.env(name, value.as_str().unwrap());
         }
+        // The manifests serve gRPC on celer's 8001 (scripts/check_manifests.py checks it
+        // against the ports exposed); here, where tests run side by side, on a free port.
+        assert_eq!(c["grpc_port"], 8001, "{where_}");
+        let grpc_port = free_port();
+        command.env("CELER_GRPC_PORT", grpc_port.to_string());
+        let grpc = format!("127.0.0.1:{grpc_port}");
         let server = Server::spawn(command, Duration::from_secs(60));
         for probe in c["probes"].as_array().unwrap() {
             let probe = probe.as_str().unwrap();
             assert_eq!(server.get(probe).0, 200, "{where_}: {probe}");
         }
+        // The gRPC readiness probe the manifests offer instead: the same answer.
+        assert!(
+            server.log().contains(&format!("grpc_address={grpc}")),
+            "{where_}:\n{}",
+            server.log()
+        );
+        assert_eq!(grpc_health(&grpc, ""), "SERVING", "{where_}");
+        assert_eq!(
+            grpc_health(&grpc, "inference.GRPCInferenceService"),
+            "SERVING",
+            "{where_}"
+        );
         assert_eq!(
             server.get(&format!("/v2/models/{model}/ready")).0,
             200,
@@ -326,6 +459,7 @@ fn each_overlays_container_starts_celer_and_answers_its_probes() {
                 std::thread::sleep(Duration::from_millis(20));
             }
             assert_eq!(server.get("/v2/health/ready").0, 503, "{where_}: draining");
+            assert_eq!(grpc_health(&grpc, ""), "NOT_SERVING", "{where_}: draining");
             let a = server.post(
                 &format!("/v2/models/{model}/infer"),
                 &[("Content-Type", "application/json")],
