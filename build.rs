@@ -1,5 +1,7 @@
-//! Build script. The default build does nothing here: no C++ is compiled and nothing
-//! about TensorRT is needed. With `--features tensorrt` it compiles the shim in
+//! Build script. Every build generates the gRPC service's Rust code (messages and server)
+//! from the project's .proto files in src/http/grpc/proto, with prost and tonic, running
+//! the protoc that protoc-bin-vendored carries (nothing installed is needed). No C++ is
+//! compiled and nothing about TensorRT is needed by default. With `--features tensorrt` it compiles the shim in
 //! src/tensorrt/shim against the headers in TENSORRT_INCLUDE_DIR (`make` fetches the
 //! public TensorRT 10.16 ones: scripts/fetch-tensorrt-headers) and CUDA_INCLUDE_DIR, or a
 //! two-type stand-in for cuda_runtime_api.h. The shim opens TensorRT at run time, so
@@ -13,12 +15,42 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/tensorrt/shim");
+    if let Err(e) = grpc() {
+        eprintln!("error: generating the gRPC code: {e}");
+        std::process::exit(1);
+    }
     #[cfg(feature = "tensorrt")]
     if let Err(e) = tensorrt::build() {
         // Not a panic: a plain message reads better than a backtrace in cargo's output.
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+}
+
+/// The Open Inference Protocol's service and gRPC's health service, server side only
+/// (the tests call them with Triton's, KServe's and grpcio's own clients).
+fn grpc() -> Result<(), Box<dyn std::error::Error>> {
+    const PROTO: &str = "src/http/grpc/proto";
+    let protos = [
+        format!("{PROTO}/grpc_service.proto"),
+        format!("{PROTO}/health.proto"),
+    ];
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    // Raw tensor contents as `Bytes`: sliced out of the received message, not copied.
+    config.bytes([
+        ".inference.ModelInferRequest.raw_input_contents",
+        ".inference.ModelInferResponse.raw_output_contents",
+        ".inference.InferTensorContents.bytes_contents",
+    ]);
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_transport(false)
+        .compile_with_config(config, &protos, &[PROTO.to_string()])?;
+    Ok(())
 }
 
 #[cfg(feature = "tensorrt")]

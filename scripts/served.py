@@ -42,6 +42,8 @@ class Server:
             "127.0.0.1",
             "--port",
             str(self.port),
+            "--grpc-port",
+            "0",
             *extra,
         ]
         self.log = open(log or os.devnull, "w")

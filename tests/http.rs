@@ -1194,6 +1194,7 @@ async fn the_binary_serves_is_benched_and_stops_cleanly_on_sigterm() {
             .arg(&model)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--replicas", "1", "--threads-per-replica", "1"])
+            .args(["--grpc-port", "0"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(log.reopen().unwrap())

@@ -136,6 +136,11 @@ pub struct ListenArgs {
     #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", default_value_t = 8080)]
     pub port: u16,
 
+    /// Port of the Open Inference Protocol over gRPC (`inference.GRPCInferenceService`,
+    /// and `grpc.health.v1` for Kubernetes' gRPC probes), as Triton's 8001. 0: no gRPC.
+    #[arg(long, env = "CELER_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+
     /// The model's name in the Open Inference Protocol's routes (`/v2/models/{name}/...`);
     /// KServe's InferenceService passes its own name.
     #[arg(long, env = "CELER_MODEL_NAME", default_value = "celer")]

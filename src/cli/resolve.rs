@@ -67,6 +67,7 @@ pub fn resolve(
         model_name: args.listen.model_name.clone(),
         bind: args.listen.bind.clone(),
         port: args.listen.port,
+        grpc_port: Some(args.listen.grpc_port).filter(|&p| p != 0),
         connections: args
             .conn
             .limits()

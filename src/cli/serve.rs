@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use super::args::ServeArgs;
 use crate::config::ServerConfig;
 use crate::host::cpus::CpuBudget;
+use crate::http::grpc::GrpcLimits;
 use crate::http::{routes, AppState, FrontEnd, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Scheduler};
 
@@ -196,6 +197,38 @@ async fn run_server(
             tokio::time::sleep(grace).await;
         }
     };
+    // The gRPC port is bound before serving starts, so that a port in use fails the start
+    // as the REST port does; it stops accepting when the REST port does.
+    let grpc = match config.grpc_port {
+        Some(port) => {
+            let listener = tokio::net::TcpListener::bind((config.bind.as_str(), port))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen for gRPC on {}:{port} (--grpc-port; 0 turns gRPC off)",
+                        config.bind
+                    )
+                })?;
+            // Not "listening": that line names the REST port, which tools wait for.
+            tracing::info!(grpc_address = %listener.local_addr()?, "serving gRPC");
+            let limits = GrpcLimits::from_rest(
+                &config.connections,
+                &config.requests,
+                state.scheduler.admission_limit(),
+            );
+            let mut stopping = stop.subscribe();
+            let stopped = async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            };
+            Some(tokio::spawn(crate::http::grpc::serve(
+                listener,
+                state.clone(),
+                limits,
+                stopped,
+            )))
+        }
+        None => None,
+    };
     let server = crate::http::server::serve(
         listener,
         routes(state.clone()),
@@ -209,8 +242,18 @@ async fn run_server(
             },
         ),
     );
+    let grpc_done = async move {
+        match grpc {
+            Some(task) => match task.await {
+                Ok(result) => result.context("serving gRPC"),
+                Err(e) => Err(anyhow::anyhow!("the gRPC server failed: {e}")),
+            },
+            None => Ok(()),
+        }
+    };
+    let both = async { tokio::try_join!(async { server.await.context("serving") }, grpc_done) };
     tokio::select! {
-        result = server => result.context("serving")?,
+        result = both => { result?; }
         () = draining => tracing::warn!(grace_s = grace.as_secs(), "in-flight requests did not finish in the grace period"),
     }
     if let Some(tracer) = &state.tracer {

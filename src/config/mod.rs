@@ -68,6 +68,8 @@ pub struct ServerConfig {
     pub model_name: String,
     pub bind: String,
     pub port: u16,
+    /// The Open Inference Protocol over gRPC; `None`: not served.
+    pub grpc_port: Option<u16>,
     pub hosting: HostingPlan,
     pub requests: RequestLimits,
     /// Fitted to the hosting mode's largest body (`ConnLimits::fit_to_bodies`).
@@ -94,11 +96,13 @@ impl fmt::Display for ServerConfig {
         write!(f, "{}; ", self.hosting.describe())?;
         write!(
             f,
-            "model {} ({}), listening on {}:{}; ",
+            "model {} ({}), listening on {}:{}{}; ",
             self.model_dir.display(),
             self.model_name,
             self.bind,
-            self.port
+            self.port,
+            self.grpc_port
+                .map_or(String::new(), |p| format!(" and {p} (gRPC)")),
         )?;
         write!(
             f,

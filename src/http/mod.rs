@@ -7,6 +7,7 @@ pub mod access;
 pub mod body;
 pub mod error;
 mod fetch;
+pub mod grpc;
 pub mod hosting;
 mod invocations;
 pub mod metrics;

@@ -39,7 +39,7 @@ const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// The model's outputs, in the order of its metadata and of an answer's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum OutputTensor {
+pub(in crate::http) enum OutputTensor {
     /// `UINT8 [H, W]`: the alpha matte.
     Alpha,
     /// `UINT8 [H, W]`: 0, 128, 255.
@@ -49,9 +49,9 @@ enum OutputTensor {
 }
 
 impl OutputTensor {
-    const ALL: [Self; 3] = [Self::Alpha, Self::Trimap, Self::Cutout];
+    pub const ALL: [Self; 3] = [Self::Alpha, Self::Trimap, Self::Cutout];
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::Alpha => "alpha",
             Self::Trimap => "trimap",
@@ -59,7 +59,7 @@ impl OutputTensor {
         }
     }
 
-    fn parse(name: &str) -> Result<Self, ApiError> {
+    pub fn parse(name: &str) -> Result<Self, ApiError> {
         Self::ALL
             .into_iter()
             .find(|o| o.name() == name)
@@ -71,21 +71,31 @@ impl OutputTensor {
             })
     }
 
-    fn metadata(self) -> Value {
+    /// The protocol's datatype and shape (-1: any size).
+    pub fn datatype_and_shape(self) -> (&'static str, &'static [i64]) {
         match self {
-            Self::Alpha | Self::Trimap => {
-                json!({"name": self.name(), "datatype": "UINT8", "shape": [-1, -1]})
-            }
-            Self::Cutout => json!({"name": self.name(), "datatype": "BYTES", "shape": [1]}),
+            Self::Alpha | Self::Trimap => ("UINT8", &[-1, -1]),
+            Self::Cutout => ("BYTES", &[1]),
         }
+    }
+
+    fn metadata(self) -> Value {
+        let (datatype, shape) = self.datatype_and_shape();
+        json!({"name": self.name(), "datatype": datatype, "shape": shape})
     }
 }
 
+/// The model's inputs (either one, not both): name, datatype and shape.
+pub(in crate::http) const INPUTS: [(&str, &str, &[i64]); 2] = [
+    (INPUT_ENCODED, "BYTES", &[1]),
+    (INPUT_RGB, "UINT8", &[-1, -1, 3]),
+];
+
 fn inputs_metadata() -> Value {
-    json!([
-        {"name": INPUT_ENCODED, "datatype": "BYTES", "shape": [1]},
-        {"name": INPUT_RGB, "datatype": "UINT8", "shape": [-1, -1, 3]},
-    ])
+    INPUTS
+        .iter()
+        .map(|(name, datatype, shape)| json!({"name": name, "datatype": datatype, "shape": shape}))
+        .collect()
 }
 
 // ---- health and metadata ----
@@ -104,7 +114,7 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
 
 /// 200 and true when the replicas are loaded, a device is healthy and the server is not
 /// draining; else 503 and false.
-fn readiness(state: &AppState) -> (StatusCode, bool) {
+pub(in crate::http) fn readiness(state: &AppState) -> (StatusCode, bool) {
     let ready = !state.is_draining()
         && matches!(state.scheduler.readiness(), Readiness::Ready)
         && state.scheduler.devices().iter().any(|d| d.healthy);
@@ -188,7 +198,10 @@ pub async fn model_config(
 }
 
 /// The model a route names (`model`, and `version` when given) must be this server's.
-fn model_named(state: &AppState, params: &[(String, String)]) -> Result<(), ApiError> {
+pub(in crate::http) fn model_named(
+    state: &AppState,
+    params: &[(String, String)],
+) -> Result<(), ApiError> {
     let not_found = |what: String| ApiError::new(StatusCode::NOT_FOUND, "unknown_model", what);
     for (key, value) in params {
         match key.as_str() {
@@ -366,7 +379,7 @@ fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
         .transpose()
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(in crate::http) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::bad_request("bad_inference_request", message)
 }
 
@@ -491,17 +504,7 @@ fn encoded_image(input: &RequestInput, raw: Option<Bytes>) -> Result<Vec<u8>, Ap
         )));
     }
     if let Some(raw) = raw {
-        let (length, rest) = raw
-            .split_first_chunk::<4>()
-            .ok_or_else(|| bad("a binary BYTES element starts with its 4-byte length"))?;
-        let length = u32::from_le_bytes(*length) as usize;
-        if length != rest.len() {
-            return Err(bad(format!(
-                "the BYTES element says {length} bytes; {} follow",
-                rest.len()
-            )));
-        }
-        return Ok(rest.to_vec());
+        return bytes_element(&raw).map(<[u8]>::to_vec);
     }
     let mut data = input.data.as_ref().ok_or_else(|| {
         bad(format!(
@@ -532,30 +535,73 @@ fn encoded_image(input: &RequestInput, raw: Option<Bytes>) -> Result<Vec<u8>, Ap
         })
 }
 
-/// The image of a `UINT8 [H, W, 3]` input (a leading batch dimension of 1 allowed), its
-/// size checked against the limits before a pixel is copied (once, into bytes from
-/// `pixels`, as a decoder would write them).
+/// The one element of a raw `BYTES [1]` tensor: a 4-byte little-endian length, then that
+/// many bytes (the layout of the binary-data extension and of gRPC's raw contents).
+pub(in crate::http) fn bytes_element(raw: &[u8]) -> Result<&[u8], ApiError> {
+    let (length, rest) = raw
+        .split_first_chunk::<4>()
+        .ok_or_else(|| bad("a binary BYTES element starts with its 4-byte length"))?;
+    let length = u32::from_le_bytes(*length) as usize;
+    if length != rest.len() {
+        return Err(bad(format!(
+            "the BYTES element says {length} bytes; {} follow",
+            rest.len()
+        )));
+    }
+    Ok(rest)
+}
+
+/// The width, height and byte count of a `UINT8 [H, W, 3]` input's shape (a leading batch
+/// dimension of 1 allowed), checked against the limits before a byte is read.
+pub(in crate::http) fn rgb_shape(
+    shape: &[i64],
+    limits: &DecodeLimits,
+) -> Result<(u32, u32, usize), ApiError> {
+    let (h, w) = match shape[..] {
+        [h, w, 3] | [1, h, w, 3] => (h, w),
+        _ => {
+            return Err(bad(format!(
+                "input `{INPUT_RGB}` is [H, W, 3]; got {shape:?}"
+            )))
+        }
+    };
+    let side =
+        |d: i64| u32::try_from(d).map_err(|_| bad(format!("input `{INPUT_RGB}`: shape {shape:?}")));
+    let (height, width) = (side(h)?, side(w)?);
+    decode::check_size(width, height, limits)?;
+    Ok((width, height, width as usize * height as usize * 3))
+}
+
+/// `given`, the bytes of a `UINT8 [H, W, 3]` input, as the image (copied once, into bytes
+/// from `pixels`, as a decoder would write them).
+pub(in crate::http) fn rgb_pixels(
+    shape: &[i64],
+    (width, height, expected): (u32, u32, usize),
+    given: &[u8],
+    pixels: &dyn HostAlloc,
+) -> Result<RgbPixels, ApiError> {
+    if given.len() != expected {
+        return Err(bad(format!(
+            "input `{INPUT_RGB}` of shape {shape:?} needs {expected} bytes; got {}",
+            given.len()
+        )));
+    }
+    let mut bytes = pixels.alloc(expected);
+    bytes.copy_from_slice(given);
+    RgbPixels::from_raw(width, height, bytes)
+        .ok_or_else(|| bad(format!("input `{INPUT_RGB}`: shape {shape:?}")))
+}
+
+/// The image of a `UINT8 [H, W, 3]` input, its size checked against the limits before a
+/// pixel is copied.
 fn rgb_image(
     input: &RequestInput,
     raw: Option<Bytes>,
     limits: &DecodeLimits,
     pixels: &dyn HostAlloc,
 ) -> Result<RgbPixels, ApiError> {
-    let shape = match input.shape[..] {
-        [h, w, 3] | [1, h, w, 3] => (h, w),
-        _ => {
-            return Err(bad(format!(
-                "input `{INPUT_RGB}` is [H, W, 3]; got {:?}",
-                input.shape
-            )))
-        }
-    };
-    let side = |d: i64| {
-        u32::try_from(d).map_err(|_| bad(format!("input `{INPUT_RGB}`: shape {:?}", input.shape)))
-    };
-    let (height, width) = (side(shape.0)?, side(shape.1)?);
-    decode::check_size(width, height, limits)?;
-    let expected = elements(input)? as usize;
+    let size = rgb_shape(&input.shape, limits)?;
+    let expected = size.2;
     let flattened;
     let given: &[u8] = match &raw {
         Some(raw) => raw,
@@ -566,17 +612,7 @@ fn rgb_image(
             &flattened
         }
     };
-    if given.len() != expected {
-        return Err(bad(format!(
-            "input `{INPUT_RGB}` of shape {:?} needs {expected} bytes; got {}",
-            input.shape,
-            given.len()
-        )));
-    }
-    let mut bytes = pixels.alloc(expected);
-    bytes.copy_from_slice(given);
-    RgbPixels::from_raw(width, height, bytes)
-        .ok_or_else(|| bad(format!("input `{INPUT_RGB}`: shape {:?}", input.shape)))
+    rgb_pixels(&input.shape, size, given, pixels)
 }
 
 /// JSON tensor data, flat or nested, as bytes 0 to 255.

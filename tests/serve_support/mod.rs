@@ -36,6 +36,14 @@ pub struct Server {
     log: Arc<Mutex<String>>,
 }
 
+/// A port free now, for a listener a test names up front (`--grpc-port`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 impl Server {
     /// Starts `celer serve --model-dir model_dir ARGS` on 127.0.0.1 with `env` added (and
     /// the SageMaker variables a test did not name removed) and waits until `/ping`
@@ -62,6 +70,9 @@ impl Server {
             .args(["--bind", "127.0.0.1", "--port", "0"])
             .args(args)
             .env("CELER_LOG", "info,ort=warn")
+            // No gRPC unless a test asks for it (`--grpc-port PORT`, or the variable in
+            // `env`): tests run side by side, and the default port is one port.
+            .env("CELER_GRPC_PORT", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

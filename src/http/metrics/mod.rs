@@ -40,6 +40,12 @@ struct RequestLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GrpcLabel {
+    method: &'static str,
+    code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PathLabel {
     path: &'static str,
 }
@@ -53,6 +59,7 @@ struct StageLabel {
 pub struct HttpMetrics {
     registry: Registry,
     requests: Family<RequestLabel, Counter>,
+    grpc_requests: Family<GrpcLabel, Counter>,
     duration_us: HistogramFamily<PathLabel>,
     stage_us: HistogramFamily<StageLabel>,
     /// Triton's families are per model: this one's name.
@@ -68,6 +75,7 @@ impl HttpMetrics {
         let mut registry = Registry::default();
         sched.register(&mut registry);
         let requests = Family::<RequestLabel, Counter>::default();
+        let grpc_requests = Family::<GrpcLabel, Counter>::default();
         let duration_us: HistogramFamily<PathLabel> = Family::new_with_constructor(latency_us);
         let stage_us: HistogramFamily<StageLabel> = Family::new_with_constructor(latency_us);
         let r = registry.sub_registry_with_prefix("celer");
@@ -77,8 +85,13 @@ impl HttpMetrics {
             requests.clone(),
         );
         r.register(
+            "grpc_requests",
+            "gRPC inference calls by method and status code (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)",
+            grpc_requests.clone(),
+        );
+        r.register(
             "http_request_duration_us",
-            "Time from request to response, microseconds",
+            "Time from request to response (a gRPC call's path is its method), microseconds",
             duration_us.clone(),
         );
         r.register(
@@ -89,6 +102,7 @@ impl HttpMetrics {
         Self {
             registry,
             requests,
+            grpc_requests,
             duration_us,
             stage_us,
             model: model.to_string(),
@@ -143,6 +157,28 @@ impl HttpMetrics {
                 self.triton.failure(why, took);
             }
         }
+    }
+
+    /// A gRPC `ModelInfer` call's end: counted by its gRPC code, timed, and in Triton's
+    /// totals as a REST inference is (`status`: its refusal's HTTP equivalent, or 200).
+    pub fn observe_grpc_inference(
+        &self,
+        code: &'static str,
+        status: StatusCode,
+        took: Duration,
+        inference: Option<&Inference>,
+    ) {
+        const METHOD: &str = "/inference.GRPCInferenceService/ModelInfer";
+        self.grpc_requests
+            .get_or_create(&GrpcLabel {
+                method: METHOD,
+                code,
+            })
+            .inc();
+        self.duration_us
+            .get_or_create(&PathLabel { path: METHOD })
+            .observe(us(took));
+        self.observe_inference(status, took, inference);
     }
 
     /// Every figure, in the Prometheus text format.
