@@ -1,5 +1,5 @@
 //! Build script. Every build generates the gRPC service's Rust code (messages and server)
-//! from the project's .proto files in src/http/grpc/proto, with prost and tonic, running
+//! from the project's .proto files in src/oip/proto, with prost and tonic, running
 //! the protoc that protoc-bin-vendored carries (nothing installed is needed). No C++ is
 //! compiled and nothing about TensorRT is needed by default. With `--features tensorrt` it compiles the shim in
 //! src/tensorrt/shim against the headers in TENSORRT_INCLUDE_DIR (`make` fetches the
@@ -30,7 +30,7 @@ fn main() {
 /// The Open Inference Protocol's service and gRPC's health service, server side only
 /// (the tests call them with Triton's, KServe's and grpcio's own clients).
 fn grpc() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTO: &str = "src/http/grpc/proto";
+    const PROTO: &str = "src/oip/proto";
     let protos = [
         format!("{PROTO}/grpc_service.proto"),
         format!("{PROTO}/health.proto"),

@@ -7,6 +7,7 @@
 // The ground floor: imports nothing of celer's.
 pub mod host;
 pub mod matte;
+pub mod oip;
 pub mod pixels;
 pub mod spec;
 pub mod stats;

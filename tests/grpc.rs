@@ -301,3 +301,69 @@ fn grpc_health_says_not_serving_while_draining_then_the_port_closes() {
         "the gRPC port still accepts after exit"
     );
 }
+
+/// `celer bench http` with the REST and gRPC routes taking turns: the JSON report of
+/// each, and a wrong model counted as gRPC's NOT_FOUND (5), not as an answer.
+#[test]
+fn bench_http_measures_rest_and_grpc_side_by_side() {
+    let (server, grpc) = serve(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let report = |name: &str| dir.path().join(name);
+    let bench = |args: &[String]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_celer"))
+            .args(["bench", "http", "--warmup-s", "0", "--requests", "3"])
+            .args([
+                "--input",
+                &fetched("photo-320x320.jpg").display().to_string(),
+            ])
+            .args(args)
+            .output()
+            .expect("celer bench runs");
+        assert!(out.status.success(), "{}", printed(&out));
+    };
+    let read = |path: std::path::PathBuf| -> serde_json::Value {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v.as_array().and_then(|a| a.first()).cloned().unwrap_or(v)
+    };
+    let s = |v: &str| v.to_string();
+    bench(&[
+        s("--url"),
+        server.url(""),
+        s("--route"),
+        s("v2"),
+        s("--label"),
+        s("rest"),
+        s("--json"),
+        report("rest.json").display().to_string(),
+        s("--url"),
+        format!("http://{grpc}"),
+        s("--route"),
+        s("grpc"),
+        s("--label"),
+        s("grpc"),
+        s("--json"),
+        report("grpc.json").display().to_string(),
+        s("--v2-output"),
+        s("alpha"),
+    ]);
+    for name in ["rest.json", "grpc.json"] {
+        let point = read(report(name));
+        assert_eq!(point["ok"], 3, "{name}: {point}");
+        assert_eq!(point["errors"], serde_json::json!({}), "{name}: {point}");
+    }
+    bench(&[
+        s("--url"),
+        format!("http://{grpc}"),
+        s("--route"),
+        s("grpc"),
+        s("--model-name"),
+        s("nobody"),
+        s("--json"),
+        report("nobody.json").display().to_string(),
+    ]);
+    let point = read(report("nobody.json"));
+    assert_eq!(point["ok"], 0, "{point}");
+    assert_eq!(point["errors"]["grpc 5"], 3, "{point}");
+    assert!(server.stop().success());
+}

@@ -15,6 +15,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("host", &[]),
     ("pixels", &[]),
     ("matte", &["pixels"]),
+    ("oip", &[]),
     ("spec", &[]),
     ("stats", &[]),
     ("tensor", &[]),
@@ -42,13 +43,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "http",
         &[
-            "codec", "config", "matte", "pixels", "replica", "sched", "spec", "trace",
+            "codec", "config", "matte", "oip", "pixels", "replica", "sched", "spec", "trace",
         ],
     ),
     (
         "bench",
         &[
-            "codec", "matte", "ort", "pixels", "replica", "spec", "stats",
+            "codec", "matte", "oip", "ort", "pixels", "replica", "spec", "stats",
         ],
     ),
     (

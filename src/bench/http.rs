@@ -1,6 +1,6 @@
 //! Load against a running server speaking the `/invocations` contract (celer's or any
 //! other), or the Open Inference Protocol's `infer` with the image as a binary BYTES
-//! tensor (`v2_infer_body`): closed loop at a concurrency, or open loop at an offered rate with Poisson or
+//! tensor, over REST (the binary-data extension) or gRPC (raw contents): closed loop at a concurrency, or open loop at an offered rate with Poisson or
 //! constant arrivals (closed loops hide queueing: a slow server slows its own load).
 //! Requests started during the warm-up are not measured.
 
@@ -60,6 +60,50 @@ impl Payload {
     }
 }
 
+/// gRPC's content type; a payload of it is a gRPC call.
+pub const GRPC: &str = "application/grpc";
+
+impl Payload {
+    /// An image as gRPC's `ModelInfer` takes it: a `ModelInferRequest` for `model` with
+    /// the `image` input (`BYTES [1]`) in raw contents, asking for `output`, framed as a
+    /// gRPC message (an uncompressed flag, its 4-byte big-endian length, the message).
+    pub fn grpc_infer(image: &[u8], output: &str, model: &str) -> Self {
+        use crate::oip::inference::model_infer_request::{
+            InferInputTensor, InferRequestedOutputTensor,
+        };
+        use prost::Message;
+        let mut element = Vec::with_capacity(4 + image.len());
+        element.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        element.extend_from_slice(image);
+        let message = crate::oip::inference::ModelInferRequest {
+            model_name: model.to_string(),
+            inputs: vec![InferInputTensor {
+                name: "image".into(),
+                datatype: "BYTES".into(),
+                shape: vec![1],
+                ..InferInputTensor::default()
+            }],
+            outputs: vec![InferRequestedOutputTensor {
+                name: output.into(),
+                ..InferRequestedOutputTensor::default()
+            }],
+            raw_input_contents: vec![Bytes::from(element)],
+            ..Default::default()
+        };
+        let mut body = Vec::with_capacity(5 + message.encoded_len());
+        body.push(0);
+        body.extend_from_slice(&(message.encoded_len() as u32).to_be_bytes());
+        message
+            .encode(&mut body)
+            .expect("a Vec grows to take the message");
+        Self {
+            body: Bytes::from(body),
+            content_type: GRPC,
+            inference_header: None,
+        }
+    }
+}
+
 /// What each request sends.
 pub struct LoadTarget {
     /// The route loaded: `/invocations`, or `/v2/models/{m}/infer`.
@@ -68,6 +112,9 @@ pub struct LoadTarget {
     pub inputs: Vec<Payload>,
     pub accept: Option<String>,
     pub custom_attributes: Option<String>,
+    /// A client of its own, where the shared one cannot speak to it (gRPC: HTTP/2
+    /// without TLS).
+    pub client: Option<reqwest::Client>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -517,12 +564,17 @@ async fn one_request(
     recorder: &Mutex<Recorder>,
 ) {
     let payload = &target.inputs[index % target.inputs.len()];
+    let client = target.client.as_ref().unwrap_or(client);
+    let grpc = payload.content_type == GRPC;
     let mut request = client
         .post(&target.url)
         .header(reqwest::header::CONTENT_TYPE, payload.content_type)
         .body(payload.body.clone());
     if let Some(n) = payload.inference_header {
         request = request.header("Inference-Header-Content-Length", n);
+    }
+    if grpc {
+        request = request.header("te", "trailers");
     }
     if let Some(accept) = &target.accept {
         request = request.header(reqwest::header::ACCEPT, accept);
@@ -534,6 +586,13 @@ async fn one_request(
     let outcome = match request.send().await {
         Ok(response) => {
             let status = response.status();
+            // A refused gRPC call answers with its status in the head (trailers only); an
+            // answered one with a message, its status in the trailers.
+            let grpc_status = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let timing = response
                 .headers()
                 .get("server-timing")
@@ -541,6 +600,10 @@ async fn one_request(
                 .map(parse_server_timing);
             // The latency includes reading the whole body.
             match response.bytes().await {
+                Ok(_) if grpc && grpc_status.as_deref().is_some_and(|s| s != "0") => {
+                    Err(format!("grpc {}", grpc_status.unwrap_or_default()))
+                }
+                Ok(body) if grpc && body.len() < 5 => Err("grpc: no message".to_string()),
                 Ok(_) if status.is_success() => Ok(timing),
                 Ok(_) => Err(status.as_u16().to_string()),
                 Err(_) => Err("transport".to_string()),
@@ -686,6 +749,7 @@ mod turns_tests {
                     ))],
                     accept: None,
                     custom_attributes: None,
+                    client: None,
                 })
             })
             .collect();

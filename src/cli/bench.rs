@@ -34,21 +34,24 @@ pub enum Arrivals {
 
 #[derive(Debug, Args)]
 pub struct HttpArgs {
-    /// Base URL of the server (its /invocations is loaded, or with --route v2 its
-    /// /v2/models/{model}/infer). Given more than once: one client takes turns between
+    /// Base URL of the server (its /invocations is loaded, with --route v2 its
+    /// /v2/models/{model}/infer, with --route grpc its gRPC port's ModelInfer). Given more than once: one client takes turns between
     /// the servers, a request to each in order, at concurrency 1 (the servers' latencies
     /// seconds apart, for a ratio on a noisy machine); --label, --server-pid and --json
     /// are then given once per URL, in the same order.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: Vec<String>,
     /// The route loaded: SageMaker's /invocations, or the Open Inference Protocol's infer
-    /// with the image as a binary BYTES tensor (the binary-data extension).
-    #[arg(long, value_enum, default_value = "invocations")]
-    route: Route,
-    /// The model name of --route v2.
+    /// with the image as a binary BYTES tensor, over REST (`v2`: the binary-data
+    /// extension) or gRPC (`grpc`: raw contents; the --url is the gRPC port's, e.g.
+    /// http://127.0.0.1:8001). Once for every --url, or once per --url in the same order
+    /// (REST and gRPC taking turns, side by side).
+    #[arg(long, value_enum, default_values_t = [Route::Invocations])]
+    route: Vec<Route>,
+    /// The model name of --route v2 and grpc.
     #[arg(long, default_value = "celer")]
     model_name: String,
-    /// The output --route v2 asks for, in binary (`cutout`: the PNG /invocations answers
+    /// The output --route v2 and grpc ask for, in binary (`cutout`: the PNG /invocations answers
     /// by default; `alpha`, `trimap`).
     #[arg(long, default_value = "cutout")]
     v2_output: String,
@@ -141,6 +144,7 @@ pub struct LocalArgs {
 pub enum Route {
     Invocations,
     V2,
+    Grpc,
 }
 
 pub fn bench(command: BenchCommand) -> anyhow::Result<()> {
@@ -178,7 +182,8 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
     if modes.is_empty() {
         modes.push(LoadMode::Closed { concurrency: 1 });
     }
-    let target = Arc::new(load_target(&args, base, &inputs));
+    anyhow::ensure!(args.route.len() == 1, "one --url takes one --route");
+    let target = Arc::new(load_target(&args, args.route[0], base, &inputs)?);
     let window = window(&args);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -231,15 +236,20 @@ fn turns(args: &HttpArgs, inputs: &[(bytes::Bytes, &'static str)]) -> anyhow::Re
     );
     anyhow::ensure!(
         args.label.len() == n
+            && [1, n].contains(&args.route.len())
             && [0, n].contains(&args.server_pid.len())
             && [0, n].contains(&args.json.len()),
-        "{n} URLs need {n} --label, and {n} or no --server-pid and --json"
+        "{n} URLs need {n} --label, one or {n} --route, and {n} or no --server-pid and --json"
     );
-    let targets: Vec<_> = args
+    let targets = args
         .url
         .iter()
-        .map(|base| Arc::new(load_target(args, base, inputs)))
-        .collect();
+        .enumerate()
+        .map(|(i, base)| {
+            let route = args.route[i.min(args.route.len() - 1)];
+            load_target(args, route, base, inputs).map(Arc::new)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let pids: Vec<Option<u32>> = (0..n).map(|i| args.server_pid.get(i).copied()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -263,9 +273,14 @@ fn turns(args: &HttpArgs, inputs: &[(bytes::Bytes, &'static str)]) -> anyhow::Re
 }
 
 /// What each request of `bench http` sends to the server at `base`.
-fn load_target(args: &HttpArgs, base: &str, inputs: &[(bytes::Bytes, &'static str)]) -> LoadTarget {
+fn load_target(
+    args: &HttpArgs,
+    route: Route,
+    base: &str,
+    inputs: &[(bytes::Bytes, &'static str)],
+) -> anyhow::Result<LoadTarget> {
     let base = base.trim_end_matches('/');
-    let (url, inputs) = match args.route {
+    let (url, inputs) = match route {
         Route::Invocations => (
             format!("{base}/invocations"),
             inputs.iter().cloned().map(Payload::invocations).collect(),
@@ -277,13 +292,30 @@ fn load_target(args: &HttpArgs, base: &str, inputs: &[(bytes::Bytes, &'static st
                 .map(|(image, _)| Payload::v2_infer(image, &args.v2_output))
                 .collect(),
         ),
+        Route::Grpc => (
+            format!("{base}/inference.GRPCInferenceService/ModelInfer"),
+            inputs
+                .iter()
+                .map(|(image, _)| Payload::grpc_infer(image, &args.v2_output, &args.model_name))
+                .collect(),
+        ),
     };
-    LoadTarget {
+    let client = match route {
+        Route::Grpc => Some(
+            reqwest::Client::builder()
+                .no_proxy()
+                .http2_prior_knowledge()
+                .build()?,
+        ),
+        Route::Invocations | Route::V2 => None,
+    };
+    Ok(LoadTarget {
         url,
         inputs,
         accept: args.accept.clone(),
         custom_attributes: args.custom_attributes.clone(),
-    }
+        client,
+    })
 }
 
 fn window(args: &HttpArgs) -> Window {

@@ -12,11 +12,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::health_proto::health_check_response::ServingStatus;
-use super::health_proto::health_server::Health;
-use super::health_proto::{HealthCheckRequest, HealthCheckResponse};
 use crate::http::v2::readiness;
 use crate::http::AppState;
+use crate::oip::health::health_check_response::ServingStatus;
+use crate::oip::health::health_server::Health;
+use crate::oip::health::{HealthCheckRequest, HealthCheckResponse};
 
 /// The services a health check may name.
 const SERVICES: [&str; 2] = ["", "inference.GRPCInferenceService"];

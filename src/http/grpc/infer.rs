@@ -9,10 +9,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::proto::infer_parameter::ParameterChoice;
-use super::proto::model_infer_request::InferInputTensor;
-use super::proto::model_infer_response::InferOutputTensor;
-use super::proto::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use crate::codec::decode::DecodeLimits;
 use crate::codec::ImageFormat;
 use crate::http::access::Inference;
@@ -24,6 +20,10 @@ use crate::http::v2::{
 };
 use crate::http::AppState;
 use crate::matte::{MattePlanes, MissingPlane, Planes};
+use crate::oip::inference::infer_parameter::ParameterChoice;
+use crate::oip::inference::model_infer_request::InferInputTensor;
+use crate::oip::inference::model_infer_response::InferOutputTensor;
+use crate::oip::inference::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use crate::pixels::{HostAlloc, RgbPixels};
 
 /// An output asked for.

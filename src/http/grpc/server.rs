@@ -30,10 +30,10 @@ use tonic::Status;
 use tower::{Layer, Service};
 
 use super::health::HealthService;
-use super::health_proto::health_server::HealthServer;
-use super::proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 use super::service::{Arrived, InferenceService};
 use crate::http::AppState;
+use crate::oip::health::health_server::HealthServer;
+use crate::oip::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 
 /// The gRPC listener's limits.
 #[derive(Debug, Clone, Copy)]

@@ -8,20 +8,20 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 use super::infer::model_infer;
-use super::proto::grpc_inference_service_server::GrpcInferenceService;
-use super::proto::model_config::SchedulingChoice;
-use super::proto::model_metadata_response::TensorMetadata;
-use super::proto::{
-    DataType, ModelConfig, ModelConfigRequest, ModelConfigResponse, ModelDynamicBatching,
-    ModelInferRequest, ModelInferResponse, ModelInput, ModelMetadataRequest, ModelMetadataResponse,
-    ModelOutput, ModelReadyRequest, ModelReadyResponse, ServerLiveRequest, ServerLiveResponse,
-    ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
-};
 use super::status::{code_name, code_of, status_of};
 use crate::http::access::{request_id, Inference};
 use crate::http::error::ApiError;
 use crate::http::v2::{model_named, readiness, OutputTensor, INPUTS, MODEL_VERSION};
 use crate::http::AppState;
+use crate::oip::inference::grpc_inference_service_server::GrpcInferenceService;
+use crate::oip::inference::model_config::SchedulingChoice;
+use crate::oip::inference::model_metadata_response::TensorMetadata;
+use crate::oip::inference::{
+    DataType, ModelConfig, ModelConfigRequest, ModelConfigResponse, ModelDynamicBatching,
+    ModelInferRequest, ModelInferResponse, ModelInput, ModelMetadataRequest, ModelMetadataResponse,
+    ModelOutput, ModelReadyRequest, ModelReadyResponse, ServerLiveRequest, ServerLiveResponse,
+    ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+};
 
 /// When a call's head arrived (a request extension set by the listener's layer, in
 /// server.rs): where tonic starts the client's `grpc-timeout`, so where the handler
