@@ -604,3 +604,45 @@ fn simulated_devices_run_through_the_same_router() {
     assert_eq!(runs, 300);
     router.shutdown();
 }
+
+/// A device is full by what it holds (running and queued), not by its channel's length:
+/// requests placed before an idle replica has taken the last one (here: before it has
+/// even loaded) fill its replicas' places and then its queue's, and only then are refused.
+#[test]
+fn requests_placed_before_an_idle_replica_wakes_are_not_refused() {
+    let gate = Gate::open();
+    let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<()>();
+    let loaded_rx = std::sync::Mutex::new(loaded_rx);
+    let slow_load = {
+        let gate = gate.clone();
+        celer::sched::DeviceSetup {
+            name: "only".into(),
+            replicas: 1,
+            batching: OFF,
+            load: Arc::new(move |_| {
+                let _ = loaded_rx.lock().unwrap().recv();
+                Ok(GateExecutor(gate.clone()))
+            }),
+        }
+    };
+    let router = Scheduler::start(
+        vec![slow_load],
+        SchedulerConfig {
+            queue_capacity: 1,
+            ..SchedulerConfig::default()
+        },
+    );
+    // One replica, one queue place: two requests held, the third refused.
+    let held: Vec<_> = (0..2)
+        .map(|id| router.submit(id, far()).expect("admitted and placed"))
+        .collect();
+    assert!(matches!(
+        router.submit(2, far()),
+        Err(SubmitError::Overloaded { .. })
+    ));
+    loaded_tx.send(()).unwrap();
+    for t in held {
+        assert!(answer(t).is_ok());
+    }
+    router.shutdown();
+}

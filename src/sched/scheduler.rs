@@ -190,6 +190,16 @@ struct DeviceSlot<E: Executor> {
     drain: Receiver<Work<E>>,
 }
 
+impl<E: Executor> DeviceSlot<E> {
+    /// Every replica busy and every queue place taken: the requests placed here and not
+    /// finished (queued or running) reach the replicas plus the queue capacity. Counted,
+    /// not read off the channel, whose length also holds the jobs idle replicas are
+    /// about to take.
+    fn full(&self, queue_capacity: usize) -> bool {
+        self.state.outstanding.load(Ordering::Acquire) >= self.state.replicas + queue_capacity
+    }
+}
+
 impl<E: Executor> Scheduler<E> {
     /// Starts every device's replicas (each loads on its own thread; see `readiness`)
     /// and the health watchdog. Returns at once.
@@ -208,7 +218,10 @@ impl<E: Executor> Scheduler<E> {
                 metrics.for_device(&setup.name),
                 epoch,
             ));
-            let (queue, jobs) = crossbeam_channel::bounded(queue_capacity);
+            // Room for the replicas' next jobs too: a job sent to an idle replica sits in
+            // the channel until its thread wakes, and must not take a queue place meanwhile
+            // (a device is full by its outstanding count, `DeviceSlot::full`).
+            let (queue, jobs) = crossbeam_channel::bounded(queue_capacity + replicas);
             for replica in 0..replicas {
                 let config = ReplicaConfig {
                     index: replica,
@@ -601,7 +614,7 @@ impl<E: Executor> Shared<E> {
                     }
                     any_healthy = true;
                     let slot = &self.devices[i];
-                    if slot.queue.len() >= self.queue_capacity {
+                    if slot.full(self.queue_capacity) {
                         continue;
                     }
                     let s = &slot.state;
@@ -653,6 +666,12 @@ impl<E: Executor> Shared<E> {
         deadline: Instant,
     ) -> Result<Placed<E::Output>, SubmitError> {
         let slot = &self.devices[device];
+        if slot.full(self.queue_capacity) {
+            return Err(SubmitError::Overloaded {
+                capacity: self.queue_capacity,
+                retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
+            });
+        }
         let (reply, receiver) = oneshot::channel();
         let health = slot.state.watch_health();
         let job = Job {
