@@ -355,3 +355,101 @@ async fn ping_is_503_until_every_replica_has_loaded() {
     }
     state.scheduler.shutdown();
 }
+
+/// One gRPC call over HTTP/2 (prior knowledge, as gRPC's clients speak it): the gRPC
+/// status in the answer's head (a refusal is trailers-only), or `None` with the message
+/// when answered (its status then is in the trailers).
+async fn grpc_call(
+    client: &reqwest::Client,
+    url: String,
+    body: bytes::Bytes,
+) -> (Option<String>, bytes::Bytes) {
+    let response = client
+        .post(url)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, response.bytes().await.unwrap())
+}
+
+/// While the replicas load (an engine build at start-up), gRPC's ModelInfer is refused
+/// at once with UNAVAILABLE (14) and gRPC health says NOT_SERVING (2); once loaded, the
+/// same call is answered and health says SERVING (1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_is_unavailable_until_every_replica_has_loaded() {
+    let (finish_loading, loading) = std::sync::mpsc::channel::<()>();
+    let loading = std::sync::Mutex::new(loading);
+    let gate = Gate::open();
+    let device: DeviceSetup<BoxedMatteExecutor> = DeviceSetup {
+        name: "slow-to-load".into(),
+        replicas: 1,
+        batching: BatchingSpec::OFF,
+        load: Arc::new(move |_| {
+            let _ = loading.lock().map(|rx| rx.recv());
+            Ok(Box::new(GatedPipeline(gate.clone())) as BoxedMatteExecutor)
+        }),
+    };
+    let state = alpha_server(Scheduler::start(vec![device], SchedulerConfig::default()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let limits = celer::http::grpc::GrpcLimits::from_rest(
+        &celer::config::ConnLimits::default(),
+        &state.limits,
+        state.scheduler.admission_limit(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(celer::http::grpc::serve(
+        listener,
+        state.clone(),
+        limits,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let infer = || {
+        let body = celer::bench::http::Payload::grpc_infer(&png(64, 48), "alpha", "celer").body;
+        grpc_call(
+            &client,
+            format!("http://{address}/inference.GRPCInferenceService/ModelInfer"),
+            body,
+        )
+    };
+    // An empty HealthCheckRequest (service ""), framed: no compression, length 0.
+    let health = || {
+        grpc_call(
+            &client,
+            format!("http://{address}/grpc.health.v1.Health/Check"),
+            bytes::Bytes::from_static(&[0, 0, 0, 0, 0]),
+        )
+    };
+    let (status, _) = infer().await;
+    assert_eq!(status.as_deref(), Some("14"), "UNAVAILABLE while loading");
+    let (status, message) = health().await;
+    assert_eq!(status, None);
+    assert_eq!(&message[..], &[0, 0, 0, 0, 2, 0x08, 0x02], "NOT_SERVING");
+
+    finish_loading.send(()).expect("the loader waits");
+    state.scheduler.wait_ready().expect("loads");
+    let (status, message) = infer().await;
+    assert_eq!(status, None, "answered once loaded");
+    assert!(message.len() > 5 + 64 * 48, "{} bytes", message.len());
+    let (_, message) = health().await;
+    assert_eq!(&message[..], &[0, 0, 0, 0, 2, 0x08, 0x01], "SERVING");
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    state.scheduler.shutdown();
+}

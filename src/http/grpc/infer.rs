@@ -25,6 +25,7 @@ use crate::oip::inference::model_infer_request::InferInputTensor;
 use crate::oip::inference::model_infer_response::InferOutputTensor;
 use crate::oip::inference::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use crate::pixels::{HostAlloc, RgbPixels};
+use crate::sched::Readiness;
 
 /// An output asked for.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +56,16 @@ pub async fn model_infer(
         route.push(("version".to_string(), message.model_version.clone()));
     }
     model_named(state, &route)?;
+    // Before the replicas are loaded (an engine build takes minutes) or after a failed
+    // load, UNAVAILABLE at once: a gRPC client retries that, where a request queued
+    // behind the load would wait out its deadline. A draining server still answers.
+    if !matches!(state.scheduler.readiness(), Readiness::Ready) {
+        return Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the model is not loaded (yet); grpc.health.v1 and ServerReady say when it is",
+        ));
+    }
     // The message is here whole (tonic read it under the size limit, holding no slot):
     // admitted now, before any decoding, as REST's bodies are once read.
     let admission = state.scheduler.admit()?;
