@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{gradient_png, model_dir, repo, venv_python};
 use serde_json::Value;
-use serve_support::Server;
+use serve_support::{free_port, Server};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
@@ -258,5 +258,74 @@ fn spans_go_as_otlp_json_when_asked() {
     assert_eq!(answer.status, 200);
     let spans = receiver.spans_of(TRACE, 1 + STAGES.len());
     check_tree(&spans, TRACE, Some(CALLER_SPAN), "application/json");
+    assert!(server.stop().success());
+}
+
+/// gRPC's ModelInfer, called by Triton's client with the caller's `traceparent` in its
+/// metadata: the same tree, its server span named by the RPC.
+#[test]
+fn a_traced_grpc_call_is_exported_in_the_callers_trace() {
+    let receiver = Receiver::start();
+    let port = free_port();
+    let server = Server::start(
+        &model_dir("u2netp"),
+        ["--grpc-port".to_string(), port.to_string()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint().as_str()),
+            ("OTEL_SERVICE_NAME", "celer-under-test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let trace = "5cf92f3577b34da6a3ce929d0e0e4737";
+    let script = r#"
+import sys, numpy as np, tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+image = g.InferInput("image", [1], "BYTES")
+image.set_data_from_numpy(np.array([open(sys.argv[2], "rb").read()], dtype=np.object_))
+r = c.infer("celer", [image], headers={"traceparent": sys.argv[3], "x-request-id": "grpc-traced"})
+print(r.as_numpy("alpha").shape)
+"#;
+    let photo = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(photo.path(), gradient_png(96, 64)).unwrap();
+    let out = Command::new(venv_python(&["tritonclient.grpc"]))
+        .args(["-c", script, &format!("127.0.0.1:{port}")])
+        .arg(photo.path())
+        .arg(format!("00-{trace}-{CALLER_SPAN}-01"))
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "{}", common::printed(&out));
+
+    let spans = receiver.spans_of(trace, 1 + STAGES.len());
+    let root = spans
+        .iter()
+        .find(|s| s["kind"] == 2)
+        .unwrap_or_else(|| panic!("no server span: {spans:#?}"))
+        .clone();
+    assert_eq!(
+        root["name"], "inference.GRPCInferenceService/ModelInfer",
+        "{root}"
+    );
+    assert_eq!(root["parent_span_id"], CALLER_SPAN, "{root}");
+    assert_eq!(root["attributes"]["rpc.system"], "grpc", "{root}");
+    assert_eq!(root["attributes"]["rpc.method"], "ModelInfer", "{root}");
+    assert_eq!(root["attributes"]["rpc.grpc.status_code"], 0, "{root}");
+    assert_eq!(
+        root["attributes"]["celer.request_id"], "grpc-traced",
+        "{root}"
+    );
+    assert_eq!(root["status"], 0, "{root}");
+    let mut children: Vec<&Value> = spans.iter().filter(|s| s["kind"] == 1).collect();
+    children.sort_by_key(|s| s["start"].as_u64());
+    let names: Vec<&str> = children.iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, STAGES, "{children:#?}");
+    assert!(children
+        .iter()
+        .all(|c| c["parent_span_id"] == root["span_id"]));
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("grpc-traced") && l.contains(&format!("trace_id={trace}"))),
+        "{log}"
+    );
     assert!(server.stop().success());
 }

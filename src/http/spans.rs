@@ -3,7 +3,9 @@
 //! `traceparent` span when one was sent, and for an inference one INTERNAL child per
 //! stage: decode, queue, preprocess, model, trimap, matting, composite, encode (those that
 //! ran). Health checks and scrapes are not traced: a load balancer's probes every few
-//! seconds would bury the requests.
+//! seconds would bury the requests. gRPC's `ModelInfer` (`http::grpc`) gets the same
+//! tree, its server span named as OpenTelemetry's RPC conventions name it
+//! (`record_grpc`).
 //!
 //! Where the stages sit: decode ends when the handler hands the image on, the queue wait
 //! ends when the replica starts the run, the replica's stages follow each other from that
@@ -101,6 +103,90 @@ pub async fn record(State(state): State<Arc<AppState>>, request: Request, next: 
         .insert(TraceRef(sampled.trace_id.to_string()));
     tracer.record(spans);
     response
+}
+
+/// A gRPC call as its trace sees it.
+pub(in crate::http) struct GrpcCall<'a> {
+    /// `inference.GRPCInferenceService`.
+    pub service: &'static str,
+    /// `ModelInfer`.
+    pub method: &'static str,
+    /// The gRPC status code, and its name.
+    pub code: i32,
+    pub code_name: &'static str,
+    pub request_id: &'a str,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+/// The sampling decision for a gRPC call, from its `traceparent` and `tracestate`
+/// metadata (W3C trace context, as gRPC's OpenTelemetry instrumentations send it).
+pub(in crate::http) fn sample_grpc(
+    tracer: &Tracer,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Option<Sampled> {
+    let get = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
+    tracer.sample(get("traceparent").and_then(|tp| TraceParent::parse(tp, get("tracestate"))))
+}
+
+/// Exports a sampled gRPC call's spans: the SERVER span (`service/method`, with
+/// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`) and, for an
+/// answered inference, its stages.
+pub(in crate::http) fn record_grpc(
+    tracer: &Tracer,
+    sampled: &Sampled,
+    call: GrpcCall<'_>,
+    inference: Option<&Inference>,
+) {
+    let mut attributes = vec![
+        (Cow::Borrowed("rpc.system"), Value::Str("grpc".into())),
+        (
+            Cow::Borrowed("rpc.service"),
+            Value::Str(call.service.into()),
+        ),
+        (Cow::Borrowed("rpc.method"), Value::Str(call.method.into())),
+        (
+            Cow::Borrowed("rpc.grpc.status_code"),
+            Value::Int(i64::from(call.code)),
+        ),
+        (
+            Cow::Borrowed("celer.request_id"),
+            Value::Str(call.request_id.to_string().into()),
+        ),
+    ];
+    if let Some(i) = inference {
+        attributes.push((
+            Cow::Borrowed("celer.device"),
+            Value::Str(i.device.clone().into()),
+        ));
+    }
+    // OpenTelemetry's gRPC conventions: a server span is an error for these codes only.
+    let error = matches!(
+        call.code_name,
+        "UNKNOWN"
+            | "DEADLINE_EXCEEDED"
+            | "UNIMPLEMENTED"
+            | "INTERNAL"
+            | "UNAVAILABLE"
+            | "DATA_LOSS"
+    );
+    let server = SpanRecord {
+        trace_id: sampled.trace_id,
+        span_id: sampled.span_id,
+        parent: sampled.parent,
+        trace_state: sampled.trace_state.clone(),
+        name: format!("{}/{}", call.service, call.method).into(),
+        kind: SpanKind::Server,
+        start_unix_ns: tracer.unix_ns(call.start),
+        end_unix_ns: tracer.unix_ns(call.end),
+        attributes,
+        status: if error { Status::Error } else { Status::Unset },
+    };
+    let mut spans = vec![server];
+    if let Some(i) = inference {
+        spans.extend(stage_spans(tracer, sampled, i));
+    }
+    tracer.record(spans);
 }
 
 /// The stages of one inference as children of the request's span.

@@ -11,6 +11,7 @@ use super::infer::model_infer;
 use super::status::{code_name, code_of, status_of};
 use crate::http::access::{request_id, Inference};
 use crate::http::error::ApiError;
+use crate::http::spans::{record_grpc, sample_grpc, GrpcCall};
 use crate::http::v2::{model_named, readiness, OutputTensor, INPUTS, MODEL_VERSION};
 use crate::http::AppState;
 use crate::oip::inference::grpc_inference_service_server::GrpcInferenceService;
@@ -176,6 +177,10 @@ impl GrpcInferenceService for InferenceService {
         let start = Instant::now();
         let state = &self.state;
         let id = request_id(&request.metadata().clone().into_headers());
+        let sampled = state
+            .tracer
+            .as_ref()
+            .and_then(|t| sample_grpc(t, request.metadata()));
         let timeout = client_timeout(request.metadata());
         // The server's deadline reaches the scheduler, as REST's does: a run past it is
         // a stuck device's sign. The client's `grpc-timeout`, when sooner, ends the call
@@ -203,7 +208,20 @@ impl GrpcInferenceService for InferenceService {
         state
             .metrics
             .observe_grpc_inference(code_name(code), status, took, inference);
-        log_inference(&id, &result, took);
+        if let (Some(tracer), Some(sampled)) = (&state.tracer, &sampled) {
+            let call = GrpcCall {
+                service: "inference.GRPCInferenceService",
+                method: "ModelInfer",
+                code: code as i32,
+                code_name: code_name(code),
+                request_id: &id,
+                start,
+                end: Instant::now(),
+            };
+            record_grpc(tracer, sampled, call, inference);
+        }
+        let trace_id = sampled.as_ref().map(|s| s.trace_id.to_string());
+        log_inference(&id, &result, took, trace_id.as_deref());
         match result {
             Ok((response, _)) => Ok(Response::new(response)),
             Err(e) => Err(status_of(&e)),
@@ -216,6 +234,7 @@ fn log_inference(
     id: &str,
     result: &Result<(ModelInferResponse, Inference), ApiError>,
     took: Duration,
+    trace_id: Option<&str>,
 ) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let (code, inference) = match result {
@@ -232,6 +251,7 @@ fn log_inference(
         device = inference.map(|i| i.device.as_str()),
         queue_ms = inference.map(|i| ms(i.queued)),
         compute_ms = inference.map(|i| ms(i.compute)),
+        trace_id = trace_id.map(tracing::field::display),
         "request"
     );
 }
