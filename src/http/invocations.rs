@@ -23,7 +23,7 @@ use super::negotiate::{body_kind, wanted, BodyKind};
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
-use crate::matte::{Planes, StageTimings};
+use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{HostAlloc, RgbPixels};
 use crate::replica::{MatteJob, MatteOutput};
 use crate::sched::Admission;
@@ -109,6 +109,28 @@ pub async fn invocations(
 pub(super) struct Served {
     pub output: MatteOutput,
     pub inference: access::Inference,
+}
+
+impl Served {
+    /// Makes the answer from the planes with `encode` on the blocking pool, timed as the
+    /// encode stage; the answer, what `Inference` says of the request, and the image's
+    /// dimensions.
+    pub async fn encode<T: Send + 'static>(
+        self,
+        encode: impl FnOnce(&MattePlanes) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<(T, access::Inference, (u32, u32)), ApiError> {
+        let (mut inference, out) = (self.inference, self.output);
+        let (answer, timings, dimensions) = blocking(move || {
+            let mut timings = out.timings;
+            let t = Instant::now();
+            let answer = encode(&out.planes)?;
+            timings.encode = t.elapsed();
+            Ok((answer, timings, out.planes.dimensions()))
+        })
+        .await?;
+        inference.encoded(timings);
+        Ok((answer, inference, dimensions))
+    }
 }
 
 /// The part of the request path every protocol shares: an admitted, decoded image

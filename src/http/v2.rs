@@ -71,6 +71,20 @@ impl OutputTensor {
             })
     }
 
+    /// The planes a replica makes for these outputs.
+    pub fn planes(asked: impl IntoIterator<Item = Self>) -> Planes {
+        asked
+            .into_iter()
+            .fold(Planes::default(), |mut planes, tensor| {
+                match tensor {
+                    Self::Alpha => planes.alpha = true,
+                    Self::Trimap => planes.trimap = true,
+                    Self::Cutout => planes.cutout = true,
+                }
+                planes
+            })
+    }
+
     /// The protocol's datatype and shape (-1: any size).
     pub fn datatype_and_shape(self) -> (&'static str, &'static [i64]) {
         match self {
@@ -293,12 +307,7 @@ pub async fn infer(
     let pixels = state.pixels.clone();
     let parsed =
         blocking(move || parse_infer(bytes, json_length, &limits, pixels.as_ref())).await?;
-    let asked_for = |tensor| parsed.asked.iter().any(|a| a.tensor == tensor);
-    let planes = Planes {
-        alpha: asked_for(OutputTensor::Alpha),
-        trimap: asked_for(OutputTensor::Trimap),
-        cutout: asked_for(OutputTensor::Cutout),
-    };
+    let planes = OutputTensor::planes(parsed.asked.iter().map(|a| a.tensor));
     let served = run_image(
         &state,
         admission,
@@ -308,19 +317,11 @@ pub async fn infer(
         deadline,
     )
     .await?;
-    let mut inference = served.inference;
     let model = state.model.name.clone();
     let (id, asked) = (parsed.id, parsed.asked);
-    let (answer, timings, dimensions) = blocking(move || {
-        let out = served.output;
-        let mut timings = out.timings;
-        let t = Instant::now();
-        let answer = answer(&model, id, &asked, &out.planes)?;
-        timings.encode = t.elapsed();
-        Ok((answer, timings, out.planes.dimensions()))
-    })
-    .await?;
-    inference.encoded(timings);
+    let (answer, inference, dimensions) = served
+        .encode(move |planes| answer(&model, id, &asked, planes))
+        .await?;
     if let Some(limit) = state
         .hosting
         .max_response_bytes

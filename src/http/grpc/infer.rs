@@ -19,7 +19,7 @@ use crate::http::v2::{
     MODEL_VERSION,
 };
 use crate::http::AppState;
-use crate::matte::{MattePlanes, MissingPlane, Planes};
+use crate::matte::{MattePlanes, MissingPlane};
 use crate::oip::inference::infer_parameter::ParameterChoice;
 use crate::oip::inference::model_infer_request::InferInputTensor;
 use crate::oip::inference::model_infer_response::InferOutputTensor;
@@ -72,12 +72,7 @@ pub async fn model_infer(
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
     let parsed = blocking(move || parse(message, &limits, pixels.as_ref())).await?;
-    let asked_for = |tensor| parsed.asked.iter().any(|a| a.tensor == tensor);
-    let planes = Planes {
-        alpha: asked_for(OutputTensor::Alpha),
-        trimap: asked_for(OutputTensor::Trimap),
-        cutout: asked_for(OutputTensor::Cutout),
-    };
+    let planes = OutputTensor::planes(parsed.asked.iter().map(|a| a.tensor));
     let served = run_image(
         state,
         admission,
@@ -87,19 +82,11 @@ pub async fn model_infer(
         deadline,
     )
     .await?;
-    let mut inference = served.inference;
     let model = state.model.name.clone();
     let (id, asked, raw) = (parsed.id, parsed.asked, parsed.raw);
-    let (response, timings, (w, h)) = blocking(move || {
-        let out = served.output;
-        let mut timings = out.timings;
-        let t = Instant::now();
-        let response = answer(model, id, &asked, raw, &out.planes)?;
-        timings.encode = t.elapsed();
-        Ok((response, timings, out.planes.dimensions()))
-    })
-    .await?;
-    inference.encoded(timings);
+    let (response, inference, (w, h)) = served
+        .encode(move |planes| answer(model, id, &asked, raw, planes))
+        .await?;
     let size = prost::Message::encoded_len(&response);
     if let Some(limit) = state.hosting.max_response_bytes.filter(|&l| size > l) {
         return Err(ApiError::new(
