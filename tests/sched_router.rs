@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use celer::sched::metrics::DeviceLabel;
-use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime};
+use celer::sched::sim::{drive, sim_devices, Arrivals, LoadSpec, ServiceTime, SizeClass};
 use celer::sched::{
-    Done, JobError, QueueBudget, Routing, Scheduler, SchedulerConfig, SubmitError, Ticket,
+    Done, JobError, QueueBudget, Routing, Scheduler, SchedulerConfig, Scheduling, SubmitError,
+    Ticket,
 };
 use celer::spec::BatchingSpec;
 use sched_support::{eventually, gated, Gate, GateExecutor};
@@ -344,11 +345,14 @@ fn the_global_in_flight_limit_refuses_before_any_queue_is_full() {
 #[test]
 fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
     let gate = Gate::closed();
+    // By count: every request costs the measured service time, whatever is left of the
+    // run going on.
     let router = start(
         vec![gated("slow", 1, OFF, &gate)],
         SchedulerConfig {
             queue_capacity: 16,
             max_queue_wait: QueueBudget::Fixed(Duration::from_millis(250)),
+            scheduling: Scheduling::Count,
             ..SchedulerConfig::default()
         },
     );
@@ -378,6 +382,52 @@ fn admission_by_time_refuses_when_the_expected_wait_is_over_the_budget() {
         assert!(answer(t).is_ok());
     }
     assert!(router.submit(4, far()).is_ok());
+    router.shutdown();
+}
+
+#[test]
+fn admission_by_cost_counts_what_is_left_of_the_run_and_the_queued_work() {
+    let gate = Gate::closed();
+    // Prices of 100 s, so that the milliseconds this test takes are lost in them.
+    let router = start(
+        vec![gated("slow", 1, OFF, &gate)],
+        SchedulerConfig {
+            queue_capacity: 16,
+            max_queue_wait: QueueBudget::Fixed(Duration::from_secs(250)),
+            ..SchedulerConfig::default()
+        },
+    );
+    router.seed_service_time(0, Duration::from_secs(100));
+    let running = router.submit(0, far()).expect("admitted");
+    gate.wait_entered(1);
+    let queued: Vec<_> = (1..3)
+        .map(|id| router.submit(id, far()).expect("admitted"))
+        .collect();
+    // Nearly 100 s left of the run, 200 s queued: just under 300 s, over the budget.
+    let wait = router.estimated_wait().expect("measured");
+    assert!(
+        wait > Duration::from_secs(299) && wait <= Duration::from_secs(300),
+        "{wait:?}"
+    );
+    match router.submit(3, far()) {
+        Err(SubmitError::WaitTooLong {
+            estimated_ms,
+            budget_ms: 250_000,
+            retry_after_ms,
+        }) => {
+            assert!(
+                (299_000..=300_000).contains(&estimated_ms),
+                "{estimated_ms}"
+            );
+            assert_eq!(retry_after_ms, estimated_ms - 250_000);
+        }
+        other => panic!("expected WaitTooLong, got {:?}", other.map(|_| ())),
+    }
+    gate.set_open(true);
+    assert!(answer(running).is_ok());
+    for t in queued {
+        assert!(answer(t).is_ok());
+    }
     router.shutdown();
 }
 
@@ -450,6 +500,9 @@ fn expired_requests_are_dropped_before_they_run() {
         vec![gated("only", 1, OFF, &gate)],
         SchedulerConfig::default(),
     );
+    // Priced at next to nothing, so that the expiring request is admitted: it would
+    // finish in time, had it not to wait for the run the gate holds.
+    router.seed_service_time(0, Duration::from_nanos(1));
     let running = router.submit(0, far()).expect("admitted");
     gate.wait_entered(1);
     let expiring = router
@@ -565,6 +618,7 @@ fn simulated_devices_run_through_the_same_router() {
             median: Duration::from_micros(200),
             sigma: 0.2,
         },
+        Duration::ZERO,
         1,
         BatchingSpec::OFF,
         0.0,
@@ -589,7 +643,7 @@ fn simulated_devices_run_through_the_same_router() {
         &LoadSpec {
             arrivals: Arrivals::Poisson { rate_per_s: 1000.0 },
             requests: 300,
-            deadline: Duration::from_secs(600),
+            sizes: SizeClass::uniform(Duration::from_secs(600)),
             seed: 5,
         },
     );

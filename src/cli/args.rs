@@ -13,7 +13,7 @@ use clap::Args;
 
 use crate::codec::decode::DecodeLimits;
 use crate::config::{ConnLimits, Devices, HostingMode, Replicas};
-use crate::sched::{DeviceSelection, QueueBudget, Routing};
+use crate::sched::{DeviceSelection, QueueBudget, Routing, Scheduling};
 
 /// A count that must be at least 1.
 pub(super) fn at_least_one() -> RangedU64ValueParser<usize> {
@@ -166,9 +166,17 @@ pub struct ListenArgs {
 #[derive(Debug, Clone, Args)]
 pub struct AdmissionArgs {
     /// How a request picks its device: least-busy (earliest estimated completion), or
-    /// the round-robin and random baselines.
+    /// the least-outstanding, round-robin and random baselines.
     #[arg(long, env = "CELER_ROUTING", value_enum, default_value_t = Routing::LeastBusy)]
     pub routing: Routing,
+
+    /// What routing, admission and each device's queue order price a request by: cost
+    /// (each device's cost model, from the image's pixels; queues by priority, then
+    /// shortest expected first with aging; a request that cannot finish by its deadline
+    /// refused at once), or count (every request the same; queues in arrival order: the
+    /// baseline).
+    #[arg(long, env = "CELER_SCHEDULING", value_enum, default_value_t = Scheduling::Cost)]
+    pub scheduling: Scheduling,
 
     /// Requests that may wait per device, beyond those its replicas run; when every
     /// queue is full the server answers 503 at once.

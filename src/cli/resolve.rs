@@ -51,6 +51,7 @@ pub fn resolve(
             });
     let scheduler = SchedulerConfig {
         routing: args.admission.routing,
+        scheduling: args.admission.scheduling,
         queue_capacity: hosting.queue_capacity(args.admission.queue_capacity),
         max_in_flight: args.admission.max_in_flight,
         max_queue_wait,

@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::sched::sim::{
     drive, parse_sim_devices, sim_devices, Arrivals, LoadReport, LoadSpec, ServiceTime,
-    SimDevicesError,
+    SimDevicesError, SizeClass,
 };
 use crate::sched::{Routing, Scheduler, SchedulerConfig};
 use crate::spec::BatchingSpec;
@@ -102,6 +102,7 @@ impl Sim {
         let (setups, _) = sim_devices(
             point.speeds,
             self.service,
+            Duration::ZERO,
             self.args.replicas,
             BatchingSpec::OFF,
             0.0,
@@ -122,7 +123,7 @@ impl Sim {
             &LoadSpec {
                 arrivals: point.arrivals,
                 requests: self.args.requests,
-                deadline: Duration::from_secs(60),
+                sizes: SizeClass::uniform(Duration::from_secs(60)),
                 seed,
             },
         );

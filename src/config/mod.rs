@@ -132,8 +132,9 @@ impl fmt::Display for ServerConfig {
         )?;
         write!(
             f,
-            "routing {}, queue {} per device, in flight {}, queue wait budget {}; ",
+            "routing {} by {}, queue {} per device, in flight {}, queue wait budget {}; ",
             self.scheduler.routing,
+            self.scheduler.scheduling,
             self.scheduler.queue_capacity,
             count(self.scheduler.max_in_flight),
             self.scheduler.max_queue_wait

@@ -114,6 +114,14 @@ impl From<SubmitError> for ApiError {
                     format!("the server is at capacity ({e}); retry later"),
                 )
             },
+            SubmitError::DeadlineUnreachable { .. } => Self {
+                retry_after_s,
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "deadline_unreachable",
+                    format!("{e}: refused at once rather than answered late; retry later or with a longer deadline"),
+                )
+            },
             SubmitError::NoHealthyDevice => Self {
                 retry_after_s,
                 ..Self::new(
@@ -152,6 +160,11 @@ impl From<JobError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "deadline_exceeded",
                 "the request waited past its deadline; retry later",
+            ),
+            JobError::DeadlineUnreachable => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "deadline_unreachable",
+                "the request waited behind more urgent work until it could no longer finish by its deadline; retry later or with a longer deadline",
             ),
             JobError::Rejected(e) => e.into(),
             other => Self::internal(other),

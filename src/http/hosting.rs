@@ -156,6 +156,8 @@ mod tests {
             queued: 0,
             running: 0,
             service_s: None,
+            prices: None,
+            expected_wait_s: None,
         }
     }
 

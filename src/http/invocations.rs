@@ -20,13 +20,14 @@ use serde::Deserialize;
 use super::access;
 use super::error::ApiError;
 use super::negotiate::{body_kind, wanted, BodyKind};
+use super::urgency;
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{HostAlloc, RgbPixels};
 use crate::replica::{MatteJob, MatteOutput};
-use crate::sched::Admission;
+use crate::sched::{Admission, Terms, Work};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,7 +41,8 @@ pub async fn invocations(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let deadline = Instant::now() + state.limits.deadline;
+    let terms = urgency::Asked::from_custom_attributes(&headers)?
+        .terms(Instant::now(), state.limits.deadline)?;
     let kind = body_kind(&headers)?;
     let wanted = wanted(&headers, state.default_output)?;
     let output = wanted.kind;
@@ -72,7 +74,7 @@ pub async fn invocations(
         }
     };
     let planes = codec::planes_of(output);
-    let served = run_image(&state, admission, image, decode_time, planes, deadline).await?;
+    let served = run_image(&state, admission, image, decode_time, planes, terms).await?;
 
     let mut inference = served.inference;
     let queued = inference.queued;
@@ -134,15 +136,16 @@ impl Served {
 }
 
 /// The part of the request path every protocol shares: an admitted, decoded image
-/// through the router to a replica and back, under the request's deadline. The
-/// admission comes from `admit_and_read`, so that overload is answered at once.
+/// through the router to a replica and back, under the request's terms (its deadline
+/// and priority; its work, the image's pixels and whether it is composited, is priced
+/// here). The admission comes from `admit_and_read`, so that overload is answered at once.
 pub(super) async fn run_image(
     state: &AppState,
     admission: Admission,
     image: RgbPixels,
     decode_time: Duration,
     planes: Planes,
-    deadline: Instant,
+    terms: Terms,
 ) -> Result<Served, ApiError> {
     // Called as soon as the image is decoded.
     let decoded_at = Instant::now();
@@ -150,8 +153,11 @@ pub(super) async fn run_image(
         decode: decode_time,
         ..StageTimings::default()
     };
+    let work = Work::of_image(image.width(), image.height(), planes.cutout);
     let job = MatteJob::new(Arc::new(image), timings, planes);
-    let ticket = state.scheduler.submit_admitted(admission, job, deadline)?;
+    let ticket = state
+        .scheduler
+        .submit_admitted(admission, job, terms.with_work(work))?;
     let done = ticket.wait().await?;
     let inference = access::Inference {
         device: state

@@ -14,6 +14,7 @@ pub mod metrics;
 mod negotiate;
 pub mod server;
 mod spans;
+pub(crate) mod urgency;
 pub mod v2;
 
 use std::sync::atomic::{AtomicBool, Ordering};

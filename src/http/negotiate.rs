@@ -189,7 +189,7 @@ fn quality(ranges: &[MediaRange], (kind, subtype): (&str, &str)) -> f32 {
 }
 
 /// `key=value` pairs separated by `;` or `,`.
-fn custom_attribute(headers: &HeaderMap, key: &str) -> Option<String> {
+pub(super) fn custom_attribute(headers: &HeaderMap, key: &str) -> Option<String> {
     let value = headers.get(CUSTOM_ATTRIBUTES)?.to_str().ok()?;
     value.split([';', ',']).find_map(|pair| {
         let (k, v) = pair.split_once('=')?;

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::invocations::{admit_and_read, base64_payload, blocking, run_image, timed_decode};
+use super::urgency;
 use super::AppState;
 use crate::codec::decode::{self, DecodeLimits};
 use crate::codec::ImageFormat;
@@ -245,6 +246,25 @@ struct Parameters {
     binary_data: Option<bool>,
     binary_data_output: Option<bool>,
     format: Option<String>,
+    /// The request's priority level (1 runs first), as Triton takes it.
+    priority: Option<u64>,
+    /// The request's deadline in microseconds from its arrival, as Triton takes it.
+    timeout: Option<u64>,
+    /// The same in milliseconds, as SageMaker's `deadline-ms=`.
+    deadline_ms: Option<u64>,
+}
+
+impl Parameters {
+    /// The priority and deadline a request's parameters ask for; `timeout` and
+    /// `deadline_ms` together are the sooner.
+    fn urgency(&self) -> urgency::Asked {
+        let timeout = self.timeout.map(Duration::from_micros);
+        let deadline = self.deadline_ms.map(Duration::from_millis);
+        urgency::Asked {
+            priority: self.priority,
+            within: urgency::sooner(timeout, deadline),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,6 +308,7 @@ struct Parsed {
     decode_time: std::time::Duration,
     id: Option<String>,
     asked: Vec<Asked>,
+    urgency: urgency::Asked,
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/infer`.
@@ -297,7 +318,7 @@ pub async fn infer(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let deadline = Instant::now() + state.limits.deadline;
+    let arrived = Instant::now();
     model_named(&state, &params)?;
     let json_length = header_length(&headers)?;
     // As /invocations: refused before the body is read when overloaded (a fast 503),
@@ -308,13 +329,14 @@ pub async fn infer(
     let parsed =
         blocking(move || parse_infer(bytes, json_length, &limits, pixels.as_ref())).await?;
     let planes = OutputTensor::planes(parsed.asked.iter().map(|a| a.tensor));
+    let terms = parsed.urgency.terms(arrived, state.limits.deadline)?;
     let served = run_image(
         &state,
         admission,
         parsed.image,
         parsed.decode_time,
         planes,
-        deadline,
+        terms,
     )
     .await?;
     let model = state.model.name.clone();
@@ -476,6 +498,7 @@ fn parse_infer(
         decode_time,
         id: request.id,
         asked,
+        urgency: request.parameters.urgency(),
     })
 }
 

@@ -16,7 +16,7 @@ use crate::matte::{Matte, MattePlanes, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::ort::OrtError;
 use crate::pixels::RgbPixels;
-use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn};
+use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, RunParts};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
 use crate::stages::plane::Plane;
@@ -524,6 +524,10 @@ impl Executor for CpuExecutor {
 
     fn note_waiting(&mut self, waiting: usize) {
         self.pipeline.note_waiting(waiting);
+    }
+
+    fn parts(&self, output: &MatteOutput) -> Option<RunParts> {
+        Some(output.run_parts())
     }
 
     fn health_check(&mut self) -> Result<(), ExecError> {

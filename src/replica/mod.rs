@@ -17,7 +17,7 @@ use image::RgbImage;
 
 use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{self, RgbPixels};
-use crate::sched::{Executor, Scheduler};
+use crate::sched::{Executor, RunParts, Scheduler};
 
 /// The device stages' input: a decoded image (in the host block its decoder wrote, which
 /// a GPU uploads from), the times of the stages before, and the planes the answer shows
@@ -46,6 +46,21 @@ pub struct MatteOutput {
     /// At least the planes the job asked for.
     pub planes: MattePlanes,
     pub timings: StageTimings,
+}
+
+impl MatteOutput {
+    /// What the device's cost model learns from this run: the segmentation model's stage
+    /// is the fixed part (it runs at its input size whatever the image's), the cut-out's
+    /// composite its own; the rest (resampling, trimap, matting at the source size)
+    /// grows with the pixels. A matting model's run is counted with the rest: its stage
+    /// also resizes its alpha to the source size, and most pipelines refine with the
+    /// guided filter.
+    pub fn run_parts(&self) -> RunParts {
+        RunParts {
+            fixed: self.timings.model,
+            composite: self.timings.composite,
+        }
+    }
 }
 
 /// Any executor of the pipeline's stages: the CPU's (`cpu::CpuExecutor`), a GPU's

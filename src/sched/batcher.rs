@@ -1,13 +1,12 @@
 //! The dynamic batcher of one device: after a replica takes a request, it adds what is
-//! already waiting, up to `max_batch`. An idle device (nothing else queued) runs the lone
+//! already waiting (in the queue's order), up to `max_batch`. An idle device (nothing else queued) runs the lone
 //! request at once; only when a second request was already there does it wait up to
 //! `max_wait_us` for more. It never holds a health check or a stop behind a batch.
 
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
-
-use super::job::{Job, Work};
+use super::job::Job;
+use super::queue::{DeviceQueue, Wait, Work};
 use super::Executor;
 use crate::spec::BatchingSpec;
 
@@ -16,7 +15,7 @@ use crate::spec::BatchingSpec;
 /// met on the way, which the caller handles next.
 pub(crate) fn gather<E: Executor>(
     first: Job<E>,
-    jobs: &Receiver<Work<E>>,
+    jobs: &DeviceQueue<E>,
     spec: &BatchingSpec,
     mut still_wanted: impl FnMut(Job<E>) -> Option<Job<E>>,
 ) -> (Vec<Job<E>>, Option<Work<E>>) {
@@ -28,8 +27,8 @@ pub(crate) fn gather<E: Executor>(
     let mut wait_until: Option<Instant> = None;
     while batch.len() < spec.max_batch {
         let next = match wait_until {
-            None => jobs.try_recv().ok(),
-            Some(until) => jobs.recv_deadline(until).ok(),
+            None => jobs.take(Wait::No),
+            Some(until) => jobs.take(Wait::Until(until)),
         };
         match next {
             Some(Work::Job(job)) => batch.extend(still_wanted(job)),
@@ -49,7 +48,9 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::sched::cost::Work as Size;
     use crate::sched::metrics::SchedMetrics;
+    use crate::sched::queue::Order;
     use crate::sched::state::{DeviceState, Outstanding};
     use crate::sched::ExecError;
 
@@ -70,6 +71,9 @@ mod tests {
         let (reply, _) = tokio::sync::oneshot::channel();
         Job {
             input,
+            work: Size::default(),
+            cost: Duration::from_millis(1),
+            priority: 5,
             enqueued: Instant::now(),
             deadline: Instant::now() + Duration::from_secs(60),
             reply,
@@ -88,6 +92,10 @@ mod tests {
         ))
     }
 
+    fn push(queue: &DeviceQueue<Nothing>, job: Job<Nothing>) -> bool {
+        queue.push(job).is_ok()
+    }
+
     const SPEC: BatchingSpec = BatchingSpec {
         max_batch: 3,
         // Long enough that a test would notice a wait, never reached when idle.
@@ -97,7 +105,7 @@ mod tests {
     #[test]
     fn a_lone_request_runs_alone() {
         let state = state();
-        let (_tx, rx) = crossbeam_channel::bounded::<Work<Nothing>>(8);
+        let rx = DeviceQueue::<Nothing>::new(Order::Fifo, 8);
         let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
         assert_eq!(batch.len(), 1);
         assert!(deferred.is_none());
@@ -106,9 +114,9 @@ mod tests {
     #[test]
     fn waiting_requests_join_up_to_max_batch() {
         let state = state();
-        let (tx, rx) = crossbeam_channel::bounded(8);
+        let rx = DeviceQueue::new(Order::Fifo, 8);
         for i in 2..=5 {
-            assert!(tx.try_send(Work::Job(job(&state, i))).is_ok());
+            assert!(push(&rx, job(&state, i)));
         }
         let (batch, _) = gather(job(&state, 1), &rx, &SPEC, Some);
         let inputs: Vec<u32> = batch.iter().map(|j| j.input).collect();
@@ -119,21 +127,23 @@ mod tests {
     #[test]
     fn a_health_check_ends_the_batch_and_is_handed_back() {
         let state = state();
-        let (tx, rx) = crossbeam_channel::bounded(8);
-        assert!(tx.try_send(Work::Job(job(&state, 2))).is_ok());
-        assert!(tx.try_send(Work::HealthCheck).is_ok());
-        assert!(tx.try_send(Work::Job(job(&state, 3))).is_ok());
+        let rx = DeviceQueue::new(Order::Fifo, 8);
+        assert!(push(&rx, job(&state, 2)));
+        rx.push_health_check();
+        assert!(push(&rx, job(&state, 3)));
+        // The queue hands out a pending health check before any job.
         let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
-        assert_eq!(batch.len(), 2);
+        assert_eq!(batch.len(), 1);
         assert!(matches!(deferred, Some(Work::HealthCheck)));
+        assert_eq!(rx.len(), 2);
     }
 
     #[test]
     fn refused_jobs_are_left_out() {
         let state = state();
-        let (tx, rx) = crossbeam_channel::bounded(8);
+        let rx = DeviceQueue::new(Order::Fifo, 8);
         for i in 2..=4 {
-            assert!(tx.try_send(Work::Job(job(&state, i))).is_ok());
+            assert!(push(&rx, job(&state, i)));
         }
         let (batch, _) = gather(job(&state, 1), &rx, &SPEC, |j: Job<Nothing>| {
             (j.input != 2).then_some(j)

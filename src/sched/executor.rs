@@ -7,6 +7,8 @@ use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
+use super::cost::RunParts;
+
 /// Loads one replica's executor; called on that replica's own thread with its index.
 pub type LoadFn<E> = Arc<dyn Fn(usize) -> Result<E, ExecError> + Send + Sync>;
 
@@ -91,6 +93,13 @@ pub trait Executor: Send + 'static {
     /// device by it; the others ignore it.
     fn note_waiting(&mut self, _waiting: usize) {}
 
+    /// What of `output`'s run was its fixed part (the models) and its composite, for the
+    /// device's cost model (`super::cost`); for a batch, the fixed part is the batch's.
+    /// `None`: not known, and the sizes of the requests alone separate the parts.
+    fn parts(&self, _output: &Self::Output) -> Option<RunParts> {
+        None
+    }
+
     /// Brings a lost device back (reopen it, reload the models), on this replica's
     /// thread, after a run or health check returned `ExecError::DeviceLost`, while the
     /// router sends the device nothing. A passing health check then returns it
@@ -114,6 +123,10 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn note_waiting(&mut self, waiting: usize) {
         (**self).note_waiting(waiting)
+    }
+
+    fn parts(&self, output: &Self::Output) -> Option<RunParts> {
+        (**self).parts(output)
     }
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {

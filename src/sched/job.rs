@@ -1,27 +1,24 @@
-//! What a device's queue carries: a request's job (its input, its times and the channel
-//! its answer goes back on), a health check, or a stop. Made by the router, taken by the
-//! batcher and the replicas.
+//! What a device's queue carries for a request: its input, what it asks of the device
+//! (its work, priced on that device), its priority, its times and the channel its answer
+//! goes back on. Made by the router, taken by the batcher and the replicas.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::cost::Work;
+use super::queue::Entry;
 use super::state::Outstanding;
 use super::{Done, Executor, JobError};
-
-/// What a device's queue carries.
-pub(crate) enum Work<E: Executor> {
-    Job(Job<E>),
-    /// Run the executor's health check; a pass makes the device healthy.
-    HealthCheck,
-    /// One per replica at shutdown, behind the work already queued.
-    Stop,
-}
 
 pub(crate) type Reply<O> = oneshot::Sender<Result<Done<O>, JobError>>;
 
 pub(crate) struct Job<E: Executor> {
     pub input: E::Input,
+    pub work: Work,
+    /// `work`'s predicted service time on the device it is queued on.
+    pub cost: Duration,
+    pub priority: u8,
     pub enqueued: Instant,
     pub deadline: Instant,
     pub reply: Reply<E::Output>,
@@ -33,5 +30,14 @@ impl<E: Executor> Job<E> {
     pub fn fail(self, error: JobError) {
         // The requester may have gone: nothing to tell then.
         let _ = self.reply.send(Err(error));
+    }
+
+    pub fn entry(&self) -> Entry {
+        Entry {
+            priority: self.priority,
+            enqueued: self.enqueued,
+            cost: self.cost,
+            deadline: self.deadline,
+        }
     }
 }

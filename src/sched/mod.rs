@@ -9,24 +9,29 @@
 //! docs/architecture.md.
 
 mod batcher;
+pub mod cost;
 pub mod device;
 mod executor;
 mod job;
 pub mod metrics;
+mod queue;
 mod scheduler;
 pub mod sim;
 mod state;
+mod terms;
 mod worker;
 
 use std::time::{Duration, Instant};
 
+pub use cost::{Prices, RunParts, Work};
 pub use device::{Device, DeviceSelection};
 pub use executor::{ExecError, Executor, LoadFn, Recovery};
 pub use metrics::SchedMetrics;
 pub use scheduler::{
     estimated_completion, Admission, Answer, DeviceSetup, DeviceView, QueueBudget,
-    QueueBudgetError, Routing, Scheduler, SchedulerConfig, Ticket,
+    QueueBudgetError, Routing, Scheduler, SchedulerConfig, Scheduling, Ticket,
 };
+pub use terms::{Priority, PriorityError, Terms};
 
 /// A finished request: the executor's output and where and how it ran.
 #[derive(Debug)]
@@ -61,6 +66,14 @@ pub enum SubmitError {
         /// When the expected wait is back within the budget.
         retry_after_ms: u64,
     },
+    /// The device expected to finish it first would finish after its deadline.
+    #[error("the request would finish in about {expected_ms} ms, after its deadline in {deadline_ms} ms")]
+    DeadlineUnreachable {
+        expected_ms: u64,
+        deadline_ms: u64,
+        /// When the expected completion is back within the same deadline.
+        retry_after_ms: u64,
+    },
     #[error("no device is healthy")]
     NoHealthyDevice,
     #[error("the workers have stopped")]
@@ -72,6 +85,10 @@ pub enum SubmitError {
 pub enum JobError {
     #[error("the request's deadline passed before it finished")]
     DeadlineExceeded,
+    /// Refused when a replica would have taken it: the run, as priced, would end after
+    /// the deadline (it waited behind more urgent work).
+    #[error("the request could no longer finish by its deadline")]
+    DeadlineUnreachable,
     #[error("device {device}: {reason}")]
     Failed { device: String, reason: String },
     #[error("device {device}: the replica failed unexpectedly: {what}")]
@@ -89,7 +106,9 @@ impl SubmitError {
     /// When a refused request may be worth retrying, if the refusal says.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Overloaded { retry_after_ms, .. } | Self::WaitTooLong { retry_after_ms, .. } => {
+            Self::Overloaded { retry_after_ms, .. }
+            | Self::WaitTooLong { retry_after_ms, .. }
+            | Self::DeadlineUnreachable { retry_after_ms, .. } => {
                 Some(Duration::from_millis(*retry_after_ms))
             }
             Self::NoHealthyDevice => Some(Duration::from_secs(1)),
@@ -113,6 +132,7 @@ impl JobError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::DeadlineExceeded => "deadline",
+            Self::DeadlineUnreachable => "deadline_unreachable",
             Self::Failed { .. } => "backend",
             Self::Panicked { .. } => "panic",
             Self::DeviceUnhealthy { .. } => "unhealthy",

@@ -1,7 +1,13 @@
 //! The scheduler: one bounded queue per device, placement of each request (least busy by
-//! estimated completion, or the round-robin and random baselines), admission (queue
-//! bounds and a global in-flight limit, refused at once), device health with a watchdog
+//! estimated completion, or the least-outstanding, round-robin and random baselines),
+//! admission (queue bounds, a global in-flight limit, the expected wait against its
+//! budget and the request's deadline, refused at once), device health with a watchdog
 //! and health checks, and one fail-over per request. It never runs a model itself.
+//!
+//! Work is priced by each device's cost model (`Scheduling::Cost`, the default): a
+//! request's expected completion is what is left of the runs, the queued work that would
+//! run before it, and its own price. `Scheduling::Count` is the estimate by request count
+//! and the arrival order that came before, kept as the baseline to measure against.
 
 use std::fmt;
 use std::future::Future;
@@ -11,13 +17,15 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use tokio::sync::{oneshot, watch};
 
+use super::cost::{Prices, Work};
 use super::executor::LoadFn;
-use super::job::{Job, Work};
+use super::job::Job;
 use super::metrics::{us, ReasonLabel, SchedMetrics};
+use super::queue::{DeviceQueue, Entry, Order, PushError};
 use super::state::{DeviceState, Outstanding};
+use super::terms::Terms;
 use super::worker::{self, ReplicaConfig};
 use super::{Done, Executor, JobError, LoadFailed, Readiness, SubmitError};
 use crate::spec::BatchingSpec;
@@ -28,6 +36,9 @@ pub enum Routing {
     /// The device with the earliest estimated completion.
     #[default]
     LeastBusy,
+    /// The device with the fewest requests queued or running (baseline: SageMaker's
+    /// least-outstanding-requests router over one copy per device).
+    LeastOutstanding,
     /// Each device in turn (baseline).
     RoundRobin,
     /// A uniformly random device per request (baseline).
@@ -38,6 +49,7 @@ impl fmt::Display for Routing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::LeastBusy => "least-busy",
+            Self::LeastOutstanding => "least-outstanding",
             Self::RoundRobin => "round-robin",
             Self::Random => "random",
         })
@@ -52,9 +64,33 @@ pub struct DeviceSetup<E> {
     pub load: LoadFn<E>,
 }
 
+/// How the scheduler prices a request: what routing, admission and a device's queue
+/// order go by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheduling {
+    /// By work: each device's cost model prices the request from its size; queues run
+    /// by priority, then shortest expected first with aging, deadlines kept; a request
+    /// that cannot finish by its deadline is refused at once.
+    #[default]
+    Cost,
+    /// By count: every request costs the device's mean service time; queues run in
+    /// arrival order (the estimate before the cost model, kept as a baseline).
+    Count,
+}
+
+impl fmt::Display for Scheduling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cost => "cost",
+            Self::Count => "count",
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     pub routing: Routing,
+    pub scheduling: Scheduling,
     /// Requests that may wait per device, besides those its replicas run.
     pub queue_capacity: usize,
     /// Admitted requests not yet answered, over every device. `None`: each device's
@@ -73,6 +109,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             routing: Routing::LeastBusy,
+            scheduling: Scheduling::Cost,
             queue_capacity: 16,
             max_in_flight: None,
             max_queue_wait: QueueBudget::Off,
@@ -159,6 +196,11 @@ pub struct DeviceView {
     pub running: usize,
     /// Moving average of service time per request; `None` before the first.
     pub service_s: Option<f64>,
+    /// The cost model's prices; `None` before the first run.
+    pub prices: Option<Prices>,
+    /// The expected wait before one of its replicas starts a request placed on it now;
+    /// `None` before a service time is measured.
+    pub expected_wait_s: Option<f64>,
 }
 
 pub struct Scheduler<E: Executor> {
@@ -169,6 +211,7 @@ pub struct Scheduler<E: Executor> {
 struct Shared<E: Executor> {
     devices: Vec<DeviceSlot<E>>,
     routing: Routing,
+    scheduling: Scheduling,
     queue_capacity: usize,
     max_in_flight: usize,
     max_queue_wait: QueueBudget,
@@ -185,9 +228,14 @@ struct Shared<E: Executor> {
 
 struct DeviceSlot<E: Executor> {
     state: Arc<DeviceState>,
-    queue: Sender<Work<E>>,
-    /// The same queue's far end, for the watchdog to move requests off a failed device.
-    drain: Receiver<Work<E>>,
+    /// Shared with the device's replicas; closed when the router goes.
+    queue: Arc<DeviceQueue<E>>,
+}
+
+impl<E: Executor> Drop for DeviceSlot<E> {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 impl<E: Executor> DeviceSlot<E> {
@@ -219,9 +267,13 @@ impl<E: Executor> Scheduler<E> {
                 epoch,
             ));
             // Room for the replicas' next jobs too: a job sent to an idle replica sits in
-            // the channel until its thread wakes, and must not take a queue place meanwhile
+            // the queue until its thread wakes, and must not take a queue place meanwhile
             // (a device is full by its outstanding count, `DeviceSlot::full`).
-            let (queue, jobs) = crossbeam_channel::bounded(queue_capacity + replicas);
+            let order = match config.scheduling {
+                Scheduling::Cost => Order::Cost,
+                Scheduling::Count => Order::Fifo,
+            };
+            let queue = Arc::new(DeviceQueue::new(order, queue_capacity + replicas));
             for replica in 0..replicas {
                 let config = ReplicaConfig {
                     index: replica,
@@ -229,7 +281,7 @@ impl<E: Executor> Scheduler<E> {
                     batching: setup.batching,
                     unhealthy_after_failures: config.unhealthy_after_failures,
                 };
-                match worker::spawn(state.clone(), config, jobs.clone()) {
+                match worker::spawn(state.clone(), config, queue.clone()) {
                     Ok(thread) => threads.push(thread),
                     Err(e) => {
                         let mut slot = state.load_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -237,11 +289,7 @@ impl<E: Executor> Scheduler<E> {
                     }
                 }
             }
-            slots.push(DeviceSlot {
-                state,
-                queue,
-                drain: jobs,
-            });
+            slots.push(DeviceSlot { state, queue });
         }
         let max_in_flight = config.max_in_flight.unwrap_or_else(|| {
             slots
@@ -252,6 +300,7 @@ impl<E: Executor> Scheduler<E> {
         let shared = Arc::new(Shared {
             devices: slots,
             routing: config.routing,
+            scheduling: config.scheduling,
             queue_capacity,
             max_in_flight: max_in_flight.max(1),
             max_queue_wait: config.max_queue_wait,
@@ -280,29 +329,31 @@ impl<E: Executor> Scheduler<E> {
         }
     }
 
-    /// Admits `input` and queues it on a device, or refuses at once: `Overloaded` when
-    /// the in-flight limit or the chosen queue is full, `NoHealthyDevice`, `Stopped`.
+    /// Admits `input`, a request of no particular size at the default priority, and
+    /// queues it on a device, or refuses at once: `Overloaded` when the in-flight limit
+    /// or the chosen queue is full, `NoHealthyDevice`, `Stopped`.
     pub fn submit(&self, input: E::Input, deadline: Instant) -> Result<Ticket<E>, SubmitError> {
-        self.submit_admitted(self.admit()?, input, deadline)
+        self.submit_admitted(self.admit()?, input, Terms::by(deadline))
     }
 
     /// Queues `input` on a device with the slot `admission` holds, or refuses at once
-    /// (`Overloaded` when the chosen queue is full, `NoHealthyDevice`, `Stopped`),
-    /// giving the slot back.
+    /// (`Overloaded` when the chosen queue is full, `DeadlineUnreachable` when the device
+    /// expected to finish it first would finish after `terms.deadline`,
+    /// `NoHealthyDevice`, `Stopped`), giving the slot back.
     pub fn submit_admitted(
         &self,
         mut admission: Admission,
         input: E::Input,
-        deadline: Instant,
+        terms: Terms,
     ) -> Result<Ticket<E>, SubmitError> {
         // A refusal drops `admission`, which gives the slot back.
-        let placed = self.shared.enqueue(input.clone(), deadline, None)?;
+        let placed = self.shared.enqueue(input.clone(), &terms, None)?;
         // From here the ticket owns the in-flight slot; dropping it gives the slot back.
         admission.holds_slot = false;
         Ok(Ticket {
             shared: self.shared.clone(),
             input,
-            deadline,
+            terms,
             admitted: admission.admitted,
             placed,
             failed_over: false,
@@ -329,7 +380,7 @@ impl<E: Executor> Scheduler<E> {
                 retry_after_ms: shared.time_to_finish(to_free).map_or(1000, ms),
             })
         } else {
-            match (shared.queue_budget(), shared.estimated_wait(ahead)) {
+            match (shared.queue_budget(), shared.expected_wait(ahead)) {
                 (Some(budget), Some(wait)) if wait > budget => Some(SubmitError::WaitTooLong {
                     estimated_ms: ms(wait),
                     budget_ms: ms(budget),
@@ -357,18 +408,18 @@ impl<E: Executor> Scheduler<E> {
         self.admit().map(drop)
     }
 
-    /// The expected wait before a replica starts a request admitted now: those admitted
-    /// and not yet started (beyond the free replicas) shared over the healthy devices'
-    /// measured throughput. `None` until a service time has been measured.
+    /// The expected wait before a replica starts a request admitted now (see
+    /// `Shared::expected_wait`). `None` until a service time has been measured.
     pub fn estimated_wait(&self) -> Option<Duration> {
         self.shared
-            .estimated_wait(self.shared.in_flight.load(Ordering::Acquire))
+            .expected_wait(self.shared.in_flight.load(Ordering::Acquire))
     }
 
-    /// The device the routing policy would give a request now, without admitting one:
-    /// the router's decision alone (round robin advances its turn).
-    pub fn choose(&self) -> Result<usize, SubmitError> {
-        self.shared.place(None)
+    /// The device the routing policy would give a request of `work` now, without
+    /// admitting one: the router's decision alone (round robin advances its turn).
+    pub fn choose(&self, work: Work) -> Result<usize, SubmitError> {
+        let terms = Terms::by(Instant::now() + Duration::from_secs(3600)).with_work(work);
+        self.shared.place(None, &terms).map(|p| p.device)
     }
 
     pub fn readiness(&self) -> Readiness {
@@ -417,7 +468,8 @@ impl<E: Executor> Scheduler<E> {
         self.shared
             .devices
             .iter()
-            .map(|slot| {
+            .enumerate()
+            .map(|(index, slot)| {
                 let s = &slot.state;
                 DeviceView {
                     name: s.name.clone(),
@@ -427,6 +479,8 @@ impl<E: Executor> Scheduler<E> {
                     queued: slot.queue.len(),
                     running: s.running.load(Ordering::Acquire),
                     service_s: s.service_s(),
+                    prices: s.cost.prices(),
+                    expected_wait_s: self.shared.device_wait(index).map(|w| w.as_secs_f64()),
                 }
             })
             .collect()
@@ -487,7 +541,7 @@ impl<E: Executor> Scheduler<E> {
         self.shared.stopped.store(true, Ordering::Release);
         for slot in &self.shared.devices {
             for _ in 0..slot.state.replicas {
-                let _ = slot.queue.send_timeout(Work::Stop, Duration::from_secs(30));
+                slot.queue.push_stop();
             }
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
@@ -554,16 +608,87 @@ impl<E: Executor> Shared<E> {
     }
 
     /// The expected wait before a replica starts a request that finds `ahead` admitted
-    /// requests: those beyond the replicas must finish first.
-    fn estimated_wait(&self, ahead: usize) -> Option<Duration> {
-        let (_, replicas) = self.throughput()?;
-        self.time_to_finish((ahead + 1).saturating_sub(replicas))
+    /// requests. By count: those beyond the replicas must finish first, at the devices'
+    /// throughput. By cost: each device's wait (`device_wait`) weighed by its share of the
+    /// throughput (where the router would send the work), plus the admitted requests not
+    /// yet placed (being read or decoded) beyond the free replicas, at the throughput.
+    fn expected_wait(&self, ahead: usize) -> Option<Duration> {
+        let (rate, replicas) = self.throughput()?;
+        if self.scheduling == Scheduling::Count {
+            return self.time_to_finish((ahead + 1).saturating_sub(replicas));
+        }
+        let (mut placed, mut free, mut weighted) = (0, 0, 0.0);
+        for (index, slot) in self.devices.iter().enumerate() {
+            let s = &slot.state;
+            let outstanding = s.outstanding.load(Ordering::Acquire);
+            placed += outstanding;
+            if let (true, Some(service_s)) = (s.is_healthy(), s.service_s()) {
+                let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
+                free += working.saturating_sub(outstanding);
+                let wait = self.device_wait(index).unwrap_or_default();
+                weighted += working as f64 / service_s * wait.as_secs_f64();
+            }
+        }
+        let unplaced = ahead.saturating_sub(placed);
+        if unplaced < free {
+            return Some(Duration::ZERO);
+        }
+        let s = (weighted + (unplaced - free) as f64) / rate;
+        Some(Duration::from_secs_f64(s.min(3600.0)))
+    }
+
+    /// The expected wait before one of `device`'s replicas starts a request placed on it
+    /// now, after everything queued there; `None` before its service time is measured.
+    fn device_wait(&self, device: usize) -> Option<Duration> {
+        let slot = &self.devices[device];
+        let s = &slot.state;
+        let service_s = s.service_s()?;
+        Some(match self.scheduling {
+            Scheduling::Count => {
+                let outstanding = s.outstanding.load(Ordering::Acquire);
+                Duration::from_secs_f64(
+                    estimated_completion(outstanding, s.replicas, service_s) - service_s,
+                )
+            }
+            Scheduling::Cost => self.wait_on(device, slot.queue.cost()),
+        })
+    }
+
+    /// The wait on `device` of a request that runs after `queued` of its queued work: none
+    /// while a replica is free, else what is left of the runs and that work, shared over
+    /// the replicas that are not stuck.
+    fn wait_on(&self, device: usize, queued: Duration) -> Duration {
+        let s = &self.devices[device].state;
+        let working = s
+            .replicas
+            .saturating_sub(s.stuck.load(Ordering::Acquire))
+            .max(1);
+        if s.outstanding.load(Ordering::Acquire) < working {
+            return Duration::ZERO;
+        }
+        (s.running_left() + queued) / working as u32
+    }
+
+    /// `work`'s price on `device`: its own cost model's; before its first run, the
+    /// fastest measured device's (so that it gets tried and measured), or the prior.
+    fn price(&self, device: usize, work: Work) -> Duration {
+        if let Some(prices) = self.devices[device].state.cost.prices() {
+            return prices.predict(work);
+        }
+        self.devices
+            .iter()
+            .filter(|slot| slot.state.is_healthy())
+            .filter_map(|slot| slot.state.cost.prices())
+            .map(|p| p.predict(work))
+            .min()
+            .unwrap_or_else(|| Prices::PRIOR.predict(work))
     }
 
     fn count_rejection(&self, e: &SubmitError) {
         let reason = match e {
             SubmitError::Overloaded { .. } => "overloaded",
             SubmitError::WaitTooLong { .. } => "wait_too_long",
+            SubmitError::DeadlineUnreachable { .. } => "deadline_unreachable",
             SubmitError::NoHealthyDevice => "no_healthy_device",
             SubmitError::Stopped => "stopped",
         };
@@ -576,12 +701,12 @@ impl<E: Executor> Shared<E> {
     fn enqueue(
         &self,
         input: E::Input,
-        deadline: Instant,
+        terms: &Terms,
         exclude: Option<usize>,
     ) -> Result<Placed<E::Output>, SubmitError> {
         let result = self
-            .place(exclude)
-            .and_then(|device| self.send_to(device, input, deadline));
+            .place(exclude, terms)
+            .and_then(|placement| self.send_to(placement, input, terms));
         if let Err(e) = &result {
             self.count_rejection(e);
         }
@@ -592,10 +717,49 @@ impl<E: Executor> Shared<E> {
         Some(device) != exclude && self.devices[device].state.is_healthy()
     }
 
-    /// The device for the next request under the routing policy.
-    fn place(&self, exclude: Option<usize>) -> Result<usize, SubmitError> {
+    fn overloaded(&self) -> SubmitError {
+        SubmitError::Overloaded {
+            capacity: self.queue_capacity,
+            retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
+        }
+    }
+
+    /// The device for the next request under the routing policy, and the request's
+    /// price there. By cost, a request the chosen device would finish after its
+    /// deadline is refused here, at once.
+    fn place(&self, exclude: Option<usize>, terms: &Terms) -> Result<Placement, SubmitError> {
         let n = self.devices.len();
-        match self.routing {
+        let now = Instant::now();
+        let by_cost = self.scheduling == Scheduling::Cost;
+        // When `device` would finish the request: (its price, the expected completion).
+        let completion = |device: usize| -> (Duration, Duration) {
+            let cost = self.price(device, terms.work);
+            let slot = &self.devices[device];
+            let ahead = slot.queue.cost_ahead(&Entry {
+                priority: terms.priority.level(),
+                enqueued: now,
+                cost,
+                deadline: terms.deadline,
+            });
+            (cost, self.wait_on(device, ahead) + cost)
+        };
+        let open = |i: usize| self.usable(i, exclude) && !self.devices[i].full(self.queue_capacity);
+        let any_healthy = || (0..n).any(|i| self.usable(i, exclude));
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        // From the cursor, so that ties rotate.
+        let rotated = (0..n).map(|k| (start + k) % n);
+        let (device, priced) = match self.routing {
+            Routing::LeastBusy if by_cost => {
+                let best = rotated
+                    .filter(|&i| open(i))
+                    .map(|i| (i, completion(i)))
+                    .min_by_key(|&(_, (_, done))| done);
+                match best {
+                    Some((i, priced)) => (i, Some(priced)),
+                    None if any_healthy() => return Err(self.overloaded()),
+                    None => return Err(SubmitError::NoHealthyDevice),
+                }
+            }
             Routing::LeastBusy => {
                 // A device not measured yet counts as fast as the fastest measured one,
                 // so that it gets tried and measured.
@@ -604,46 +768,41 @@ impl<E: Executor> Shared<E> {
                     .filter_map(|i| self.devices[i].state.service_s())
                     .fold(f64::INFINITY, f64::min);
                 let fallback = if fastest.is_finite() { fastest } else { 1.0 };
-                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-                let mut best: Option<(usize, f64)> = None;
-                let mut any_healthy = false;
-                for k in 0..n {
-                    let i = (start + k) % n;
-                    if !self.usable(i, exclude) {
-                        continue;
-                    }
-                    any_healthy = true;
-                    let slot = &self.devices[i];
-                    if slot.full(self.queue_capacity) {
-                        continue;
-                    }
-                    let s = &slot.state;
-                    let estimate = estimated_completion(
+                let estimate = |i: usize| {
+                    let s = &self.devices[i].state;
+                    estimated_completion(
                         s.outstanding.load(Ordering::Acquire),
                         s.replicas,
                         s.service_s().unwrap_or(fallback),
-                    );
-                    if best.is_none_or(|(_, b)| estimate < b) {
-                        best = Some((i, estimate));
+                    )
+                };
+                let mut best: Option<(usize, f64)> = None;
+                for i in rotated.filter(|&i| open(i)) {
+                    let e = estimate(i);
+                    if best.is_none_or(|(_, b)| e < b) {
+                        best = Some((i, e));
                     }
                 }
                 match best {
-                    Some((i, _)) => Ok(i),
-                    None if any_healthy => Err(SubmitError::Overloaded {
-                        capacity: self.queue_capacity,
-                        retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
-                    }),
-                    None => Err(SubmitError::NoHealthyDevice),
+                    Some((i, _)) => (i, None),
+                    None if any_healthy() => return Err(self.overloaded()),
+                    None => return Err(SubmitError::NoHealthyDevice),
+                }
+            }
+            Routing::LeastOutstanding => {
+                let fewest = rotated
+                    .filter(|&i| open(i))
+                    .min_by_key(|&i| self.devices[i].state.outstanding.load(Ordering::Acquire));
+                match fewest {
+                    Some(i) => (i, None),
+                    None if any_healthy() => return Err(self.overloaded()),
+                    None => return Err(SubmitError::NoHealthyDevice),
                 }
             }
             Routing::RoundRobin => {
-                for _ in 0..n {
-                    let i = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
-                    if self.usable(i, exclude) {
-                        return Ok(i);
-                    }
-                }
-                Err(SubmitError::NoHealthyDevice)
+                let mut rotated = rotated;
+                let turn = rotated.find(|&i| self.usable(i, exclude));
+                (turn.ok_or(SubmitError::NoHealthyDevice)?, None)
             }
             Routing::Random => {
                 let healthy = (0..n).filter(|&i| self.usable(i, exclude)).count();
@@ -651,47 +810,64 @@ impl<E: Executor> Shared<E> {
                     return Err(SubmitError::NoHealthyDevice);
                 }
                 let pick = fastrand::usize(..healthy);
-                (0..n)
+                let i = (0..n)
                     .filter(|&i| self.usable(i, exclude))
                     .nth(pick)
-                    .ok_or(SubmitError::NoHealthyDevice)
+                    .ok_or(SubmitError::NoHealthyDevice)?;
+                (i, None)
+            }
+        };
+        let (cost, done) = match priced {
+            Some(priced) => priced,
+            None if by_cost => completion(device),
+            // By count the price only orders nothing; it is still what the device's wait
+            // figures and the replica's running cost are kept in.
+            None => (self.price(device, terms.work), Duration::ZERO),
+        };
+        if by_cost {
+            let left = terms.deadline.saturating_duration_since(now);
+            if done > left {
+                return Err(SubmitError::DeadlineUnreachable {
+                    expected_ms: ms(done),
+                    deadline_ms: ms(left),
+                    retry_after_ms: ms(done - left).max(1),
+                });
             }
         }
+        Ok(Placement { device, cost })
     }
 
     fn send_to(
         &self,
-        device: usize,
+        placement: Placement,
         input: E::Input,
-        deadline: Instant,
+        terms: &Terms,
     ) -> Result<Placed<E::Output>, SubmitError> {
+        let device = placement.device;
         let slot = &self.devices[device];
         if slot.full(self.queue_capacity) {
-            return Err(SubmitError::Overloaded {
-                capacity: self.queue_capacity,
-                retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
-            });
+            return Err(self.overloaded());
         }
         let (reply, receiver) = oneshot::channel();
         let health = slot.state.watch_health();
         let job = Job {
             input,
+            work: terms.work,
+            cost: placement.cost,
+            priority: terms.priority.level(),
             enqueued: Instant::now(),
-            deadline,
+            deadline: terms.deadline,
             reply,
             _outstanding: Outstanding::new(&slot.state),
         };
-        match slot.queue.try_send(Work::Job(job)) {
+        match slot.queue.push(job) {
             Ok(()) => Ok(Placed {
                 device,
                 reply: receiver,
                 health,
             }),
-            Err(TrySendError::Full(_)) => Err(SubmitError::Overloaded {
-                capacity: self.queue_capacity,
-                retry_after_ms: self.time_to_finish(1).map_or(1000, ms),
-            }),
-            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+            Err(PushError::Full(_)) => Err(self.overloaded()),
+            Err(PushError::Closed(_)) => Err(SubmitError::Stopped),
         }
     }
 
@@ -728,30 +904,27 @@ impl<E: Executor> Shared<E> {
             if s.is_healthy() {
                 continue;
             }
-            let mut check_drained = false;
-            while let Ok(work) = slot.drain.try_recv() {
-                match work {
-                    Work::Job(job) => job.fail(JobError::DeviceUnhealthy {
-                        device: s.name.clone(),
-                    }),
-                    Work::HealthCheck => check_drained = true,
-                    Work::Stop => {
-                        let _ = slot.queue.try_send(Work::Stop);
-                        break;
-                    }
-                }
+            for job in slot.queue.drain_jobs() {
+                job.fail(JobError::DeviceUnhealthy {
+                    device: s.name.clone(),
+                });
             }
             let due = now.saturating_sub(s.last_health_check_ns.load(Ordering::Acquire))
                 >= self.health_check_interval.as_nanos() as u64;
-            if check_drained || (due && !s.health_check_pending.load(Ordering::Acquire)) {
-                let sent = slot.queue.try_send(Work::HealthCheck).is_ok();
-                s.health_check_pending.store(sent, Ordering::Release);
-                if sent && !check_drained {
-                    s.last_health_check_ns.store(now, Ordering::Release);
-                }
+            if due && !s.health_check_pending.load(Ordering::Acquire) {
+                s.health_check_pending.store(true, Ordering::Release);
+                s.last_health_check_ns.store(now, Ordering::Release);
+                slot.queue.push_health_check();
             }
         }
     }
+}
+
+/// Where the router put a request, and its price there.
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    device: usize,
+    cost: Duration,
 }
 
 fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {
@@ -794,7 +967,7 @@ pub type Answer<O> = Pin<Box<dyn Future<Output = Result<Done<O>, JobError>> + Se
 pub struct Ticket<E: Executor> {
     shared: Arc<Shared<E>>,
     input: E::Input,
-    deadline: Instant,
+    terms: Terms,
     admitted: Instant,
     /// Where the request is queued now (moved once on fail-over).
     placed: Placed<E::Output>,
@@ -830,12 +1003,12 @@ impl<E: Executor> Ticket<E> {
                 })),
                 // Before the health signal: the watchdog marks a device unhealthy when a
                 // run passes its deadline, and that request's answer is its deadline.
-                () = tokio::time::sleep_until(self.deadline.into()) => Err(JobError::DeadlineExceeded),
+                () = tokio::time::sleep_until(self.terms.deadline.into()) => Err(JobError::DeadlineExceeded),
                 // A timer past its deadline fires on the timer's next turn, not at its
                 // first poll, while a lost device's signal is ready at once: a ticket
                 // first polled after both (a busy machine) is still answered by its
                 // deadline.
-                () = health_lost(&mut placed.health) => Err(if Instant::now() >= self.deadline {
+                () = health_lost(&mut placed.health) => Err(if Instant::now() >= self.terms.deadline {
                     JobError::DeadlineExceeded
                 } else {
                     JobError::DeviceUnhealthy {
@@ -854,14 +1027,14 @@ impl<E: Executor> Ticket<E> {
                 Err(e)
                     if e.is_device_fault()
                         && !self.failed_over
-                        && Instant::now() < self.deadline =>
+                        && Instant::now() < self.terms.deadline =>
                 {
                     self.failed_over = true;
                     m.failover.inc();
                     tracing::warn!(device = %state.name, error = %e, "failing the request over to another device");
                     match self
                         .shared
-                        .enqueue(self.input.clone(), self.deadline, Some(device))
+                        .enqueue(self.input.clone(), &self.terms, Some(device))
                     {
                         Ok(next) => self.placed = next,
                         // A run that failed, with nowhere else to go, is that run's error

@@ -1,15 +1,18 @@
 //! Simulated devices, for tests and capacity planning (`celer sim`) only; `serve` never
-//! builds them. A simulated replica sleeps for a service time drawn from a lognormal
-//! distribution divided by its device's speed, on a real replica thread behind the real
-//! router, queues and batcher: what the load generator measures is the scheduler. Time is
-//! wall time, so keep service times small (a median of a few milliseconds).
+//! builds them. A simulated replica sleeps for a service time (a fixed part, the models,
+//! plus a part per megapixel of the request) times a lognormal draw, divided by its
+//! device's speed, on a real replica thread behind the real router, queues and batcher:
+//! what the load generator measures is the scheduler. Time is wall time, so keep service
+//! times small (a median of a few milliseconds).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::cost::{RunParts, Work};
 use super::scheduler::{DeviceSetup, Scheduler};
-use super::{ExecError, Executor, SubmitError};
+use super::terms::Terms;
+use super::{ExecError, Executor, JobError, SubmitError};
 use crate::spec::BatchingSpec;
 
 /// A lognormal service time: `median x exp(sigma x Z)`, Z standard normal.
@@ -77,7 +80,11 @@ pub struct SimControl {
 /// How a simulated device behaves.
 #[derive(Debug, Clone, Copy)]
 pub struct SimProfile {
+    /// The fixed part's distribution (its median is the models' time at speed 1).
     pub service: ServiceTime,
+    /// The part that grows with the request's pixels, per megapixel at speed 1 (drawn
+    /// with the same lognormal factor as the fixed part).
+    pub per_megapixel: Duration,
     pub speed: f64,
     /// Extra time per additional request in a batch, as a share of one request's: a
     /// batch of n takes `t x (1 + batch_cost x (n - 1))`.
@@ -105,25 +112,43 @@ impl SimExecutor {
 #[error("simulated device failure")]
 pub struct SimFailure;
 
-impl Executor for SimExecutor {
-    type Input = ();
-    /// The service time the run was given.
-    type Output = Duration;
+/// What a simulated run took, and its fixed part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimRun {
+    pub took: Duration,
+    pub fixed: Duration,
+}
 
-    fn run_batch(&mut self, inputs: &[&()]) -> Result<Vec<Duration>, ExecError> {
+impl Executor for SimExecutor {
+    type Input = Work;
+    type Output = SimRun;
+
+    fn run_batch(&mut self, inputs: &[&Work]) -> Result<Vec<SimRun>, ExecError> {
         self.control.runs.fetch_add(1, Ordering::Relaxed);
         if self.control.failing.load(Ordering::Acquire) {
             return Err(SimFailure.into());
         }
         let p = self.profile;
         let extra = p.batch_cost * inputs.len().saturating_sub(1) as f64;
-        let t = p
+        let fixed = p
             .service
             .sample(&mut self.rng)
             .div_f64(p.speed)
             .mul_f64(1.0 + extra);
-        std::thread::sleep(t);
-        Ok(vec![t; inputs.len()])
+        // The same draw scales both parts: a slow moment of the device is slow for all.
+        let factor = fixed.as_secs_f64() / p.service.median.as_secs_f64().max(1e-12);
+        let megapixels: f64 = inputs.iter().map(|w| w.pixels as f64 / 1e6).sum();
+        let variable = p.per_megapixel.mul_f64(megapixels * factor / p.speed);
+        let took = fixed + variable;
+        std::thread::sleep(took);
+        Ok(vec![SimRun { took, fixed }; inputs.len()])
+    }
+
+    fn parts(&self, output: &SimRun) -> Option<RunParts> {
+        Some(RunParts {
+            fixed: output.fixed,
+            composite: Duration::ZERO,
+        })
     }
 
     fn health_check(&mut self) -> Result<(), ExecError> {
@@ -138,6 +163,7 @@ impl Executor for SimExecutor {
 pub fn sim_devices(
     speeds: &[f64],
     service: ServiceTime,
+    per_megapixel: Duration,
     replicas: usize,
     batching: BatchingSpec,
     batch_cost: f64,
@@ -149,6 +175,7 @@ pub fn sim_devices(
         let control = Arc::new(SimControl::default());
         let profile = SimProfile {
             service,
+            per_megapixel,
             speed,
             batch_cost,
         };
@@ -176,12 +203,53 @@ pub enum Arrivals {
     Closed { concurrency: usize },
 }
 
-#[derive(Debug, Clone, Copy)]
+/// One size of request in the traffic: its work, its share, and the deadline it is sent
+/// with (from its sending).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SizeClass {
+    pub work: Work,
+    pub weight: f64,
+    pub deadline: Duration,
+}
+
+impl SizeClass {
+    /// Requests of one size (no pixels: the fixed part alone) with `deadline`.
+    pub fn uniform(deadline: Duration) -> Vec<SizeClass> {
+        vec![SizeClass {
+            work: Work::default(),
+            weight: 1.0,
+            deadline,
+        }]
+    }
+}
+
+#[derive(Debug, Clone)]
 pub struct LoadSpec {
     pub arrivals: Arrivals,
     pub requests: usize,
-    pub deadline: Duration,
+    /// The traffic's sizes, drawn by weight for each request.
+    pub sizes: Vec<SizeClass>,
     pub seed: u64,
+}
+
+impl LoadSpec {
+    /// The size class of each request, drawn by weight from the seed.
+    fn draw_classes(&self) -> Vec<usize> {
+        let total: f64 = self.sizes.iter().map(|c| c.weight.max(0.0)).sum();
+        let mut rng = fastrand::Rng::with_seed(self.seed ^ 0x5153);
+        (0..self.requests)
+            .map(|_| {
+                let mut x = rng.f64() * total;
+                for (i, c) in self.sizes.iter().enumerate() {
+                    x -= c.weight.max(0.0);
+                    if x < 0.0 {
+                        return i;
+                    }
+                }
+                self.sizes.len().saturating_sub(1)
+            })
+            .collect()
+    }
 }
 
 /// Order statistics of a set of durations.
@@ -207,12 +275,28 @@ impl Percentiles {
     }
 }
 
+/// What one size class of a load run got.
+#[derive(Debug, Clone, Default)]
+pub struct ClassReport {
+    pub work: Work,
+    pub sent: usize,
+    pub completed: usize,
+    /// Completed requests, from their sending to their result.
+    pub latency: Percentiles,
+    /// Admitted and ended by their deadline (`JobError::DeadlineExceeded`), or answered
+    /// after it.
+    pub late: usize,
+    /// Refused, at admission or by the queue, because they could not finish in time.
+    pub refused_for_deadline: usize,
+}
+
 /// What one load run measured.
 #[derive(Debug, Clone)]
 pub struct LoadReport {
     pub requests: usize,
     pub completed: usize,
-    /// Refused at admission (`SubmitError::Overloaded`).
+    /// Refused at admission (`SubmitError::Overloaded`, `WaitTooLong`,
+    /// `DeadlineUnreachable`).
     pub rejected: usize,
     /// Admitted but failed, or refused for another reason.
     pub failed: usize,
@@ -230,6 +314,20 @@ pub struct LoadReport {
     /// Mean cost of the placement decision alone (`Scheduler::choose` under the same live
     /// load, sampled every `DECISION_SAMPLE_EVERY` requests), nanoseconds.
     pub decision_ns: f64,
+    /// By size class, in `LoadSpec::sizes`' order.
+    pub classes: Vec<ClassReport>,
+}
+
+impl LoadReport {
+    /// Late or refused for their deadline, over the requests sent.
+    pub fn deadline_missed_share(&self) -> f64 {
+        let missed: usize = self
+            .classes
+            .iter()
+            .map(|c| c.late + c.refused_for_deadline)
+            .sum();
+        missed as f64 / self.requests.max(1) as f64
+    }
 }
 
 /// How often the load generator also times the router's decision, and how many
@@ -237,20 +335,112 @@ pub struct LoadReport {
 const DECISION_SAMPLE_EVERY: usize = 32;
 const DECISIONS_PER_SAMPLE: u32 = 16;
 
-/// Mean time of one placement decision on `router` as it is now.
-fn time_decisions<E: Executor>(router: &Scheduler<E>) -> Duration {
+/// Every `DECISION_SAMPLE_EVERY`th request (the `i`th), the mean time of one placement
+/// decision for `work` on `router` as it is now, into `decisions`.
+fn sample_decision<E: Executor>(
+    router: &Scheduler<E>,
+    i: usize,
+    work: Work,
+    decisions: &std::sync::Mutex<Vec<Duration>>,
+) {
+    if !i.is_multiple_of(DECISION_SAMPLE_EVERY) {
+        return;
+    }
     let t = Instant::now();
     for _ in 0..DECISIONS_PER_SAMPLE {
-        let _ = std::hint::black_box(router.choose());
+        let _ = std::hint::black_box(router.choose(work));
     }
-    t.elapsed() / DECISIONS_PER_SAMPLE
+    let took = t.elapsed() / DECISIONS_PER_SAMPLE;
+    if let Ok(mut d) = decisions.lock() {
+        d.push(took);
+    }
+}
+
+/// How one request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Done,
+    /// Ended by its deadline, or answered after it.
+    Late,
+    RefusedForDeadline,
+    /// Refused at admission for overload.
+    Rejected,
+    Failed,
+}
+
+fn outcome_of_submit(e: &SubmitError) -> Outcome {
+    match e {
+        SubmitError::DeadlineUnreachable { .. } => Outcome::RefusedForDeadline,
+        SubmitError::Overloaded { .. } | SubmitError::WaitTooLong { .. } => Outcome::Rejected,
+        _ => Outcome::Failed,
+    }
+}
+
+fn outcome_of_job(result: &Result<(), JobError>, late: bool) -> Outcome {
+    match result {
+        Ok(()) if late => Outcome::Late,
+        Ok(()) => Outcome::Done,
+        Err(JobError::DeadlineExceeded) => Outcome::Late,
+        Err(JobError::DeadlineUnreachable) => Outcome::RefusedForDeadline,
+        Err(JobError::Rejected(e)) => outcome_of_submit(e),
+        Err(_) => Outcome::Failed,
+    }
 }
 
 struct Sample {
-    ok: bool,
+    class: usize,
+    outcome: Outcome,
     arrived: Instant,
     finished: Instant,
     submit: Duration,
+}
+
+/// A request sent: its ticket and deadline, or how it was refused at once.
+struct Sent<E: Executor> {
+    class: usize,
+    arrived: Instant,
+    submit: Duration,
+    admitted: Result<(super::Ticket<E>, Instant), Outcome>,
+}
+
+/// Admits and places one request of `class` now (no await: admission answers at once).
+fn send<E>(router: &Scheduler<E>, load: &LoadSpec, class: usize, arrived: Instant) -> Sent<E>
+where
+    E: Executor<Input = Work>,
+{
+    let size = load.sizes[class];
+    let sent = Instant::now();
+    let deadline = sent + size.deadline;
+    let terms = Terms::by(deadline).with_work(size.work);
+    let result = router
+        .admit()
+        .and_then(|a| router.submit_admitted(a, size.work, terms));
+    Sent {
+        class,
+        arrived,
+        submit: sent.elapsed(),
+        admitted: result
+            .map(|t| (t, deadline))
+            .map_err(|e| outcome_of_submit(&e)),
+    }
+}
+
+/// Waits for a sent request's answer.
+async fn answered<E: Executor>(sent: Sent<E>) -> Sample {
+    let outcome = match sent.admitted {
+        Ok((ticket, deadline)) => {
+            let answer = ticket.wait().await.map(drop);
+            outcome_of_job(&answer, Instant::now() > deadline)
+        }
+        Err(outcome) => outcome,
+    };
+    Sample {
+        class: sent.class,
+        outcome,
+        arrived: sent.arrived,
+        finished: Instant::now(),
+        submit: sent.submit,
+    }
 }
 
 /// Runs `load` against `router`; answers are awaited on `runtime`. Blocks until every
@@ -261,26 +451,21 @@ pub fn drive<E>(
     load: &LoadSpec,
 ) -> LoadReport
 where
-    E: Executor<Input = ()>,
+    E: Executor<Input = Work>,
 {
+    let classes = Arc::new(load.draw_classes());
+    let load = Arc::new(load.clone());
     let (tx, rx) = std::sync::mpsc::channel::<Sample>();
-    let mut rejections = Vec::new();
-    let mut failed = 0;
     let mut first_sent = None;
     let mut last_sent = Instant::now();
-    let mut submit_total = Duration::ZERO;
     let decisions = Arc::new(std::sync::Mutex::new(Vec::new()));
     match load.arrivals {
         Arrivals::Poisson { rate_per_s } => {
             let mut rng = fastrand::Rng::with_seed(load.seed);
             let start = Instant::now() + Duration::from_millis(5);
             let mut t = 0.0;
-            for i in 0..load.requests {
-                if i % DECISION_SAMPLE_EVERY == 0 {
-                    if let Ok(mut d) = decisions.lock() {
-                        d.push(time_decisions(router));
-                    }
-                }
+            for (i, &class) in classes.iter().enumerate() {
+                sample_decision(router, i, load.sizes[class].work, &decisions);
                 t += -(1.0 - rng.f64()).ln() / rate_per_s;
                 let at = start + Duration::from_secs_f64(t);
                 let now = Instant::now();
@@ -290,76 +475,43 @@ where
                 let sent = Instant::now();
                 first_sent.get_or_insert(sent);
                 last_sent = sent;
-                let result = router.submit((), sent + load.deadline);
-                let submit = sent.elapsed();
-                submit_total += submit;
-                match result {
-                    Ok(ticket) => {
-                        let tx = tx.clone();
-                        runtime.spawn(async move {
-                            let ok = ticket.wait().await.is_ok();
-                            let _ = tx.send(Sample {
-                                ok,
-                                arrived: at,
-                                finished: Instant::now(),
-                                submit,
-                            });
-                        });
-                    }
-                    Err(SubmitError::Overloaded { .. } | SubmitError::WaitTooLong { .. }) => {
-                        rejections.push(submit)
-                    }
-                    Err(_) => failed += 1,
-                }
+                // Admission and placement run here, at the arrival; only the wait for
+                // the answer is spawned.
+                let request = send(router, &load, class, at);
+                let tx = tx.clone();
+                runtime.spawn(async move {
+                    let _ = tx.send(answered(request).await);
+                });
             }
         }
         Arrivals::Closed { concurrency } => {
             let next = Arc::new(AtomicUsize::new(0));
-            let refused = Arc::new(std::sync::Mutex::new(Vec::new()));
             let started = Instant::now();
             first_sent = Some(started);
             let clients: Vec<_> = (0..concurrency.max(1))
                 .map(|_| {
-                    let (router, next, tx, refused, decisions) = (
+                    let (router, next, tx, load, classes, decisions) = (
                         router.clone(),
                         next.clone(),
                         tx.clone(),
-                        refused.clone(),
+                        load.clone(),
+                        classes.clone(),
                         decisions.clone(),
                     );
-                    let requests = load.requests;
-                    let deadline = load.deadline;
                     runtime.spawn(async move {
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= requests {
+                            if i >= load.requests {
                                 break;
                             }
-                            if i % DECISION_SAMPLE_EVERY == 0 {
-                                let took = time_decisions(&router);
-                                if let Ok(mut d) = decisions.lock() {
-                                    d.push(took);
-                                }
-                            }
-                            let sent = Instant::now();
-                            let result = router.submit((), sent + deadline);
-                            let submit = sent.elapsed();
-                            match result {
-                                Ok(ticket) => {
-                                    let ok = ticket.wait().await.is_ok();
-                                    let _ = tx.send(Sample {
-                                        ok,
-                                        arrived: sent,
-                                        finished: Instant::now(),
-                                        submit,
-                                    });
-                                }
-                                Err(_) => {
-                                    if let Ok(mut r) = refused.lock() {
-                                        r.push(submit);
-                                    }
-                                    tokio::task::yield_now().await;
-                                }
+                            sample_decision(&router, i, load.sizes[classes[i]].work, &decisions);
+                            let request = send(&router, &load, classes[i], Instant::now());
+                            let sample = answered(request).await;
+                            let refused =
+                                sample.outcome != Outcome::Done && sample.outcome != Outcome::Late;
+                            let _ = tx.send(sample);
+                            if refused {
+                                tokio::task::yield_now().await;
                             }
                         }
                     })
@@ -369,13 +521,42 @@ where
                 let _ = runtime.block_on(client);
             }
             last_sent = Instant::now();
-            rejections = refused.lock().map(|r| r.clone()).unwrap_or_default();
         }
     }
     drop(tx);
     let samples: Vec<Sample> = rx.iter().collect();
-    let first = first_sent.unwrap_or(last_sent);
-    let completed: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    summarise(
+        &load,
+        &samples,
+        first_sent.unwrap_or(last_sent),
+        last_sent,
+        &decisions,
+    )
+}
+
+fn summarise(
+    load: &LoadSpec,
+    samples: &[Sample],
+    first: Instant,
+    last_sent: Instant,
+    decisions: &std::sync::Mutex<Vec<Duration>>,
+) -> LoadReport {
+    let count = |of: &[&Sample], o: Outcome| of.iter().filter(|s| s.outcome == o).count();
+    let all: Vec<&Sample> = samples.iter().collect();
+    let answered = |s: &&Sample| matches!(s.outcome, Outcome::Done | Outcome::Late);
+    let rejected: Vec<Duration> = samples
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Rejected | Outcome::RefusedForDeadline))
+        .filter(|s| {
+            s.finished.saturating_duration_since(s.arrived) <= s.submit + Duration::from_millis(50)
+        })
+        .map(|s| s.submit)
+        .collect();
+    let refused_at_once = samples
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Rejected | Outcome::RefusedForDeadline))
+        .count();
+    let completed: Vec<&Sample> = samples.iter().filter(answered).collect();
     let last_done = samples
         .iter()
         .map(|s| s.finished)
@@ -383,16 +564,36 @@ where
         .unwrap_or(last_sent);
     let offered_span = last_sent.saturating_duration_since(first).as_secs_f64();
     let done_span = last_done.saturating_duration_since(first).as_secs_f64();
-    if matches!(load.arrivals, Arrivals::Closed { .. }) {
-        submit_total = samples.iter().map(|s| s.submit).sum::<Duration>()
-            + rejections.iter().sum::<Duration>();
-    }
-    let submits = (samples.len() + rejections.len() + failed).max(1);
+    let submits = samples.len().max(1);
+    let latency = |of: &[&Sample]| {
+        Percentiles::of(
+            of.iter()
+                .map(|s| s.finished.saturating_duration_since(s.arrived))
+                .collect(),
+        )
+    };
+    let classes = load
+        .sizes
+        .iter()
+        .enumerate()
+        .map(|(c, size)| {
+            let of: Vec<&Sample> = samples.iter().filter(|s| s.class == c).collect();
+            let done: Vec<&Sample> = of.iter().copied().filter(answered).collect();
+            ClassReport {
+                work: size.work,
+                sent: of.len(),
+                completed: done.len(),
+                latency: latency(&done),
+                late: count(&of, Outcome::Late),
+                refused_for_deadline: count(&of, Outcome::RefusedForDeadline),
+            }
+        })
+        .collect();
     LoadReport {
         requests: load.requests,
         completed: completed.len(),
-        rejected: rejections.len(),
-        failed: failed + samples.len() - completed.len(),
+        rejected: refused_at_once,
+        failed: count(&all, Outcome::Failed),
         offered_rps: if offered_span > 0.0 {
             load.requests as f64 / offered_span
         } else {
@@ -403,18 +604,19 @@ where
         } else {
             0.0
         },
-        latency: Percentiles::of(
-            completed
-                .iter()
-                .map(|s| s.finished.saturating_duration_since(s.arrived))
-                .collect(),
-        ),
-        rejection: Percentiles::of(rejections),
-        submit_ns: submit_total.as_nanos() as f64 / submits as f64,
+        latency: latency(&completed),
+        rejection: Percentiles::of(rejected),
+        submit_ns: samples
+            .iter()
+            .map(|s| s.submit)
+            .sum::<Duration>()
+            .as_nanos() as f64
+            / submits as f64,
         decision_ns: decisions
             .lock()
             .map(|d| d.iter().sum::<Duration>().as_nanos() as f64 / d.len().max(1) as f64)
             .unwrap_or(0.0),
+        classes,
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::cost::CostModel;
 use super::metrics::DeviceMetrics;
 
 /// Weight of the newest observation in the moving average of service time. 0.1 follows a
@@ -27,6 +28,9 @@ pub(crate) struct DeviceState {
     pub stuck: AtomicUsize,
     /// Seconds per request, as f64 bits; 0 until the first observation.
     service_s: AtomicU64,
+    /// Seconds per request by size: what routing, admission and the queue's order price
+    /// a request at.
+    pub cost: CostModel,
     healthy: AtomicBool,
     health: watch::Sender<bool>,
     consecutive_failures: AtomicU32,
@@ -34,6 +38,10 @@ pub(crate) struct DeviceState {
     pub last_health_check_ns: AtomicU64,
     /// Per replica: the deadline of the batch it runs (ns since `epoch`), 0 when idle.
     pub running_deadline_ns: Vec<AtomicU64>,
+    /// Per replica: when its batch started (ns since `epoch`) and the batch's predicted
+    /// cost (ns), 0 when idle: what is left of the runs, for the expected wait.
+    pub running_started_ns: Vec<AtomicU64>,
+    pub running_cost_ns: Vec<AtomicU64>,
     pub loaded: AtomicUsize,
     pub load_error: Mutex<Option<String>>,
     pub metrics: DeviceMetrics,
@@ -57,12 +65,15 @@ impl DeviceState {
             running: AtomicUsize::new(0),
             stuck: AtomicUsize::new(0),
             service_s: AtomicU64::new(0),
+            cost: CostModel::default(),
             healthy: AtomicBool::new(true),
             health: watch::channel(true).0,
             consecutive_failures: AtomicU32::new(0),
             health_check_pending: AtomicBool::new(false),
             last_health_check_ns: AtomicU64::new(0),
             running_deadline_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
+            running_started_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
+            running_cost_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             loaded: AtomicUsize::new(0),
             load_error: Mutex::new(None),
             metrics,
@@ -129,6 +140,27 @@ impl DeviceState {
     pub fn seed_service_time(&self, per_request: Duration) {
         self.service_s
             .store(per_request.as_secs_f64().to_bits(), Ordering::Release);
+        self.cost.seed(per_request);
+    }
+
+    /// What is left of the runs going on now, as priced when they started (a run past its
+    /// price has nothing left), summed over the replicas.
+    pub fn running_left(&self) -> Duration {
+        let now = self.now_ns();
+        let left: u64 = self
+            .running_started_ns
+            .iter()
+            .zip(&self.running_cost_ns)
+            .map(|(started, cost)| {
+                let started = started.load(Ordering::Acquire);
+                if started == 0 {
+                    return 0;
+                }
+                let cost = cost.load(Ordering::Acquire);
+                cost.saturating_sub(now.saturating_sub(started))
+            })
+            .sum();
+        Duration::from_nanos(left)
     }
 
     pub fn now_ns(&self) -> u64 {

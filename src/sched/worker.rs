@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crossbeam_channel::Receiver;
-
 use super::batcher::gather;
 use super::executor::LoadFn;
-use super::job::{Job, Work};
+use super::job::Job;
 use super::metrics::us;
+use super::queue::{DeviceQueue, Wait, Work};
 use super::state::DeviceState;
 use super::{Done, Executor, JobError, Recovery};
 use crate::spec::BatchingSpec;
@@ -30,7 +29,7 @@ pub(crate) struct ReplicaConfig<E> {
 pub(crate) fn spawn<E: Executor>(
     state: Arc<DeviceState>,
     config: ReplicaConfig<E>,
-    jobs: Receiver<Work<E>>,
+    jobs: Arc<DeviceQueue<E>>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("celer-{}-{}", state.name, config.index))
@@ -82,15 +81,15 @@ struct Replica<E: Executor> {
 }
 
 impl<E: Executor> Replica<E> {
-    fn serve(mut self, jobs: &Receiver<Work<E>>) {
+    fn serve(mut self, jobs: &DeviceQueue<E>) {
         let mut next: Option<Work<E>> = None;
         loop {
             let work = match next.take() {
                 Some(work) => work,
-                None => match jobs.recv() {
-                    Ok(work) => work,
-                    // Every sender is gone: the router was dropped.
-                    Err(_) => return,
+                None => match jobs.take(Wait::Forever) {
+                    Some(work) => work,
+                    // Closed and empty: the router was dropped.
+                    None => return,
                 },
             };
             match work {
@@ -179,9 +178,13 @@ impl<E: Executor> Replica<E> {
         for job in &batch {
             m.queue_us.observe(us(started - job.enqueued));
         }
-        // The watchdog reads this to catch a run that overruns its deadline.
+        // The watchdog reads this to catch a run that overruns its deadline; the router,
+        // what is left of it.
         let running = &state.running_deadline_ns[self.index];
         running.store(state.instant_ns(earliest), Ordering::Release);
+        let priced: std::time::Duration = batch.iter().map(|j| j.cost).sum();
+        state.running_cost_ns[self.index].store(priced.as_nanos() as u64, Ordering::Release);
+        state.running_started_ns[self.index].store(state.instant_ns(started), Ordering::Release);
         state.running.fetch_add(n, Ordering::AcqRel);
 
         let inputs: Vec<&E::Input> = batch.iter().map(|j| &j.input).collect();
@@ -193,6 +196,7 @@ impl<E: Executor> Replica<E> {
         drop(inputs);
         let compute = started.elapsed();
 
+        state.running_started_ns[self.index].store(0, Ordering::Release);
         state.running.fetch_sub(n, Ordering::AcqRel);
         if running.swap(0, Ordering::AcqRel) == 0 {
             // The watchdog reported this run as stuck; it has ended.
@@ -207,7 +211,16 @@ impl<E: Executor> Replica<E> {
         let mut lost = None;
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
-                state.record_success(compute / n as u32);
+                let per_request = compute / n as u32;
+                state.record_success(per_request);
+                for (job, output) in batch.iter().zip(&outputs) {
+                    // A batch's model stage is the batch's: each request's share of it.
+                    let parts = self.exec.parts(output).map(|p| super::RunParts {
+                        fixed: p.fixed / n as u32,
+                        ..p
+                    });
+                    state.cost.observe(job.work, per_request, parts);
+                }
                 for (job, output) in batch.into_iter().zip(outputs) {
                     let _ = job.reply.send(Ok(Done {
                         output,

@@ -14,6 +14,7 @@ use crate::codec::ImageFormat;
 use crate::http::access::Inference;
 use crate::http::error::ApiError;
 use crate::http::invocations::{blocking, run_image, timed_decode};
+use crate::http::urgency;
 use crate::http::v2::{
     bad, bytes_element, model_named, rgb_pixels, rgb_shape, OutputTensor, INPUT_ENCODED, INPUT_RGB,
     MODEL_VERSION,
@@ -44,18 +45,24 @@ struct Parsed {
     raw: bool,
 }
 
-/// Answers `message` by the deadline (the server's, or the client's `grpc-timeout` when
-/// sooner). What `Inference` says of the request goes to the access line and the metrics.
+/// Answers `message`, which arrived at `arrived`, by its deadline: the server's, or
+/// sooner the client's (`client_within` of it: its `grpc-timeout`; or the request's
+/// `timeout`, microseconds, or `deadline_ms` parameter), at its `priority` parameter.
+/// What `Inference` says of the request goes to the access line and the metrics.
 pub async fn model_infer(
     state: &AppState,
     message: ModelInferRequest,
-    deadline: Instant,
+    arrived: Instant,
+    client_within: Option<Duration>,
 ) -> Result<(ModelInferResponse, Inference), ApiError> {
     let mut route = vec![("model".to_string(), message.model_name.clone())];
     if !message.model_version.is_empty() {
         route.push(("version".to_string(), message.model_version.clone()));
     }
     model_named(state, &route)?;
+    let mut asked = urgency(&message)?;
+    asked.within = urgency::sooner(asked.within, client_within);
+    let terms = asked.terms(arrived, state.limits.deadline)?;
     // Before the replicas are loaded (an engine build takes minutes) or after a failed
     // load, UNAVAILABLE at once: a gRPC client retries that, where a request queued
     // behind the load would wait out its deadline. A draining server still answers.
@@ -79,7 +86,7 @@ pub async fn model_infer(
         parsed.image,
         parsed.decode_time,
         planes,
-        deadline,
+        terms,
     )
     .await?;
     let model = state.model.name.clone();
@@ -101,6 +108,31 @@ pub async fn model_infer(
         ));
     }
     Ok((response, inference))
+}
+
+/// The `priority`, `timeout` (microseconds, as Triton reads it) and `deadline_ms`
+/// parameters of a request, as whole numbers.
+fn urgency(message: &ModelInferRequest) -> Result<urgency::Asked, ApiError> {
+    let number = |key: &str| -> Result<Option<u64>, ApiError> {
+        match message
+            .parameters
+            .get(key)
+            .and_then(|p| p.parameter_choice.as_ref())
+        {
+            None => Ok(None),
+            Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
+            Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+            Some(other) => Err(bad(format!(
+                "parameter `{key}` is {other:?}: expected a whole number"
+            ))),
+        }
+    };
+    let timeout = number("timeout")?.map(Duration::from_micros);
+    let deadline = number("deadline_ms")?.map(Duration::from_millis);
+    Ok(urgency::Asked {
+        priority: number("priority")?,
+        within: urgency::sooner(timeout, deadline),
+    })
 }
 
 /// The number of elements a shape holds; every dimension must be known.

@@ -189,8 +189,9 @@ impl GrpcInferenceService for InferenceService {
         // but answers CANCELLED: this timer is set a little earlier, so that the client
         // reads DEADLINE_EXCEEDED, the code the protocol gives a deadline.
         let arrived = request.extensions().get::<Arrived>().map_or(start, |a| a.0);
-        let deadline = start + state.limits.deadline;
-        let call = model_infer(state, request.into_inner(), deadline);
+        // The scheduler orders and refuses by the client's deadline too.
+        let within = timeout.map(|t| t.saturating_sub(BEFORE_TONIC));
+        let call = model_infer(state, request.into_inner(), arrived, within);
         let result = match timeout {
             Some(t) if t < state.limits.deadline => {
                 let until = arrived + t.saturating_sub(BEFORE_TONIC);

@@ -21,7 +21,7 @@ pub fn code_of(e: &ApiError) -> Code {
     match (e.status.as_u16(), e.code) {
         (404, _) => Code::NotFound,
         (503, "overloaded") => Code::ResourceExhausted,
-        (503, "deadline_exceeded") | (408, _) => Code::DeadlineExceeded,
+        (503, "deadline_exceeded" | "deadline_unreachable") | (408, _) => Code::DeadlineExceeded,
         (503, _) => Code::Unavailable,
         (413, "too_many_pixels" | "image_too_long") => Code::InvalidArgument,
         (413, _) => Code::OutOfRange,

@@ -26,7 +26,6 @@ use super::access::Inference;
 use super::AppState;
 use crate::matte::StageTimings;
 use crate::replica::MatteScheduler;
-use crate::sched::estimated_completion;
 use crate::sched::metrics::{latency_us, us, DeviceLabel, HistogramFamily};
 use exposition::{Exposition, Kind};
 use process::ProcessMetrics;
@@ -238,17 +237,34 @@ fn write_load(e: &mut Exposition, scheduler: &MatteScheduler) {
         .collect();
     let wait: Vec<f64> = devices
         .iter()
-        .map(|d| {
-            d.service_s.map_or(0.0, |s| {
-                estimated_completion(d.outstanding, d.replicas, s) - s
-            })
-        })
+        .map(|d| d.expected_wait_s.unwrap_or(0.0))
         .collect();
     e.family(
         "celer_device_expected_queue_wait_seconds",
         "Expected wait before one of the device's replicas starts a request placed on it now, seconds",
         Kind::Gauge,
         labels.iter().zip(&wait).map(|(l, w)| (&l[..], *w)),
+    );
+    // The cost model's prices, for a reader of the estimates above: what a request of a
+    // given size is expected to take on each device (0 before its first run).
+    let prices: Vec<_> = devices.iter().map(|d| d.prices).collect();
+    e.family(
+        "celer_device_cost_fixed_seconds",
+        "The cost model's fixed part of a request on the device (its models), seconds",
+        Kind::Gauge,
+        labels
+            .iter()
+            .zip(&prices)
+            .map(|(l, p)| (&l[..], p.map_or(0.0, |p| p.fixed_s))),
+    );
+    e.family(
+        "celer_device_cost_per_megapixel_seconds",
+        "The cost model's part of a request on the device that grows with its pixels, seconds per megapixel (the cut-out's composite not included)",
+        Kind::Gauge,
+        labels
+            .iter()
+            .zip(&prices)
+            .map(|(l, p)| (&l[..], p.map_or(0.0, |p| p.per_pixel_s * 1e6))),
     );
     e.family(
         "celer_device_capacity_in_use_ratio",

@@ -26,7 +26,7 @@ pub use stages::{GpuStages, ThreadCpuClock};
 use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::cuda::{GpuDevice, HostPool};
 use crate::engines::plan::{GpuEngines, GpuPlan};
-use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery};
+use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery, RunParts};
 use crate::spec::{BatchingSpec, PipelineSpec};
 
 /// A GPU opened, with its engines deserialised and the host pool page-locked in its
@@ -378,6 +378,10 @@ impl Executor for GpuExecutor {
     /// replicas overlap their copies and kernels with this one's.
     fn run_batch(&mut self, inputs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
         inputs.iter().map(|job| self.run_one(job)).collect()
+    }
+
+    fn parts(&self, output: &MatteOutput) -> Option<RunParts> {
+        Some(output.run_parts())
     }
 
     fn health_check(&mut self) -> Result<(), ExecError> {

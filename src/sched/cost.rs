@@ -1,0 +1,351 @@
+//! The per-device cost model: a request's predicted service time from its size, learned
+//! online from measured runs. A run is a fixed part (the models, at their input size
+//! whatever the image's) and a part that grows with the pixels (resampling, trimap,
+//! guided filter, the cut-out's composite). Routing, admission, queue order, `Retry-After`
+//! and the wait gauges all price work with it; it never sees the pixels themselves.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// What a request asks of a device, as the cost model prices it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Work {
+    /// The image's pixels: the stages around the models grow with them.
+    pub pixels: u64,
+    /// The run also composites a cut-out: one more pass over the pixels.
+    pub composite: bool,
+}
+
+impl Work {
+    pub fn of_image(width: u32, height: u32, composite: bool) -> Self {
+        Self {
+            pixels: u64::from(width) * u64::from(height),
+            composite,
+        }
+    }
+}
+
+/// What an executor measured of one request's run, besides its wall time: the fixed part
+/// (its model stages) and the composite's part. The rest of the run is the per-pixel part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunParts {
+    pub fixed: Duration,
+    pub composite: Duration,
+}
+
+/// A device's fitted prices, seconds: `fixed + per_pixel x pixels (+ composite_per_pixel x
+/// pixels with a cut-out)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prices {
+    pub fixed_s: f64,
+    pub per_pixel_s: f64,
+    pub composite_per_pixel_s: f64,
+}
+
+impl Prices {
+    /// What a device is priced at before its first run, when no other device has been
+    /// measured either: a CPU-like guess (100 ms for the models, 100 ns a pixel), replaced
+    /// whole by the first measured run.
+    pub const PRIOR: Prices = Prices {
+        fixed_s: 0.1,
+        per_pixel_s: 100e-9,
+        composite_per_pixel_s: 0.0,
+    };
+
+    pub fn predict_s(&self, work: Work) -> f64 {
+        let pixels = work.pixels as f64;
+        let composite = if work.composite {
+            self.composite_per_pixel_s * pixels
+        } else {
+            0.0
+        };
+        (self.fixed_s + self.per_pixel_s * pixels + composite).max(0.0)
+    }
+
+    pub fn predict(&self, work: Work) -> Duration {
+        Duration::from_secs_f64(self.predict_s(work).min(3600.0))
+    }
+}
+
+/// How much the newest run weighs against the fit's memory, once the first runs are in:
+/// the fit follows a change of speed or of traffic within a few tens of runs. The first
+/// runs weigh 1, 1/2, 1/3, ... (their sums start empty), so the cold start is the mean of
+/// what was measured, not a blend with a guess.
+const FORGET: f64 = 0.05;
+
+/// Below this spread of pixel counts (as a share of their mean) the observed sizes cannot
+/// tell a per-request offset from a per-pixel slope: the slope goes through the origin.
+const SIZES_TOO_ALIKE: f64 = 0.05;
+
+/// Exponentially forgetting sums of the observations: a weighted least-squares fit of
+/// `variable = offset + slope x pixels`, and means of the fixed and composite parts.
+#[derive(Debug, Default, Clone)]
+struct Fit {
+    runs: u64,
+    /// Runs whose executor said what its fixed part was.
+    with_parts: u64,
+    /// Sum of weights, of pixels, of pixels², of variable parts, of pixels x variable.
+    w: f64,
+    x: f64,
+    xx: f64,
+    y: f64,
+    xy: f64,
+    /// Weighted sum of the fixed parts (over `w`).
+    fixed: f64,
+    /// Composite runs: their pixel and composite-time sums.
+    composite_x: f64,
+    composite_y: f64,
+}
+
+impl Fit {
+    fn observe(&mut self, work: Work, per_request: Duration, parts: Option<RunParts>) {
+        let total = per_request.as_secs_f64();
+        let (fixed, composite) = match parts {
+            Some(p) => {
+                let fixed = p.fixed.as_secs_f64().min(total);
+                let composite = if work.composite {
+                    p.composite.as_secs_f64().min(total - fixed)
+                } else {
+                    0.0
+                };
+                (fixed, composite)
+            }
+            // Nothing known of the parts: the fit of the sizes separates them (below).
+            None => (0.0, 0.0),
+        };
+        if parts.is_some() {
+            self.with_parts += 1;
+        }
+        let variable = total - fixed - composite;
+        let keep = 1.0 - FORGET;
+        let x = work.pixels as f64;
+        self.runs += 1;
+        self.w = self.w * keep + 1.0;
+        self.x = self.x * keep + x;
+        self.xx = self.xx * keep + x * x;
+        self.y = self.y * keep + variable;
+        self.xy = self.xy * keep + x * variable;
+        self.fixed = self.fixed * keep + fixed;
+        if work.composite {
+            self.composite_x = self.composite_x * keep + x;
+            self.composite_y = self.composite_y * keep + composite;
+        }
+    }
+
+    fn prices(&self) -> Option<Prices> {
+        if self.runs == 0 || self.w <= 0.0 {
+            return None;
+        }
+        let mean_x = self.x / self.w;
+        let mean_y = self.y / self.w;
+        let var_x = (self.xx / self.w - mean_x * mean_x).max(0.0);
+        let (offset, slope) = if var_x.sqrt() > SIZES_TOO_ALIKE * mean_x && var_x > 0.0 {
+            let cov = self.xy / self.w - mean_x * mean_y;
+            let slope = (cov / var_x).max(0.0);
+            // A negative offset would price small images below their measured time.
+            ((mean_y - slope * mean_x).max(0.0), slope)
+        } else if mean_x > 0.0 && self.with_parts > 0 {
+            // The executor measured this part as growing with the pixels.
+            (0.0, mean_y / mean_x)
+        } else {
+            // One size and nothing said of the parts: priced per request, as a count of
+            // requests would price it, until sizes that differ come in.
+            (mean_y, 0.0)
+        };
+        let composite_per_pixel_s = if self.composite_x > 0.0 {
+            self.composite_y / self.composite_x
+        } else {
+            0.0
+        };
+        Some(Prices {
+            fixed_s: self.fixed / self.w + offset,
+            per_pixel_s: slope,
+            composite_per_pixel_s,
+        })
+    }
+}
+
+/// One device's cost model: fitted on its replicas' threads, read lock-free by the router
+/// (the fit publishes its prices into atomics after each run).
+#[derive(Debug, Default)]
+pub(crate) struct CostModel {
+    fit: Mutex<Fit>,
+    /// `Prices` as f64 bits; `measured` is 0 until the first run (or seed).
+    fixed_s: AtomicU64,
+    per_pixel_s: AtomicU64,
+    composite_per_pixel_s: AtomicU64,
+    measured: AtomicU64,
+}
+
+impl CostModel {
+    pub fn observe(&self, work: Work, per_request: Duration, parts: Option<RunParts>) {
+        let prices = {
+            let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
+            fit.observe(work, per_request, parts);
+            fit.prices()
+        };
+        if let Some(p) = prices {
+            self.publish(p);
+        }
+    }
+
+    /// Prices the device as if one run of `work` had taken `per_request`, all of it fixed
+    /// (a warm-up, a test's seed): the runs that follow weigh in as usual.
+    pub fn seed(&self, per_request: Duration) {
+        let prices = {
+            let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
+            *fit = Fit::default();
+            fit.observe(Work::default(), per_request, None);
+            fit.prices()
+        };
+        if let Some(p) = prices {
+            self.publish(p);
+        }
+    }
+
+    fn publish(&self, p: Prices) {
+        self.fixed_s.store(p.fixed_s.to_bits(), Ordering::Release);
+        self.per_pixel_s
+            .store(p.per_pixel_s.to_bits(), Ordering::Release);
+        self.composite_per_pixel_s
+            .store(p.composite_per_pixel_s.to_bits(), Ordering::Release);
+        self.measured.store(1, Ordering::Release);
+    }
+
+    /// The fitted prices, once a run has been measured.
+    pub fn prices(&self) -> Option<Prices> {
+        if self.measured.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let read = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Acquire));
+        Some(Prices {
+            fixed_s: read(&self.fixed_s),
+            per_pixel_s: read(&self.per_pixel_s),
+            composite_per_pixel_s: read(&self.composite_per_pixel_s),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: Work = Work {
+        pixels: 320 * 320,
+        composite: false,
+    };
+    const LARGE: Work = Work {
+        pixels: 4032 * 3024,
+        composite: false,
+    };
+
+    fn ms(v: f64) -> Duration {
+        Duration::from_secs_f64(v / 1e3)
+    }
+
+    /// A device whose runs take 140 ms of models plus 200 ns a pixel.
+    fn truth(work: Work) -> (Duration, RunParts) {
+        let variable = 200e-9 * work.pixels as f64;
+        (
+            Duration::from_secs_f64(0.140 + variable),
+            RunParts {
+                fixed: ms(140.0),
+                composite: Duration::ZERO,
+            },
+        )
+    }
+
+    #[test]
+    fn an_unmeasured_device_has_no_prices_and_the_first_run_replaces_the_prior() {
+        let model = CostModel::default();
+        assert_eq!(model.prices(), None);
+        let (t, parts) = truth(LARGE);
+        model.observe(LARGE, t, Some(parts));
+        let p = model.prices().expect("measured");
+        // One size seen: the per-pixel part goes through the origin, and both sizes are
+        // priced from that one run, not from the prior.
+        assert!((p.predict_s(LARGE) - t.as_secs_f64()).abs() < 1e-9);
+        let small = truth(SMALL).0.as_secs_f64();
+        assert!((p.predict_s(SMALL) - small).abs() < 1e-6, "{p:?}");
+        assert!(Prices::PRIOR.predict_s(SMALL) > 0.0);
+    }
+
+    #[test]
+    fn mixed_sizes_fit_the_fixed_and_per_pixel_parts() {
+        let model = CostModel::default();
+        for i in 0..40 {
+            let work = if i % 2 == 0 { SMALL } else { LARGE };
+            let (t, parts) = truth(work);
+            model.observe(work, t, Some(parts));
+        }
+        let p = model.prices().expect("measured");
+        assert!((p.fixed_s - 0.140).abs() < 1e-6, "{p:?}");
+        assert!((p.per_pixel_s - 200e-9).abs() < 1e-12, "{p:?}");
+        let ratio = p.predict_s(LARGE) / p.predict_s(SMALL);
+        assert!(
+            ratio > 15.0,
+            "a 12 MP photo is priced {ratio}x a 320x320 one"
+        );
+    }
+
+    #[test]
+    fn without_parts_the_offset_comes_from_the_sizes() {
+        // An executor that says nothing of its parts: sizes that differ still separate a
+        // per-request offset from a per-pixel slope.
+        let model = CostModel::default();
+        for i in 0..40 {
+            let work = if i % 2 == 0 { SMALL } else { LARGE };
+            model.observe(work, truth(work).0, None);
+        }
+        let p = model.prices().expect("measured");
+        assert!((p.predict_s(SMALL) - truth(SMALL).0.as_secs_f64()).abs() < 1e-3);
+        assert!((p.predict_s(LARGE) - truth(LARGE).0.as_secs_f64()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn the_fit_follows_a_change_of_speed() {
+        let model = CostModel::default();
+        for _ in 0..50 {
+            let (t, parts) = truth(SMALL);
+            model.observe(SMALL, t, Some(parts));
+        }
+        // The device gets twice as slow.
+        for _ in 0..100 {
+            let (t, parts) = truth(SMALL);
+            let parts = RunParts {
+                fixed: parts.fixed * 2,
+                ..parts
+            };
+            model.observe(SMALL, t * 2, Some(parts));
+        }
+        let p = model.prices().expect("measured");
+        let expected = 2.0 * truth(SMALL).0.as_secs_f64();
+        assert!((p.predict_s(SMALL) / expected - 1.0).abs() < 0.01, "{p:?}");
+    }
+
+    #[test]
+    fn a_cut_out_costs_its_composite_on_top() {
+        let model = CostModel::default();
+        let with = Work {
+            composite: true,
+            ..LARGE
+        };
+        let (t, parts) = truth(LARGE);
+        model.observe(LARGE, t, Some(parts));
+        let composite = Duration::from_secs_f64(30e-9 * LARGE.pixels as f64);
+        model.observe(with, t + composite, Some(RunParts { composite, ..parts }));
+        let p = model.prices().expect("measured");
+        let extra = p.predict_s(with) - p.predict_s(LARGE);
+        assert!((extra - composite.as_secs_f64()).abs() < 1e-6, "{p:?}");
+    }
+
+    #[test]
+    fn a_seed_prices_every_size_alike_until_runs_come_in() {
+        let model = CostModel::default();
+        model.seed(ms(10.0));
+        let p = model.prices().expect("seeded");
+        assert!((p.predict_s(LARGE) - 0.010).abs() < 1e-9);
+        assert!((p.predict_s(SMALL) - 0.010).abs() < 1e-9);
+    }
+}
