@@ -104,6 +104,11 @@ fn lose_the_context() {
 
 #[test]
 fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
+    // The workers' account of the loss and the recovery, in the output of a failure.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("celer=info")
+        .with_test_writer()
+        .try_init();
     let driver = gpu_support::driver();
     let info = probe().gpus().first().cloned().expect("a GPU");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx/fixtures/prob-guided");

@@ -193,6 +193,8 @@ impl GrpcInferenceService for InferenceService {
         let within = timeout.map(|t| t.saturating_sub(BEFORE_TONIC));
         let call = model_infer(state, request.into_inner(), arrived, within);
         let result = match timeout {
+            // A call whose deadline is no longer than the margin is past it already.
+            Some(t) if t <= BEFORE_TONIC => Err(past_client_deadline(t)),
             Some(t) if t < state.limits.deadline => {
                 let until = arrived + t.saturating_sub(BEFORE_TONIC);
                 tokio::time::timeout_at(until.into(), call)
