@@ -13,7 +13,7 @@ use crate::sched::sim::{
     drive, parse_sim_devices, sim_devices, Arrivals, LoadReport, LoadSpec, ServiceTime,
     SimDevicesError, SizeClass,
 };
-use crate::sched::{Routing, Scheduler, SchedulerConfig};
+use crate::sched::{Routing, Scheduler, SchedulerConfig, Scheduling, Work};
 use crate::spec::BatchingSpec;
 
 #[derive(Debug, Clone, Args)]
@@ -66,6 +66,50 @@ pub struct SimArgs {
     /// Seed of the arrivals and service times (each point and repeat derives its own).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+
+    /// The mixed check's traffic: image sizes and their shares (`WxH:share,...`).
+    #[arg(long, default_value = "320x320:1,4032x3024:1", value_parser = parse_mix)]
+    pub mix: Mix,
+
+    /// The mixed check's fixed part of a request (its models) at speed 1, milliseconds.
+    #[arg(long, default_value_t = 0.5)]
+    pub fixed_ms: f64,
+
+    /// The mixed check's part that grows with the pixels, milliseconds per megapixel at
+    /// speed 1. With the fixed part's default, a 4032x3024 photo costs 20x a 320x320
+    /// one, as on a CPU.
+    #[arg(long, default_value_t = 0.93)]
+    pub ms_per_megapixel: f64,
+
+    /// Requests per point of the mixed check.
+    #[arg(long, default_value_t = 6000, value_parser = super::args::at_least_one())]
+    pub mixed_requests: usize,
+
+    /// The mixed check's deadlines: this many times each size's service time at speed 1.
+    #[arg(long, default_value_t = 10.0)]
+    pub deadline_factor: f64,
+}
+
+/// Image sizes and their shares of the traffic.
+#[derive(Debug, Clone)]
+pub struct Mix(Vec<(u32, u32, f64)>);
+
+fn parse_mix(text: &str) -> Result<Mix, String> {
+    let wrong = || format!("`{text}`: expected WxH:share,... (e.g. 320x320:1,4032x3024:1)");
+    text.split(',')
+        .map(|part| {
+            let (size, share) = part.trim().split_once(':').ok_or_else(wrong)?;
+            let (w, h) = size.split_once('x').ok_or_else(wrong)?;
+            let share: f64 = share.parse().map_err(|_| wrong())?;
+            match (w.parse::<u32>(), h.parse::<u32>()) {
+                (Ok(w), Ok(h)) if w > 0 && h > 0 && share > 0.0 && share.is_finite() => {
+                    Ok((w, h, share))
+                }
+                _ => Err(wrong()),
+            }
+        })
+        .collect::<Result<_, _>>()
+        .map(Mix)
 }
 
 /// Speed factors of simulated devices (one value for clap, not a list of arguments).
@@ -82,18 +126,32 @@ pub enum Check {
     Placement,
     Scaling,
     Overload,
+    /// Mixed sizes: cost-aware routing and order against the count-based estimate, one
+    /// copy per device behind least-outstanding-requests, and random.
+    Mixed,
+}
+
+/// What the requests of a point cost: the fixed part's distribution, the part per
+/// megapixel, and the sizes sent.
+#[derive(Clone)]
+struct Traffic {
+    service: ServiceTime,
+    per_megapixel: Duration,
+    sizes: Vec<SizeClass>,
 }
 
 struct Point<'a> {
     speeds: &'a [f64],
     queue: usize,
     routing: Routing,
+    scheduling: Scheduling,
     arrivals: Arrivals,
+    traffic: &'a Traffic,
+    requests: usize,
 }
 
 struct Sim {
     args: SimArgs,
-    service: ServiceTime,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -101,8 +159,8 @@ impl Sim {
     fn run(&self, point: &Point, seed: u64) -> anyhow::Result<LoadReport> {
         let (setups, _) = sim_devices(
             point.speeds,
-            self.service,
-            Duration::ZERO,
+            point.traffic.service,
+            point.traffic.per_megapixel,
             self.args.replicas,
             BatchingSpec::OFF,
             0.0,
@@ -112,6 +170,7 @@ impl Sim {
             setups,
             SchedulerConfig {
                 routing: point.routing,
+                scheduling: point.scheduling,
                 queue_capacity: point.queue,
                 ..SchedulerConfig::default()
             },
@@ -122,8 +181,8 @@ impl Sim {
             &self.runtime,
             &LoadSpec {
                 arrivals: point.arrivals,
-                requests: self.args.requests,
-                sizes: SizeClass::uniform(Duration::from_secs(60)),
+                requests: point.requests,
+                sizes: point.traffic.sizes.clone(),
                 seed,
             },
         );
@@ -195,9 +254,14 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
         median: Duration::from_secs_f64(args.median_ms.max(0.01) / 1e3),
         sigma: args.sigma.max(0.0),
     };
+    // The placement, scaling and overload checks: requests of one size.
+    let uniform = Traffic {
+        service,
+        per_megapixel: Duration::ZERO,
+        sizes: SizeClass::uniform(Duration::from_secs(60)),
+    };
     let sim = Sim {
         args: args.clone(),
-        service,
         runtime,
     };
     let repeats = args.repeats;
@@ -212,21 +276,28 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
         speeds: &one,
         queue: 16,
         routing: Routing::LeastBusy,
+        scheduling: Scheduling::Cost,
         arrivals: Arrivals::Closed {
             concurrency: 4 * args.replicas,
         },
+        traffic: &uniform,
+        requests: args.requests,
     };
     let mut unit = Rows {
         label: "1 device, saturated (closed loop)".into(),
         reports: Vec::new(),
     };
-    for r in 0..repeats {
-        unit.reports
-            .push(sim.run(&reference, args.seed + r as u64)?);
+    // The mixed check sizes its load from its own prices, not from this.
+    let uniform_checks = args.check != Check::Mixed;
+    if uniform_checks {
+        for r in 0..repeats {
+            unit.reports
+                .push(sim.run(&reference, args.seed + r as u64)?);
+        }
+        print_header();
+        print_row(&unit);
     }
     let unit_rps = unit.median(|r| r.throughput_rps);
-    print_header();
-    print_row(&unit);
     let mut verdicts = Vec::new();
 
     if matches!(args.check, Check::All | Check::Placement) {
@@ -239,7 +310,10 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
                 speeds: &args.devices.0,
                 queue: args.placement_queue,
                 routing,
+                scheduling: baseline_unless_least_busy(routing),
                 arrivals: Arrivals::Poisson { rate_per_s: rate },
+                traffic: &uniform,
+                requests: args.requests,
             };
             let mut rows = Rows {
                 label: format!(
@@ -273,9 +347,12 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
             speeds: &eight,
             queue: 16,
             routing: Routing::LeastBusy,
+            scheduling: Scheduling::Cost,
             arrivals: Arrivals::Closed {
                 concurrency: 8 * 4 * args.replicas,
             },
+            traffic: &uniform,
+            requests: args.requests,
         };
         let mut rows = Rows {
             label: "8 devices, saturated (closed loop)".into(),
@@ -301,9 +378,12 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
             speeds: &four,
             queue: args.overload_queue,
             routing: Routing::LeastBusy,
+            scheduling: Scheduling::Cost,
             arrivals: Arrivals::Closed {
                 concurrency: 4 * args.replicas,
             },
+            traffic: &uniform,
+            requests: args.requests,
         };
         let overloaded = Point {
             arrivals: Arrivals::Poisson {
@@ -336,9 +416,208 @@ pub fn sim(args: SimArgs) -> anyhow::Result<()> {
             loud.median(|r| r.rejection.max.as_secs_f64() * 1e6),
         ));
     }
+    if matches!(args.check, Check::All | Check::Mixed) {
+        verdicts.extend(mixed(&sim, &args)?);
+    }
     println!();
     for v in verdicts {
         println!("{v}");
     }
     Ok(())
+}
+
+/// The routing and queue order of a placement baseline: what other routers do (by
+/// count, in arrival order); celer's least-busy by cost.
+fn baseline_unless_least_busy(routing: Routing) -> Scheduling {
+    match routing {
+        Routing::LeastBusy => Scheduling::Cost,
+        _ => Scheduling::Count,
+    }
+}
+
+/// The policies the mixed check compares: celer's, and the alternatives users have.
+const POLICIES: [(&str, Routing, Scheduling); 4] = [
+    ("cost-aware (celer)", Routing::LeastBusy, Scheduling::Cost),
+    (
+        "count-based earliest completion",
+        Routing::LeastBusy,
+        Scheduling::Count,
+    ),
+    (
+        "copy per device, least outstanding",
+        Routing::LeastOutstanding,
+        Scheduling::Count,
+    ),
+    ("random", Routing::Random, Scheduling::Count),
+];
+
+/// Mixed sizes over the placement devices: p50 and p99 by size class at `--load` (long
+/// deadlines: every request answered), then the share of deadlines missed (late, or
+/// refused because they could not be met) at 50, 70 and 90 % load with deadlines of
+/// `--deadline-factor` times each size's service time.
+fn mixed(sim: &Sim, args: &SimArgs) -> anyhow::Result<Vec<String>> {
+    let fixed_s = args.fixed_ms.max(0.01) / 1e3;
+    let per_mp_s = args.ms_per_megapixel.max(0.0) / 1e3;
+    let service_of = |w: u32, h: u32| fixed_s + per_mp_s * f64::from(w) * f64::from(h) / 1e6;
+    let classes = |deadline: &dyn Fn(f64) -> Duration| -> Vec<SizeClass> {
+        args.mix
+            .0
+            .iter()
+            .map(|&(w, h, share)| SizeClass {
+                work: Work::of_image(w, h, false),
+                weight: share,
+                deadline: deadline(service_of(w, h)),
+            })
+            .collect()
+    };
+    let service = ServiceTime {
+        median: Duration::from_secs_f64(fixed_s),
+        sigma: args.sigma.max(0.0),
+    };
+    let patient = Traffic {
+        service,
+        per_megapixel: Duration::from_secs_f64(per_mp_s),
+        sizes: classes(&|_| Duration::from_secs(60)),
+    };
+    let total_share: f64 = args.mix.0.iter().map(|c| c.2).sum();
+    let mean_s = args
+        .mix
+        .0
+        .iter()
+        .map(|&(w, h, share)| share * service_of(w, h))
+        .sum::<f64>()
+        / total_share
+        * service.mean().as_secs_f64()
+        / service.median.as_secs_f64();
+    let capacity = args.devices.0.iter().sum::<f64>() * args.replicas as f64 / mean_s;
+    let names: Vec<String> = args
+        .mix
+        .0
+        .iter()
+        .map(|(w, h, _)| format!("{w}x{h}"))
+        .collect();
+    println!();
+    println!(
+        "mixed sizes ({}), fixed {} ms + {} ms/MP at speed 1, over {} devices (speeds {:?}); capacity {:.0}/s; {} requests per point, median of {} run(s)",
+        args.mix.0.iter().map(|(w, h, s)| format!("{w}x{h}:{s}")).collect::<Vec<_>>().join(","),
+        args.fixed_ms,
+        args.ms_per_megapixel,
+        args.devices.0.len(),
+        args.devices.0,
+        capacity,
+        args.mixed_requests,
+        args.repeats
+    );
+    println!(
+        "| {:<36} | {:>9} | {:>8} | {:>8} | {}",
+        "policy, all sizes",
+        "done/s",
+        "p50 ms",
+        "p99 ms",
+        names
+            .iter()
+            .map(|n| format!("{n} p50 / p99 ms"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let mut p99 = Vec::new();
+    let mut class_p99 = Vec::new();
+    for (label, routing, scheduling) in POLICIES {
+        let point = Point {
+            speeds: &args.devices.0,
+            queue: args.placement_queue,
+            routing,
+            scheduling,
+            arrivals: Arrivals::Poisson {
+                rate_per_s: args.load * capacity,
+            },
+            traffic: &patient,
+            requests: args.mixed_requests,
+        };
+        let mut rows = Rows {
+            label: label.to_string(),
+            reports: Vec::new(),
+        };
+        for r in 0..args.repeats {
+            rows.reports
+                .push(sim.run(&point, args.seed + 500 + r as u64)?);
+        }
+        let by_class: Vec<(f64, f64)> = (0..names.len())
+            .map(|c| {
+                (
+                    rows.median(|r| ms(r.classes[c].latency.p50)),
+                    rows.median(|r| ms(r.classes[c].latency.p99)),
+                )
+            })
+            .collect();
+        println!(
+            "| {:<36} | {:>9.0} | {:>8.2} | {:>8.2} | {}",
+            label,
+            rows.median(|r| r.throughput_rps),
+            rows.median(|r| ms(r.latency.p50)),
+            rows.median(|r| ms(r.latency.p99)),
+            by_class
+                .iter()
+                .map(|(a, b)| format!("{a:.2} / {b:.2}"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        p99.push(rows.median(|r| ms(r.latency.p99)));
+        class_p99.push(by_class.iter().map(|c| c.1).collect::<Vec<f64>>());
+    }
+
+    println!();
+    println!(
+        "deadlines of {}x each size's service time: share of requests late or refused for their deadline (one run a point)",
+        args.deadline_factor
+    );
+    let loads = [0.5, 0.7, 0.9];
+    println!(
+        "| {:<36} | {} |",
+        "policy",
+        loads
+            .iter()
+            .map(|l| format!("{:>5.0}% load", l * 100.0))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let tight = Traffic {
+        sizes: classes(&|s| Duration::from_secs_f64(s * args.deadline_factor)),
+        ..patient.clone()
+    };
+    for (label, routing, scheduling) in POLICIES {
+        let mut cells = Vec::new();
+        for (k, load) in loads.iter().enumerate() {
+            let point = Point {
+                speeds: &args.devices.0,
+                queue: args.placement_queue,
+                routing,
+                scheduling,
+                arrivals: Arrivals::Poisson {
+                    rate_per_s: load * capacity,
+                },
+                traffic: &tight,
+                requests: args.mixed_requests,
+            };
+            let report = sim.run(&point, args.seed + 600 + k as u64)?;
+            cells.push(format!("{:>10.2}%", report.deadline_missed_share() * 100.0));
+        }
+        println!("| {:<36} | {} |", label, cells.join(" | "));
+    }
+    let per_class = |other: usize| {
+        names
+            .iter()
+            .enumerate()
+            .map(|(c, n)| format!("{n} {:.3}", class_p99[0][c] / class_p99[other][c]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Ok(vec![format!(
+        "mixed: cost-aware p99 / copy-per-device least-outstanding p99 = {:.3} (target <= 0.7; by size: {}), / count-based = {:.3} (by size: {}), / random = {:.3}",
+        p99[0] / p99[2],
+        per_class(2),
+        p99[0] / p99[1],
+        per_class(1),
+        p99[0] / p99[3],
+    )])
 }

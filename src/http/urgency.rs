@@ -53,7 +53,9 @@ impl Asked {
             ));
         }
         let within = self.within.map_or(server, |w| w.min(server));
-        Ok(Terms::by(arrived + within).with_priority(priority))
+        Ok(Terms::by(arrived + within)
+            .with_server_deadline(arrived + server)
+            .with_priority(priority))
     }
 }
 

@@ -73,9 +73,11 @@ mod tests {
             input,
             work: Size::default(),
             cost: Duration::from_millis(1),
+            measured: true,
             priority: 5,
             enqueued: Instant::now(),
             deadline: Instant::now() + Duration::from_secs(60),
+            server_deadline: Instant::now() + Duration::from_secs(60),
             reply,
             _outstanding: Outstanding::new(state),
         }

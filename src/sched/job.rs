@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::cost::Work;
-use super::queue::Entry;
 use super::state::Outstanding;
 use super::{Done, Executor, JobError};
 
@@ -18,9 +17,13 @@ pub(crate) struct Job<E: Executor> {
     pub work: Work,
     /// `work`'s predicted service time on the device it is queued on.
     pub cost: Duration,
+    /// Whether `cost` is measured; the prior's guess refuses nothing for its deadline.
+    pub measured: bool,
     pub priority: u8,
     pub enqueued: Instant,
     pub deadline: Instant,
+    /// The server's deadline: a run past it is taken for a stuck device.
+    pub server_deadline: Instant,
     pub reply: Reply<E::Output>,
     /// Held, not read: counts the job in its device's estimate while it exists.
     pub _outstanding: Outstanding,
@@ -30,14 +33,5 @@ impl<E: Executor> Job<E> {
     pub fn fail(self, error: JobError) {
         // The requester may have gone: nothing to tell then.
         let _ = self.reply.send(Err(error));
-    }
-
-    pub fn entry(&self) -> Entry {
-        Entry {
-            priority: self.priority,
-            enqueued: self.enqueued,
-            cost: self.cost,
-            deadline: self.deadline,
-        }
     }
 }

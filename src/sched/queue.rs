@@ -65,10 +65,23 @@ pub(crate) struct Entry {
     pub priority: u8,
     pub enqueued: Instant,
     pub cost: Duration,
+    /// Whether `cost` is measured: a job priced by the prior is refused only once its
+    /// deadline has passed.
+    pub measured: bool,
     pub deadline: Instant,
 }
 
 impl Entry {
+    pub fn of<E: Executor>(job: &Job<E>) -> Self {
+        Self {
+            priority: job.priority,
+            enqueued: job.enqueued,
+            cost: job.cost,
+            measured: job.measured,
+            deadline: job.deadline,
+        }
+    }
+
     /// Shortest expected first, aged one for one by the time waited: a job enqueued at
     /// `t` with cost `c` is passed only by jobs with `t' + c' < t + c`, so no job that
     /// arrives after `t + c` minus the shortest cost can go before it: a long job waits
@@ -83,7 +96,11 @@ impl Entry {
     }
 
     fn reachable(&self, now: Instant) -> bool {
-        self.latest_start().is_some_and(|s| s >= now)
+        if self.measured {
+            self.latest_start().is_some_and(|s| s >= now)
+        } else {
+            self.deadline >= now
+        }
     }
 }
 
@@ -190,7 +207,7 @@ impl<E: Executor> DeviceQueue<E> {
             Order::Cost => q
                 .jobs
                 .iter()
-                .map(Job::entry)
+                .map(Entry::of)
                 .filter(|e| {
                     e.priority < entry.priority
                         || (e.priority == entry.priority && e.key() <= entry.key())
@@ -256,7 +273,7 @@ impl<E: Executor> DeviceQueue<E> {
             let index = match self.order {
                 Order::Fifo => 0,
                 Order::Cost => {
-                    let entries: Vec<Entry> = q.jobs.iter().map(Job::entry).collect();
+                    let entries: Vec<Entry> = q.jobs.iter().map(Entry::of).collect();
                     match pick(&entries, Instant::now())? {
                         Pick::Run(i) => i,
                         Pick::Refuse(i) => {
@@ -291,6 +308,7 @@ mod tests {
                 priority,
                 enqueued: self.0 + ms(enqueued_ms),
                 cost: ms(cost_ms),
+                measured: true,
                 deadline: self.0 + ms(deadline_ms),
             }
         }
@@ -372,5 +390,16 @@ mod tests {
         assert_eq!(pick(&entries, at.t(600)), Some(Pick::Refuse(1)));
         assert_eq!(pick(&entries, at.t(400)), Some(Pick::Run(0)));
         assert_eq!(pick(&[], at.t(0)), None);
+    }
+
+    #[test]
+    fn a_job_priced_by_the_prior_is_refused_only_past_its_deadline() {
+        let at = At(Instant::now());
+        let guessed = Entry {
+            measured: false,
+            ..at.entry(5, 0, 500, 1000)
+        };
+        assert_eq!(pick(&[guessed], at.t(600)), Some(Pick::Run(0)));
+        assert_eq!(pick(&[guessed], at.t(1001)), Some(Pick::Refuse(0)));
     }
 }

@@ -671,9 +671,11 @@ impl<E: Executor> Shared<E> {
 
     /// `work`'s price on `device`: its own cost model's; before its first run, the
     /// fastest measured device's (so that it gets tried and measured), or the prior.
-    fn price(&self, device: usize, work: Work) -> Duration {
+    /// Whether it is measured: the prior orders requests, but refuses none for its
+    /// deadline (a guess is no reason to refuse).
+    fn price(&self, device: usize, work: Work) -> (Duration, bool) {
         if let Some(prices) = self.devices[device].state.cost.prices() {
-            return prices.predict(work);
+            return (prices.predict(work), true);
         }
         self.devices
             .iter()
@@ -681,7 +683,7 @@ impl<E: Executor> Shared<E> {
             .filter_map(|slot| slot.state.cost.prices())
             .map(|p| p.predict(work))
             .min()
-            .unwrap_or_else(|| Prices::PRIOR.predict(work))
+            .map_or_else(|| (Prices::PRIOR.predict(work), false), |c| (c, true))
     }
 
     fn count_rejection(&self, e: &SubmitError) {
@@ -732,16 +734,17 @@ impl<E: Executor> Shared<E> {
         let now = Instant::now();
         let by_cost = self.scheduling == Scheduling::Cost;
         // When `device` would finish the request: (its price, the expected completion).
-        let completion = |device: usize| -> (Duration, Duration) {
-            let cost = self.price(device, terms.work);
+        let completion = |device: usize| -> (Duration, bool, Duration) {
+            let (cost, measured) = self.price(device, terms.work);
             let slot = &self.devices[device];
             let ahead = slot.queue.cost_ahead(&Entry {
                 priority: terms.priority.level(),
                 enqueued: now,
                 cost,
+                measured,
                 deadline: terms.deadline,
             });
-            (cost, self.wait_on(device, ahead) + cost)
+            (cost, measured, self.wait_on(device, ahead) + cost)
         };
         let open = |i: usize| self.usable(i, exclude) && !self.devices[i].full(self.queue_capacity);
         let any_healthy = || (0..n).any(|i| self.usable(i, exclude));
@@ -753,7 +756,7 @@ impl<E: Executor> Shared<E> {
                 let best = rotated
                     .filter(|&i| open(i))
                     .map(|i| (i, completion(i)))
-                    .min_by_key(|&(_, (_, done))| done);
+                    .min_by_key(|&(_, (_, _, done))| done);
                 match best {
                     Some((i, priced)) => (i, Some(priced)),
                     None if any_healthy() => return Err(self.overloaded()),
@@ -817,14 +820,17 @@ impl<E: Executor> Shared<E> {
                 (i, None)
             }
         };
-        let (cost, done) = match priced {
+        let (cost, measured, done) = match priced {
             Some(priced) => priced,
             None if by_cost => completion(device),
             // By count the price only orders nothing; it is still what the device's wait
             // figures and the replica's running cost are kept in.
-            None => (self.price(device, terms.work), Duration::ZERO),
+            None => {
+                let (cost, measured) = self.price(device, terms.work);
+                (cost, measured, Duration::ZERO)
+            }
         };
-        if by_cost {
+        if by_cost && measured {
             let left = terms.deadline.saturating_duration_since(now);
             if done > left {
                 return Err(SubmitError::DeadlineUnreachable {
@@ -834,7 +840,11 @@ impl<E: Executor> Shared<E> {
                 });
             }
         }
-        Ok(Placement { device, cost })
+        Ok(Placement {
+            device,
+            cost,
+            measured,
+        })
     }
 
     fn send_to(
@@ -854,9 +864,11 @@ impl<E: Executor> Shared<E> {
             input,
             work: terms.work,
             cost: placement.cost,
+            measured: placement.measured,
             priority: terms.priority.level(),
             enqueued: Instant::now(),
             deadline: terms.deadline,
+            server_deadline: terms.server_deadline,
             reply,
             _outstanding: Outstanding::new(&slot.state),
         };
@@ -925,6 +937,8 @@ impl<E: Executor> Shared<E> {
 struct Placement {
     device: usize,
     cost: Duration,
+    /// Whether `cost` is measured (by this device or another), not the prior.
+    measured: bool,
 }
 
 fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {

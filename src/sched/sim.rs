@@ -411,7 +411,10 @@ where
     let size = load.sizes[class];
     let sent = Instant::now();
     let deadline = sent + size.deadline;
-    let terms = Terms::by(deadline).with_work(size.work);
+    // A client's deadline on a server whose own is a minute (serve's default).
+    let terms = Terms::by(deadline)
+        .with_server_deadline(sent + Duration::from_secs(60))
+        .with_work(size.work);
     let result = router
         .admit()
         .and_then(|a| router.submit_admitted(a, size.work, terms));

@@ -65,6 +65,9 @@ pub struct PriorityError(String);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terms {
     pub deadline: Instant,
+    /// The server's own deadline, no sooner than `deadline`: a run past it is a stuck
+    /// device's sign (a run past only the client's is a late answer, not a fault).
+    pub server_deadline: Instant,
     pub priority: Priority,
     pub work: Work,
 }
@@ -74,8 +77,17 @@ impl Terms {
     pub fn by(deadline: Instant) -> Self {
         Self {
             deadline,
+            server_deadline: deadline,
             priority: Priority::DEFAULT,
             work: Work::default(),
+        }
+    }
+
+    /// The terms with the server's deadline `server` (kept no sooner than `deadline`).
+    pub fn with_server_deadline(self, server: Instant) -> Self {
+        Self {
+            server_deadline: server.max(self.deadline),
+            ..self
         }
     }
 

@@ -172,14 +172,14 @@ impl<E: Executor> Replica<E> {
         let state = self.state.clone();
         let m = &state.metrics;
         let started = Instant::now();
-        let Some(earliest) = batch.iter().map(|j| j.deadline).min() else {
+        let Some(earliest) = batch.iter().map(|j| j.server_deadline).min() else {
             return;
         };
         for job in &batch {
             m.queue_us.observe(us(started - job.enqueued));
         }
-        // The watchdog reads this to catch a run that overruns its deadline; the router,
-        // what is left of it.
+        // The watchdog reads this to catch a run that overruns the server's deadline (a
+        // stuck device; a client's sooner one only makes the answer late).
         let running = &state.running_deadline_ns[self.index];
         running.store(state.instant_ns(earliest), Ordering::Release);
         let priced: std::time::Duration = batch.iter().map(|j| j.cost).sum();

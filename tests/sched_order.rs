@@ -1,0 +1,325 @@
+//! The order a device runs its queue in and the requests it refuses for their deadline,
+//! as clients ask over HTTP: `priority=` and `deadline-ms=` in SageMaker's custom
+//! attributes, `priority` and `timeout` (microseconds) in the v2 parameters. A gated
+//! device holds its first run while the others queue, so the order the gate records is
+//! the queue's order, whatever the timing.
+
+mod common;
+mod sched_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use base64::Engine as _;
+use celer::codec::decode::DecodeLimits;
+use celer::config::RequestLimits;
+use celer::http::{routes, AppState, FrontEnd};
+use celer::replica::{BoxedMatteExecutor, MatteJob, MatteOutput};
+use celer::sched::{
+    DeviceSetup, ExecError, Executor, RunParts, Scheduler, SchedulerConfig, Scheduling,
+};
+use celer::spec::{BatchingSpec, OutputKind};
+use http_body_util::BodyExt;
+use sched_support::{Gate, PATIENCE};
+use tower::ServiceExt;
+
+/// The device's stages as a gate that records each run's image width.
+struct GatedByWidth(Arc<Gate>);
+
+impl Executor for GatedByWidth {
+    type Input = MatteJob;
+    type Output = MatteOutput;
+
+    fn run_batch(&mut self, inputs: &[&MatteJob]) -> Result<Vec<MatteOutput>, ExecError> {
+        self.0
+            .pass(inputs.iter().map(|job| job.image.dimensions().0).collect())?;
+        Ok(inputs
+            .iter()
+            .map(|job| common::opaque_output(job))
+            .collect())
+    }
+
+    /// No fixed part: what the gate held the run for is put on its pixels.
+    fn parts(&self, _output: &MatteOutput) -> Option<RunParts> {
+        Some(RunParts {
+            fixed: Duration::ZERO,
+            composite: Duration::ZERO,
+        })
+    }
+
+    fn health_check(&mut self) -> Result<(), ExecError> {
+        Ok(())
+    }
+}
+
+struct Served {
+    gate: Arc<Gate>,
+    state: Arc<AppState>,
+    app: axum::Router,
+}
+
+fn serve(scheduling: Scheduling) -> Served {
+    let gate = Gate::closed();
+    let held = gate.clone();
+    let device: DeviceSetup<BoxedMatteExecutor> = DeviceSetup {
+        name: "gated".into(),
+        replicas: 1,
+        batching: BatchingSpec::OFF,
+        load: Arc::new(move |_| Ok(Box::new(GatedByWidth(held.clone())) as BoxedMatteExecutor)),
+    };
+    let scheduler = Scheduler::start(
+        vec![device],
+        SchedulerConfig {
+            queue_capacity: 8,
+            scheduling,
+            ..SchedulerConfig::default()
+        },
+    );
+    scheduler.wait_ready().expect("ready");
+    let limits = RequestLimits {
+        max_body_bytes: 1 << 24,
+        decode: DecodeLimits::default(),
+        deadline: Duration::from_secs(60),
+    };
+    let state = Arc::new(AppState::new(
+        scheduler,
+        FrontEnd::new(limits, OutputKind::Alpha),
+    ));
+    let app = routes(state.clone());
+    Served { gate, state, app }
+}
+
+fn png(width: u32, height: u32) -> Vec<u8> {
+    common::png_bytes(&common::bright_rectangle(width, height))
+}
+
+fn invocation(width: u32, height: u32, attributes: &str) -> Request<Body> {
+    let mut request = Request::post("/invocations").header(header::CONTENT_TYPE, "image/png");
+    if !attributes.is_empty() {
+        request = request.header("X-Amzn-SageMaker-Custom-Attributes", attributes);
+    }
+    request
+        .body(Body::from(png(width, height)))
+        .expect("request")
+}
+
+fn v2_infer(width: u32, height: u32, parameters: serde_json::Value) -> Request<Body> {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(png(width, height));
+    let body = serde_json::json!({
+        "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64]}],
+        "outputs": [{"name": "alpha"}],
+        "parameters": parameters,
+    });
+    Request::post("/v2/models/celer/infer")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request")
+}
+
+async fn json(response: axum::response::Response) -> serde_json::Value {
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| serde_json::json!({"raw": String::from_utf8_lossy(&bytes)}))
+}
+
+impl Served {
+    /// Sends `request` without waiting for its answer.
+    fn send(&self, request: Request<Body>) -> tokio::task::JoinHandle<axum::response::Response> {
+        let app = self.app.clone();
+        tokio::spawn(async move { app.oneshot(request).await.expect("answer") })
+    }
+
+    /// Waits until `n` requests are queued behind the held run.
+    async fn until_queued(&self, n: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.state.scheduler.devices()[0].queued < n {
+            assert!(Instant::now() < deadline, "{n} requests never queued");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Holds one run at the gate, then queues `requests` one after another.
+    async fn hold_then_queue(
+        &self,
+        requests: Vec<Request<Body>>,
+    ) -> Vec<tokio::task::JoinHandle<axum::response::Response>> {
+        let mut answers = vec![self.send(invocation(40, 30, ""))];
+        let entered = self.gate.clone();
+        tokio::task::spawn_blocking(move || entered.wait_entered(1))
+            .await
+            .expect("the first request runs");
+        for (k, request) in requests.into_iter().enumerate() {
+            answers.push(self.send(request));
+            self.until_queued(k + 1).await;
+        }
+        answers
+    }
+
+    /// Opens the gate and says each answer's status, in the order sent.
+    async fn release(
+        &self,
+        answers: Vec<tokio::task::JoinHandle<axum::response::Response>>,
+    ) -> Vec<StatusCode> {
+        self.gate.set_open(true);
+        let mut statuses = Vec::new();
+        for answer in answers {
+            statuses.push(answer.await.expect("client task").status());
+        }
+        statuses
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_runs_by_the_priority_clients_give() {
+    let served = serve(Scheduling::Cost);
+    // Queued least urgent first; widths name them. No priority is Triton's middle, 5.
+    let answers = served
+        .hold_then_queue(vec![
+            invocation(49, 30, "priority=9"),
+            invocation(45, 30, ""),
+            v2_infer(42, 30, serde_json::json!({"priority": 2})),
+            invocation(41, 30, "priority=1"),
+        ])
+        .await;
+    let statuses = served.release(answers).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        served.gate.ran(),
+        vec![vec![40], vec![41], vec![42], vec![45], vec![49]]
+    );
+}
+
+/// A large photo queued before a small one: by cost the small one goes first (its
+/// price is a fraction of the large one's, and it waits no longer for that); by count,
+/// arrival order.
+async fn order_of_a_large_then_a_small(scheduling: Scheduling) -> Vec<Vec<u32>> {
+    let served = serve(scheduling);
+    let answers = served
+        .hold_then_queue(vec![invocation(2000, 2000, ""), invocation(48, 32, "")])
+        .await;
+    let statuses = served.release(answers).await;
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    served.gate.ran()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_cost_the_shorter_request_runs_first_by_count_the_earlier() {
+    assert_eq!(
+        order_of_a_large_then_a_small(Scheduling::Cost).await,
+        vec![vec![40], vec![48], vec![2000]]
+    );
+    assert_eq!(
+        order_of_a_large_then_a_small(Scheduling::Count).await,
+        vec![vec![40], vec![2000], vec![48]]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
+    let served = serve(Scheduling::Cost);
+    // Before any run is measured the prior only orders: a short deadline is admitted.
+    served.gate.set_open(true);
+    let cold = served
+        .app
+        .clone()
+        .oneshot(invocation(48, 32, "deadline-ms=50"))
+        .await
+        .expect("answer");
+    assert_eq!(cold.status(), StatusCode::OK);
+
+    // Measured at a second a request, 50 ms cannot be met: 503 with the wait it would
+    // take, by either protocol; a deadline it can meet is served.
+    served
+        .state
+        .scheduler
+        .seed_service_time(0, Duration::from_secs(1));
+    for request in [
+        invocation(48, 32, "deadline-ms=50"),
+        v2_infer(48, 32, serde_json::json!({"timeout": 50_000})),
+    ] {
+        let refused = served.app.clone().oneshot(request).await.expect("answer");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let retry_after: u64 = refused
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .expect("a Retry-After in seconds");
+        assert!(retry_after >= 1);
+        let body = json(refused).await;
+        let code = body["code"]
+            .as_str()
+            .or(body["error"].as_str())
+            .unwrap_or_default();
+        assert!(code.contains("deadline_unreachable"), "{body}");
+    }
+    let met = served
+        .app
+        .clone()
+        .oneshot(invocation(48, 32, "deadline-ms=5000"))
+        .await
+        .expect("answer");
+    assert_eq!(met.status(), StatusCode::OK);
+    let metrics = served
+        .app
+        .clone()
+        .oneshot(
+            Request::get("/metrics")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    let text = String::from_utf8_lossy(
+        &metrics
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+    )
+    .into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l
+                == r#"celer_inference_request_rejected_total{reason="deadline_unreachable"} 2"#),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_or_deadline_out_of_range_is_a_400() {
+    let served = serve(Scheduling::Cost);
+    served.gate.set_open(true);
+    for (request, code) in [
+        (invocation(48, 32, "priority=10"), "bad_priority"),
+        (invocation(48, 32, "deadline-ms=0"), "bad_deadline"),
+        (
+            invocation(48, 32, "deadline-ms=soon"),
+            "bad_custom_attribute",
+        ),
+        (
+            v2_infer(48, 32, serde_json::json!({"priority": 99})),
+            "bad_priority",
+        ),
+    ] {
+        let answer = served.app.clone().oneshot(request).await.expect("answer");
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
+        let body = json(answer).await;
+        assert!(body.to_string().contains(code), "{code}: {body}");
+    }
+    assert!(served.gate.ran().is_empty(), "nothing refused ran");
+}
