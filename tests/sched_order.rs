@@ -130,6 +130,11 @@ async fn json(response: axum::response::Response) -> serde_json::Value {
 }
 
 impl Served {
+    /// Sends `request` and waits for its answer.
+    async fn ask(&self, request: Request<Body>) -> axum::response::Response {
+        self.app.clone().oneshot(request).await.expect("answer")
+    }
+
     /// Sends `request` without waiting for its answer.
     fn send(&self, request: Request<Body>) -> tokio::task::JoinHandle<axum::response::Response> {
         let app = self.app.clone();
@@ -232,12 +237,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
     let served = serve(Scheduling::Cost);
     // Before any run is measured the prior only orders: a short deadline is admitted.
     served.gate.set_open(true);
-    let cold = served
-        .app
-        .clone()
-        .oneshot(invocation(48, 32, "deadline-ms=50"))
-        .await
-        .expect("answer");
+    let cold = served.ask(invocation(48, 32, "deadline-ms=50")).await;
     assert_eq!(cold.status(), StatusCode::OK);
 
     // Measured at a second a request, 50 ms cannot be met: 503 with the wait it would
@@ -250,7 +250,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
         invocation(48, 32, "deadline-ms=50"),
         v2_infer(48, 32, serde_json::json!({"timeout": 50_000})),
     ] {
-        let refused = served.app.clone().oneshot(request).await.expect("answer");
+        let refused = served.ask(request).await;
         assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
         let retry_after: u64 = refused
             .headers()
@@ -266,23 +266,15 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
             .unwrap_or_default();
         assert!(code.contains("deadline_unreachable"), "{body}");
     }
-    let met = served
-        .app
-        .clone()
-        .oneshot(invocation(48, 32, "deadline-ms=5000"))
-        .await
-        .expect("answer");
+    let met = served.ask(invocation(48, 32, "deadline-ms=5000")).await;
     assert_eq!(met.status(), StatusCode::OK);
     let metrics = served
-        .app
-        .clone()
-        .oneshot(
+        .ask(
             Request::get("/metrics")
                 .body(Body::empty())
                 .expect("request"),
         )
-        .await
-        .expect("answer");
+        .await;
     let text = String::from_utf8_lossy(
         &metrics
             .into_body()
@@ -316,7 +308,7 @@ async fn a_priority_or_deadline_out_of_range_is_a_400() {
             "bad_priority",
         ),
     ] {
-        let answer = served.app.clone().oneshot(request).await.expect("answer");
+        let answer = served.ask(request).await;
         assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
         let body = json(answer).await;
         assert!(body.to_string().contains(code), "{code}: {body}");

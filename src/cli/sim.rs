@@ -451,6 +451,25 @@ const POLICIES: [(&str, Routing, Scheduling); 4] = [
     ("random", Routing::Random, Scheduling::Count),
 ];
 
+/// A point of the mixed check: the placement devices under `policy`, Poisson arrivals
+/// at `rate_per_s`.
+fn mixed_point<'a>(
+    args: &'a SimArgs,
+    (routing, scheduling): (Routing, Scheduling),
+    rate_per_s: f64,
+    traffic: &'a Traffic,
+) -> Point<'a> {
+    Point {
+        speeds: &args.devices.0,
+        queue: args.placement_queue,
+        routing,
+        scheduling,
+        arrivals: Arrivals::Poisson { rate_per_s },
+        traffic,
+        requests: args.mixed_requests,
+    }
+}
+
 /// Mixed sizes over the placement devices: p50 and p99 by size class at `--load` (long
 /// deadlines: every request answered), then the share of deadlines missed (late, or
 /// refused because they could not be met) at 50, 70 and 90 % load with deadlines of
@@ -523,17 +542,7 @@ fn mixed(sim: &Sim, args: &SimArgs) -> anyhow::Result<Vec<String>> {
     let mut p99 = Vec::new();
     let mut class_p99 = Vec::new();
     for (label, routing, scheduling) in POLICIES {
-        let point = Point {
-            speeds: &args.devices.0,
-            queue: args.placement_queue,
-            routing,
-            scheduling,
-            arrivals: Arrivals::Poisson {
-                rate_per_s: args.load * capacity,
-            },
-            traffic: &patient,
-            requests: args.mixed_requests,
-        };
+        let point = mixed_point(args, (routing, scheduling), args.load * capacity, &patient);
         let mut rows = Rows {
             label: label.to_string(),
             reports: Vec::new(),
@@ -588,17 +597,7 @@ fn mixed(sim: &Sim, args: &SimArgs) -> anyhow::Result<Vec<String>> {
     for (label, routing, scheduling) in POLICIES {
         let mut cells = Vec::new();
         for (k, load) in loads.iter().enumerate() {
-            let point = Point {
-                speeds: &args.devices.0,
-                queue: args.placement_queue,
-                routing,
-                scheduling,
-                arrivals: Arrivals::Poisson {
-                    rate_per_s: load * capacity,
-                },
-                traffic: &tight,
-                requests: args.mixed_requests,
-            };
+            let point = mixed_point(args, (routing, scheduling), load * capacity, &tight);
             let report = sim.run(&point, args.seed + 600 + k as u64)?;
             cells.push(format!("{:>10.2}%", report.deadline_missed_share() * 100.0));
         }
