@@ -436,9 +436,12 @@ fn the_default_budget_is_a_number_of_measured_service_times() {
     let gate = Gate::closed();
     let router = start(
         vec![gated("slow", 1, OFF, &gate)],
+        // By count, as the fixed budget's test: by cost what is left of the running
+        // request shrinks as it runs (tested with the cost estimate above).
         SchedulerConfig {
             queue_capacity: 16,
             max_queue_wait: QueueBudget::ServiceTimes(2.5),
+            scheduling: Scheduling::Count,
             ..SchedulerConfig::default()
         },
     );

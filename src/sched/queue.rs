@@ -117,21 +117,17 @@ pub(crate) enum Pick {
 /// first; then, among the jobs of the most urgent priority (the smallest number), the one
 /// with the earliest aged key, unless running it first would make another of them miss
 /// its deadline: then the one of those that must start soonest.
-pub(crate) fn pick(entries: &[Entry], now: Instant) -> Option<Pick> {
-    if let Some(late) = entries.iter().position(|e| !e.reachable(now)) {
+pub(crate) fn pick<T>(queued: &[T], entry: impl Fn(&T) -> Entry, now: Instant) -> Option<Pick> {
+    let entries = || queued.iter().map(&entry).enumerate();
+    if let Some((late, _)) = entries().find(|(_, e)| !e.reachable(now)) {
         return Some(Pick::Refuse(late));
     }
-    let top = entries.iter().map(|e| e.priority).min()?;
-    let first = entries
-        .iter()
-        .enumerate()
+    let top = entries().map(|(_, e)| e.priority).min()?;
+    let (first, first_entry) = entries()
         .filter(|(_, e)| e.priority == top)
-        .min_by_key(|(_, e)| e.key())
-        .map(|(i, _)| i)?;
-    let after_first = now + entries[first].cost;
-    let at_risk = entries
-        .iter()
-        .enumerate()
+        .min_by_key(|(_, e)| e.key())?;
+    let after_first = now + first_entry.cost;
+    let at_risk = entries()
         .filter(|&(i, e)| i != first && e.priority == top)
         .filter(|(_, e)| e.latest_start().is_some_and(|s| s < after_first))
         .min_by_key(|(_, e)| e.latest_start())
@@ -273,13 +269,20 @@ impl<E: Executor> DeviceQueue<E> {
             let index = match self.order {
                 Order::Fifo => 0,
                 Order::Cost => {
-                    let entries: Vec<Entry> = q.jobs.iter().map(Entry::of).collect();
-                    match pick(&entries, Instant::now())? {
+                    let now = Instant::now();
+                    match pick(&q.jobs, Entry::of, now)? {
                         Pick::Run(i) => i,
                         Pick::Refuse(i) => {
                             let job = q.jobs.remove(i);
                             q.cost = q.cost.saturating_sub(job.cost);
-                            job.fail(JobError::DeadlineUnreachable);
+                            // Past its deadline, it expired as any request does; before
+                            // it, the work ahead left it no time to finish.
+                            let why = if job.deadline <= now {
+                                JobError::DeadlineExceeded
+                            } else {
+                                JobError::DeadlineUnreachable
+                            };
+                            job.fail(why);
                             continue;
                         }
                     }
@@ -327,14 +330,14 @@ mod tests {
             at.entry(1, 5, 2000, FAR),
             at.entry(9, 1, 1, FAR),
         ];
-        assert_eq!(pick(&entries, at.t(10)), Some(Pick::Run(1)));
+        assert_eq!(pick(&entries, |e| *e, at.t(10)), Some(Pick::Run(1)));
     }
 
     #[test]
     fn a_short_job_passes_a_long_one_that_came_first() {
         let at = At(Instant::now());
         let entries = [at.entry(5, 0, 2000, FAR), at.entry(5, 100, 100, FAR)];
-        assert_eq!(pick(&entries, at.t(150)), Some(Pick::Run(1)));
+        assert_eq!(pick(&entries, |e| *e, at.t(150)), Some(Pick::Run(1)));
     }
 
     #[test]
@@ -344,9 +347,9 @@ mod tests {
         let at = At(Instant::now());
         let long = at.entry(5, 0, 2000, FAR);
         let before = [long, at.entry(5, 1899, 100, FAR)];
-        assert_eq!(pick(&before, at.t(1900)), Some(Pick::Run(1)));
+        assert_eq!(pick(&before, |e| *e, at.t(1900)), Some(Pick::Run(1)));
         let after = [long, at.entry(5, 1901, 100, FAR)];
-        assert_eq!(pick(&after, at.t(1901)), Some(Pick::Run(0)));
+        assert_eq!(pick(&after, |e| *e, at.t(1901)), Some(Pick::Run(0)));
         // Starvation bound, stated over a stream: small jobs arriving every 50 ms from
         // 0 ms; once the long one is picked, no job that came after 1900 ms ran before it.
         let mut queue = vec![long];
@@ -358,7 +361,7 @@ mod tests {
                 queue.push(at.entry(5, next_arrival, 100, FAR));
                 next_arrival += 50;
             }
-            let Some(Pick::Run(i)) = pick(&queue, at.t(now)) else {
+            let Some(Pick::Run(i)) = pick(&queue, |e| *e, at.t(now)) else {
                 panic!("nothing to run")
             };
             let job = queue.remove(i);
@@ -378,18 +381,18 @@ mod tests {
         // The long job must start by 1000 ms (deadline 3000, cost 2000); running the
         // 300 ms one first at 800 would start it at 1100.
         let entries = [at.entry(5, 0, 2000, 3000), at.entry(5, 700, 300, FAR)];
-        assert_eq!(pick(&entries, at.t(800)), Some(Pick::Run(0)));
+        assert_eq!(pick(&entries, |e| *e, at.t(800)), Some(Pick::Run(0)));
         // At 600 there is room for both in the other order.
-        assert_eq!(pick(&entries, at.t(600)), Some(Pick::Run(1)));
+        assert_eq!(pick(&entries, |e| *e, at.t(600)), Some(Pick::Run(1)));
     }
 
     #[test]
     fn a_job_that_cannot_finish_in_time_is_refused_not_run() {
         let at = At(Instant::now());
         let entries = [at.entry(5, 0, 100, FAR), at.entry(5, 0, 500, 1000)];
-        assert_eq!(pick(&entries, at.t(600)), Some(Pick::Refuse(1)));
-        assert_eq!(pick(&entries, at.t(400)), Some(Pick::Run(0)));
-        assert_eq!(pick(&[], at.t(0)), None);
+        assert_eq!(pick(&entries, |e| *e, at.t(600)), Some(Pick::Refuse(1)));
+        assert_eq!(pick(&entries, |e| *e, at.t(400)), Some(Pick::Run(0)));
+        assert_eq!(pick(&[], |e: &Entry| *e, at.t(0)), None);
     }
 
     #[test]
@@ -399,7 +402,7 @@ mod tests {
             measured: false,
             ..at.entry(5, 0, 500, 1000)
         };
-        assert_eq!(pick(&[guessed], at.t(600)), Some(Pick::Run(0)));
-        assert_eq!(pick(&[guessed], at.t(1001)), Some(Pick::Refuse(0)));
+        assert_eq!(pick(&[guessed], |e| *e, at.t(600)), Some(Pick::Run(0)));
+        assert_eq!(pick(&[guessed], |e| *e, at.t(1001)), Some(Pick::Refuse(0)));
     }
 }
