@@ -127,6 +127,7 @@ async fn ping_answers_and_overload_is_a_503_while_every_queue_is_full() {
         replicas: 1,
         batching: BatchingSpec::OFF,
         load: Arc::new(move |_| Ok(Box::new(GatedPipeline(held.clone())) as BoxedMatteExecutor)),
+        interim: false,
     };
     let scheduler = Scheduler::start(
         vec![device],
@@ -331,6 +332,7 @@ async fn ping_is_503_until_every_replica_has_loaded() {
             let _ = loading.lock().map(|rx| rx.recv());
             Ok(Box::new(GatedPipeline(gate.clone())) as BoxedMatteExecutor)
         }),
+        interim: false,
     };
     let scheduler = Scheduler::start(vec![device], SchedulerConfig::default());
     let state = alpha_server(scheduler);
@@ -396,6 +398,7 @@ async fn grpc_is_unavailable_until_every_replica_has_loaded() {
             let _ = loading.lock().map(|rx| rx.recv());
             Ok(Box::new(GatedPipeline(gate.clone())) as BoxedMatteExecutor)
         }),
+        interim: false,
     };
     let state = alpha_server(Scheduler::start(vec![device], SchedulerConfig::default()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -420,7 +423,8 @@ async fn grpc_is_unavailable_until_every_replica_has_loaded() {
         .build()
         .unwrap();
     let infer = || {
-        let body = celer::bench::http::Payload::grpc_infer(&png(64, 48), "alpha", "celer").body;
+        let body =
+            celer::bench::http::Payload::grpc_infer(&png(64, 48), "alpha", "celer", None).body;
         grpc_call(
             &client,
             format!("http://{address}/inference.GRPCInferenceService/ModelInfer"),

@@ -15,7 +15,7 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 
 use super::cpu;
-use super::report::{Percentiles, PointReport};
+use super::report::{InputReport, Percentiles, PointReport};
 use crate::stats::median;
 
 /// One request's body, as sent.
@@ -25,6 +25,9 @@ pub struct Payload {
     pub content_type: &'static str,
     /// `Inference-Header-Content-Length` (the v2 binary-data extension's JSON length).
     pub inference_header: Option<usize>,
+    /// Which of the target's inputs it is (`LoadTarget::input_names`): each input's
+    /// latencies are reported apart.
+    pub input: usize,
 }
 
 impl Payload {
@@ -34,20 +37,30 @@ impl Payload {
             body,
             content_type,
             inference_header: None,
+            input: 0,
         }
     }
 
+    /// The same body, as input `input` of its target.
+    pub fn of_input(self, input: usize) -> Self {
+        Self { input, ..self }
+    }
+
     /// An image as the v2 `infer` takes it in binary: the JSON header naming the `image`
-    /// input (`BYTES [1]`) and asking for `output` in binary, then the one BYTES element
-    /// (its 4-byte little-endian length, then the encoded image).
-    pub fn v2_infer(image: &[u8], output: &str) -> Self {
+    /// input (`BYTES [1]`) and asking for `output` in binary (with `deadline_ms` among the
+    /// request's parameters when given), then the one BYTES element (its 4-byte
+    /// little-endian length, then the encoded image).
+    pub fn v2_infer(image: &[u8], output: &str, deadline_ms: Option<u64>) -> Self {
         let element = image.len() + 4;
-        let head = serde_json::json!({
+        let mut head = serde_json::json!({
             "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
                         "parameters": {"binary_data_size": element}}],
             "outputs": [{"name": output, "parameters": {"binary_data": true}}],
-        })
-        .to_string();
+        });
+        if let Some(ms) = deadline_ms {
+            head["parameters"] = serde_json::json!({ "deadline_ms": ms });
+        }
+        let head = head.to_string();
         let mut body = Vec::with_capacity(head.len() + element);
         body.extend_from_slice(head.as_bytes());
         body.extend_from_slice(&(image.len() as u32).to_le_bytes());
@@ -56,6 +69,7 @@ impl Payload {
             body: Bytes::from(body),
             content_type: "application/octet-stream",
             inference_header: Some(head.len()),
+            input: 0,
         }
     }
 }
@@ -65,12 +79,15 @@ pub const GRPC: &str = "application/grpc";
 
 impl Payload {
     /// An image as gRPC's `ModelInfer` takes it: a `ModelInferRequest` for `model` with
-    /// the `image` input (`BYTES [1]`) in raw contents, asking for `output`, framed as a
-    /// gRPC message (an uncompressed flag, its 4-byte big-endian length, the message).
-    pub fn grpc_infer(image: &[u8], output: &str, model: &str) -> Self {
+    /// the `image` input (`BYTES [1]`) in raw contents, asking for `output` (with the
+    /// `deadline_ms` parameter when given), framed as a gRPC message (an uncompressed
+    /// flag, its 4-byte big-endian length, the message).
+    pub fn grpc_infer(image: &[u8], output: &str, model: &str, deadline_ms: Option<u64>) -> Self {
+        use crate::oip::inference::infer_parameter::ParameterChoice;
         use crate::oip::inference::model_infer_request::{
             InferInputTensor, InferRequestedOutputTensor,
         };
+        use crate::oip::inference::InferParameter;
         use prost::Message;
         let mut element = Vec::with_capacity(4 + image.len());
         element.extend_from_slice(&(image.len() as u32).to_le_bytes());
@@ -88,6 +105,19 @@ impl Payload {
                 ..InferRequestedOutputTensor::default()
             }],
             raw_input_contents: vec![Bytes::from(element)],
+            parameters: deadline_ms
+                .map(|ms| {
+                    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+                    let choice = Some(ParameterChoice::Int64Param(ms));
+                    (
+                        "deadline_ms".to_string(),
+                        InferParameter {
+                            parameter_choice: choice,
+                        },
+                    )
+                })
+                .into_iter()
+                .collect(),
             ..Default::default()
         };
         let mut body = Vec::with_capacity(5 + message.encoded_len());
@@ -100,6 +130,7 @@ impl Payload {
             body: Bytes::from(body),
             content_type: GRPC,
             inference_header: None,
+            input: 0,
         }
     }
 }
@@ -108,8 +139,15 @@ impl Payload {
 pub struct LoadTarget {
     /// The route loaded: `/invocations`, or `/v2/models/{m}/infer`.
     pub url: String,
-    /// Bodies sent round robin.
+    /// Bodies sent round robin, in one sequence over every client (so that each is sent
+    /// as often as the others, whichever client sends it).
     pub inputs: Vec<Payload>,
+    /// The name of each input (`Payload::input`), e.g. its file's: the report gives each
+    /// its own percentiles.
+    pub input_names: Vec<String>,
+    /// A success slower than this is late (the client's deadline, `--deadline-ms`):
+    /// counted per input.
+    pub late_after: Option<Duration>,
     pub accept: Option<String>,
     pub custom_attributes: Option<String>,
     /// A client of its own, where the shared one cannot speak to it (gRPC: HTTP/2
@@ -179,12 +217,49 @@ fn content_type(path: &Path) -> Option<&'static str> {
     }
 }
 
-/// What the clients record, shared between them.
-struct Recorder {
+/// The latencies and outcomes of a set of measured requests: all of a point's, or one
+/// input's.
+struct Outcomes {
     latency_us: Histogram<u64>,
     ok: u64,
     requests: u64,
+    /// Successes slower than the target's `late_after`.
+    late: u64,
     errors: BTreeMap<String, u64>,
+}
+
+impl Outcomes {
+    fn new() -> Self {
+        Self {
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+            ok: 0,
+            requests: 0,
+            late: 0,
+            errors: BTreeMap::new(),
+        }
+    }
+
+    /// A measured request's outcome: its latency when it succeeded, else what went wrong.
+    fn record(&mut self, outcome: Result<u64, &str>, late_after: Option<Duration>) {
+        self.requests += 1;
+        match outcome {
+            Ok(elapsed_us) => {
+                self.ok += 1;
+                let _ = self.latency_us.record(elapsed_us.max(1));
+                if late_after.is_some_and(|d| u128::from(elapsed_us) > d.as_micros()) {
+                    self.late += 1;
+                }
+            }
+            Err(kind) => *self.errors.entry(kind.to_string()).or_default() += 1,
+        }
+    }
+}
+
+/// What the clients record, shared between them.
+struct Recorder {
+    all: Outcomes,
+    /// By input (`Payload::input`).
+    by_input: Vec<Outcomes>,
     stages_ms: BTreeMap<String, Vec<f64>>,
     last_done: Instant,
     /// Successful answers that arrived inside the measured window, whenever their
@@ -197,12 +272,10 @@ struct Recorder {
 }
 
 impl Recorder {
-    fn new(window: std::ops::Range<Instant>) -> Self {
+    fn new(window: std::ops::Range<Instant>, inputs: usize) -> Self {
         Self {
-            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
-            ok: 0,
-            requests: 0,
-            errors: BTreeMap::new(),
+            all: Outcomes::new(),
+            by_input: (0..inputs.max(1)).map(|_| Outcomes::new()).collect(),
             stages_ms: BTreeMap::new(),
             last_done: window.start,
             ok_in_window: 0,
@@ -231,7 +304,7 @@ fn throughput(r: &Recorder, ran_whole_window: bool) -> f64 {
     let (count, span) = if ran_whole_window {
         (r.ok_in_window, r.window.end - r.window.start)
     } else {
-        (r.ok, r.last_done.max(r.window.start) - r.window.start)
+        (r.all.ok, r.last_done.max(r.window.start) - r.window.start)
     };
     if span.is_zero() {
         0.0
@@ -278,7 +351,10 @@ pub async fn run_point(
     let start = Instant::now();
     let measure_from = start + window.warmup;
     let measure_until = measure_from + window.duration;
-    let recorder = Arc::new(Mutex::new(Recorder::new(measure_from..measure_until)));
+    let recorder = Arc::new(Mutex::new(Recorder::new(
+        measure_from..measure_until,
+        target.input_names.len(),
+    )));
     let sent = Arc::new(AtomicU64::new(0));
     let completed = Arc::new(AtomicU64::new(0));
     let reading_at = |at: Instant| {
@@ -325,8 +401,8 @@ pub async fn run_point(
                 };
                 progress.set_message(format!(
                     "{label}: {phase}, {} measured, {rate:.2} req/s, {} errors",
-                    r.requests,
-                    r.errors.values().sum::<u64>()
+                    r.all.requests,
+                    r.all.errors.values().sum::<u64>()
                 ));
             }
         })
@@ -335,20 +411,23 @@ pub async fn run_point(
     let mut tasks = tokio::task::JoinSet::new();
     match mode {
         LoadMode::Closed { concurrency } => {
-            for client_index in 0..concurrency.max(1) {
-                let (client, target, recorder, admit, completed) = (
+            // One sequence of inputs over every client: each input is sent as often as
+            // the others, though the clients holding the slow ones send fewer requests.
+            let next_input = Arc::new(AtomicU64::new(0));
+            for _ in 0..concurrency.max(1) {
+                let (client, target, recorder, admit, completed, next_input) = (
                     client.clone(),
                     target.clone(),
                     recorder.clone(),
                     admit.clone(),
                     completed.clone(),
+                    next_input.clone(),
                 );
                 tasks.spawn(async move {
-                    let mut i = client_index;
                     while let Some(measured) = admit(Instant::now()) {
+                        let i = next_input.fetch_add(1, Ordering::Relaxed) as usize;
                         one_request(&client, &target, i, measured, &recorder).await;
                         completed.fetch_add(1, Ordering::SeqCst);
-                        i += concurrency;
                     }
                 });
             }
@@ -410,6 +489,7 @@ pub async fn run_point(
     };
     report(
         mode.label(),
+        &target,
         &r,
         throughput(&r, ran_whole_window),
         duration_s,
@@ -420,6 +500,7 @@ pub async fn run_point(
 /// One point's report from its recorder, its throughput and its window's CPU readings.
 fn report(
     point: String,
+    target: &LoadTarget,
     r: &Recorder,
     throughput_rps: f64,
     duration_s: f64,
@@ -438,14 +519,34 @@ fn report(
         .iter()
         .map(|(k, v)| (k.clone(), median(&mut v.clone())))
         .collect();
+    let late = |o: &Outcomes| target.late_after.map(|_| o.late);
+    let by_input = if target.input_names.len() > 1 {
+        target
+            .input_names
+            .iter()
+            .zip(&r.by_input)
+            .map(|(name, o)| InputReport {
+                input: name.clone(),
+                requests: o.requests,
+                ok: o.ok,
+                late: late(o),
+                latency_ms: Percentiles::from_us(&o.latency_us),
+                errors: o.errors.clone(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     PointReport {
         point,
-        requests: r.requests,
-        ok: r.ok,
+        requests: r.all.requests,
+        ok: r.all.ok,
+        late: late(&r.all),
         duration_s,
         throughput_rps,
-        latency_ms: Percentiles::from_us(&r.latency_us),
-        errors: r.errors.clone(),
+        latency_ms: Percentiles::from_us(&r.all.latency_us),
+        errors: r.all.errors.clone(),
+        by_input,
         server_stages_ms,
         server_cpu_ms_per_request: per_request(|c| c.server),
         client_cpu_ms_per_request: per_request(|c| c.client),
@@ -473,7 +574,12 @@ pub async fn run_turns(
     let measure_until = measure_from + window.duration;
     let recorders: Vec<Mutex<Recorder>> = targets
         .iter()
-        .map(|_| Mutex::new(Recorder::new(measure_from..measure_until)))
+        .map(|t| {
+            Mutex::new(Recorder::new(
+                measure_from..measure_until,
+                t.input_names.len(),
+            ))
+        })
         .collect();
     let completed: Arc<Vec<AtomicU64>> =
         Arc::new(targets.iter().map(|_| AtomicU64::new(0)).collect());
@@ -534,7 +640,7 @@ pub async fn run_turns(
             let throughput = if r.busy.is_zero() {
                 0.0
             } else {
-                r.ok as f64 / r.busy.as_secs_f64()
+                r.all.ok as f64 / r.busy.as_secs_f64()
             };
             let duration_s = if ran_whole_window {
                 window.duration.as_secs_f64()
@@ -547,6 +653,7 @@ pub async fn run_turns(
                 .map(|(o, c)| (o[i], c[i]));
             report(
                 LoadMode::Closed { concurrency: 1 }.label(),
+                &targets[i],
                 &r,
                 throughput,
                 duration_s,
@@ -605,7 +712,7 @@ async fn one_request(
                 }
                 Ok(body) if grpc && body.len() < 5 => Err("grpc: no message".to_string()),
                 Ok(_) if status.is_success() => Ok(timing),
-                Ok(_) => Err(status.as_u16().to_string()),
+                Ok(body) => Err(refusal(status, &body)),
                 Err(_) => Err("transport".to_string()),
             }
         }
@@ -617,18 +724,32 @@ async fn one_request(
     if !measured {
         return;
     }
-    r.requests += 1;
     r.busy += Duration::from_micros(elapsed_us);
     r.last_done = r.last_done.max(Instant::now());
-    match outcome {
-        Ok(timing) => {
-            r.ok += 1;
-            let _ = r.latency_us.record(elapsed_us.max(1));
-            for (stage, ms) in timing.unwrap_or_default() {
-                r.stages_ms.entry(stage).or_default().push(ms);
-            }
+    let recorded = match &outcome {
+        Ok(_) => Ok(elapsed_us),
+        Err(kind) => Err(kind.as_str()),
+    };
+    r.all.record(recorded, target.late_after);
+    if let Some(input) = r.by_input.get_mut(payload.input) {
+        input.record(recorded, target.late_after);
+    }
+    if let Ok(timing) = outcome {
+        for (stage, ms) in timing.unwrap_or_default() {
+            r.stages_ms.entry(stage).or_default().push(ms);
         }
-        Err(kind) => *r.errors.entry(kind).or_default() += 1,
+    }
+}
+
+/// What a refusal is counted as: its status, and the `code` of a JSON error body
+/// (`503 deadline_unreachable`), which says which of the server's refusals it was.
+fn refusal(status: reqwest::StatusCode, body: &[u8]) -> String {
+    let code = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("code")?.as_str().map(str::to_string));
+    match code {
+        Some(code) => format!("{} {code}", status.as_u16()),
+        None => status.as_u16().to_string(),
     }
 }
 
@@ -656,11 +777,11 @@ mod tests {
         // Instants before the window's start: it opens 5 s after now.
         let now = Instant::now();
         let at = |s: f64| now + Duration::from_secs_f64(5.0 + s);
-        let mut r = Recorder::new(at(0.0)..at(10.0));
+        let mut r = Recorder::new(at(0.0)..at(10.0), 1);
         for &(s, ok) in answers {
             r.answered(at(s), ok);
         }
-        r.ok = measured_ok;
+        r.all.ok = measured_ok;
         r.last_done = at(last_done_s);
         r
     }
@@ -747,6 +868,8 @@ mod turns_tests {
                         Bytes::from_static(b"x"),
                         "image/jpeg",
                     ))],
+                    input_names: vec!["x".into()],
+                    late_after: None,
                     accept: None,
                     custom_attributes: None,
                     client: None,
@@ -792,5 +915,109 @@ mod turns_tests {
                 "{point:?}"
             );
         }
+    }
+}
+
+/// `run_point` with several inputs against a small server over real sockets: each input's
+/// requests, latencies, late answers and refusals apart.
+#[cfg(test)]
+mod mixed_tests {
+    use super::*;
+
+    /// Answers `small` at once, `large` after `slow`, and refuses `refused` as celer
+    /// refuses a request it cannot finish in time.
+    async fn serve(slow: Duration) -> String {
+        use axum::http::StatusCode;
+        let app = axum::Router::new().route(
+            "/invocations",
+            axum::routing::post(move |body: Bytes| async move {
+                match &body[..] {
+                    b"large" => {
+                        tokio::time::sleep(slow).await;
+                        (StatusCode::OK, "ok".to_string())
+                    }
+                    b"refused" => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        r#"{"error": "too late", "code": "deadline_unreachable"}"#.to_string(),
+                    ),
+                    _ => (StatusCode::OK, "ok".to_string()),
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/invocations", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_input_is_sent_in_turn_and_reported_apart() {
+        let slow = Duration::from_millis(60);
+        let names = ["small", "large", "refused"];
+        let target = Arc::new(LoadTarget {
+            url: serve(slow).await,
+            inputs: names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    Payload::invocations((Bytes::from_static(name.as_bytes()), "image/jpeg"))
+                        .of_input(i)
+                })
+                .collect(),
+            input_names: names.iter().map(|n| n.to_string()).collect(),
+            late_after: Some(slow / 2),
+            accept: None,
+            custom_attributes: None,
+            client: None,
+        });
+        let window = Window {
+            warmup: Duration::ZERO,
+            duration: Duration::from_millis(800),
+            max_requests: None,
+        };
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let mode = LoadMode::Closed { concurrency: 3 };
+        let point = run_point(&client, target, mode, window, None, &ProgressBar::hidden()).await;
+
+        assert_eq!(point.by_input.len(), 3, "{point:?}");
+        let [small, large, refused] = &point.by_input[..] else {
+            unreachable!()
+        };
+        assert_eq!(
+            [&small.input, &large.input, &refused.input],
+            names.map(String::from).each_ref()
+        );
+        // One sequence over the clients: the inputs are sent in turn, whichever client is
+        // free, so each is sent as often as the others (give or take those in flight).
+        for input in [small, large] {
+            assert!(input.requests.abs_diff(refused.requests) <= 3, "{point:?}");
+        }
+        assert!(large.requests > 0, "{point:?}");
+        // A large one always takes longer than the deadline; the point adds up its inputs.
+        assert_eq!(large.late, Some(large.ok), "{point:?}");
+        assert!(
+            large.latency_ms.p50 >= slow.as_secs_f64() * 1e3,
+            "{point:?}"
+        );
+        assert_eq!(
+            point.late,
+            Some(small.late.unwrap_or(0) + large.ok),
+            "{point:?}"
+        );
+        assert_eq!(
+            point.requests,
+            small.requests + large.requests + refused.requests
+        );
+        // A refusal is counted by its status and the code of its JSON body.
+        assert_eq!(refused.ok, 0, "{point:?}");
+        assert_eq!(
+            refused.errors,
+            BTreeMap::from([("503 deadline_unreachable".to_string(), refused.requests)])
+        );
+        assert_eq!(point.errors, refused.errors);
+        assert!(
+            small.errors.is_empty() && large.errors.is_empty(),
+            "{point:?}"
+        );
     }
 }

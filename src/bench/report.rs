@@ -18,6 +18,9 @@ pub struct PointReport {
     /// how many of them succeeded.
     pub requests: u64,
     pub ok: u64,
+    /// Of the successes, those slower than the client's deadline (`bench http
+    /// --deadline-ms`); `None` without one.
+    pub late: Option<u64>,
     /// The measured window's length (a run stopped early by a request count: to its
     /// last answer).
     pub duration_s: f64,
@@ -35,6 +38,21 @@ pub struct PointReport {
     pub server_cpu_ms_per_request: Option<f64>,
     /// The load generator's own CPU time per completed request, on the same machine.
     pub client_cpu_ms_per_request: Option<f64>,
+    /// Each input's own figures, when there are several (`bench http --input` given more
+    /// than once): under mixed traffic, a small image's latency is not a large one's.
+    pub by_input: Vec<InputReport>,
+}
+
+/// One input's share of a point.
+#[derive(Debug, Clone, Serialize)]
+pub struct InputReport {
+    /// Its name: the file's, or the folder's.
+    pub input: String,
+    pub requests: u64,
+    pub ok: u64,
+    pub late: Option<u64>,
+    pub latency_ms: Percentiles,
+    pub errors: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -123,6 +141,25 @@ pub fn table(points: &[PointReport]) -> String {
             errors,
             stages
         );
+        for input in &p.by_input {
+            let l = &input.latency_ms;
+            let late = input.late.map_or(String::new(), |n| format!(" ({n} late)"));
+            out += &format!(
+                "{:<20} {:>9} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8}  {} ok{late}\n",
+                format!("  {}", input.input),
+                "",
+                l.p50,
+                l.p90,
+                l.p95,
+                l.p99,
+                l.p999,
+                input.errors.values().sum::<u64>(),
+                input.ok,
+            );
+        }
+        if let (Some(late), true) = (p.late, p.by_input.is_empty()) {
+            out += &format!("{:<20} {late} answered after the deadline\n", "");
+        }
     }
     out
 }
@@ -230,10 +267,26 @@ mod tests {
             server_stages_ms: BTreeMap::from([("model".to_string(), 120.0)]),
             server_cpu_ms_per_request: None,
             client_cpu_ms_per_request: None,
+            late: Some(2),
+            by_input: ["small.jpg", "large.jpg"]
+                .iter()
+                .map(|name| InputReport {
+                    input: name.to_string(),
+                    requests: 5,
+                    ok: 5,
+                    late: Some(1),
+                    latency_ms: Percentiles::default(),
+                    errors: BTreeMap::new(),
+                })
+                .collect(),
         };
         let t = table(std::slice::from_ref(&point));
         assert!(
             t.contains("c=4") && t.contains("4.50") && t.contains("model 120.0"),
+            "{t}"
+        );
+        assert!(
+            t.contains("  small.jpg") && t.contains("  large.jpg") && t.contains("(1 late)"),
             "{t}"
         );
         let dir = tempfile::tempdir().unwrap();

@@ -55,9 +55,16 @@ pub struct HttpArgs {
     /// by default; `alpha`, `trimap`).
     #[arg(long, default_value = "cutout")]
     v2_output: String,
-    /// An image, or a folder of images sent round robin.
+    /// An image, or a folder of images sent round robin. Given more than once (mixed
+    /// traffic): the inputs are sent in turn, as often each, and the report gives each
+    /// its own percentiles.
+    #[arg(long, required = true)]
+    input: Vec<PathBuf>,
+    /// The client's deadline: sent with each request (`deadline-ms=` in the custom
+    /// attributes; the `deadline_ms` parameter over v2 and gRPC), and a success slower
+    /// than it is counted late.
     #[arg(long)]
-    input: PathBuf,
+    deadline_ms: Option<u64>,
     /// Closed-loop concurrencies to sweep, e.g. 1,2,4,8.
     #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
@@ -154,10 +161,27 @@ pub fn bench(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Each `--input`: its name, and its images with their content types.
+type Inputs = Vec<(String, Vec<(bytes::Bytes, &'static str)>)>;
+
+fn read_inputs(paths: &[PathBuf]) -> anyhow::Result<Inputs> {
+    paths
+        .iter()
+        .map(|path| {
+            let images =
+                load_inputs(path).with_context(|| format!("cannot read {}", path.display()))?;
+            anyhow::ensure!(!images.is_empty(), "no images in {}", path.display());
+            let name = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into(),
+            );
+            Ok((name, images))
+        })
+        .collect()
+}
+
 fn http(args: HttpArgs) -> anyhow::Result<()> {
-    let inputs = load_inputs(&args.input)
-        .with_context(|| format!("cannot read {}", args.input.display()))?;
-    anyhow::ensure!(!inputs.is_empty(), "no images in {}", args.input.display());
+    let inputs = read_inputs(&args.input)?;
     if args.url.len() > 1 {
         return turns(&args, &inputs);
     }
@@ -223,7 +247,7 @@ fn http(args: HttpArgs) -> anyhow::Result<()> {
 }
 
 /// `bench http` with several URLs: one client taking turns between them at c=1.
-fn turns(args: &HttpArgs, inputs: &[(bytes::Bytes, &'static str)]) -> anyhow::Result<()> {
+fn turns(args: &HttpArgs, inputs: &Inputs) -> anyhow::Result<()> {
     let n = args.url.len();
     anyhow::ensure!(
         args.concurrency.iter().all(|&c| c == 1) && args.rate.is_empty(),
@@ -277,28 +301,40 @@ fn load_target(
     args: &HttpArgs,
     route: Route,
     base: &str,
-    inputs: &[(bytes::Bytes, &'static str)],
+    inputs: &Inputs,
 ) -> anyhow::Result<LoadTarget> {
     let base = base.trim_end_matches('/');
-    let (url, inputs) = match route {
-        Route::Invocations => (
-            format!("{base}/invocations"),
-            inputs.iter().cloned().map(Payload::invocations).collect(),
-        ),
-        Route::V2 => (
-            format!("{base}/v2/models/{}/infer", args.model_name),
+    let deadline = args.deadline_ms;
+    let payload = |(image, content_type): &(bytes::Bytes, &'static str)| match route {
+        Route::Invocations => Payload::invocations((image.clone(), content_type)),
+        Route::V2 => Payload::v2_infer(image, &args.v2_output, deadline),
+        Route::Grpc => Payload::grpc_infer(image, &args.v2_output, &args.model_name, deadline),
+    };
+    let url = match route {
+        Route::Invocations => format!("{base}/invocations"),
+        Route::V2 => format!("{base}/v2/models/{}/infer", args.model_name),
+        Route::Grpc => format!("{base}/inference.GRPCInferenceService/ModelInfer"),
+    };
+    // Interleaved, so that the round robin sends the inputs in turn: the first image of
+    // each, then the second of each, ...
+    let longest = inputs
+        .iter()
+        .map(|(_, images)| images.len())
+        .max()
+        .unwrap_or(0);
+    let payloads = (0..longest)
+        .flat_map(|k| {
             inputs
                 .iter()
-                .map(|(image, _)| Payload::v2_infer(image, &args.v2_output))
-                .collect(),
-        ),
-        Route::Grpc => (
-            format!("{base}/inference.GRPCInferenceService/ModelInfer"),
-            inputs
-                .iter()
-                .map(|(image, _)| Payload::grpc_infer(image, &args.v2_output, &args.model_name))
-                .collect(),
-        ),
+                .enumerate()
+                .map(move |(input, (_, images))| (input, &images[k % images.len()]))
+        })
+        .map(|(input, image)| payload(image).of_input(input))
+        .collect();
+    let custom_attributes = match (&args.custom_attributes, deadline, route) {
+        (Some(attrs), Some(ms), Route::Invocations) => Some(format!("{attrs};deadline-ms={ms}")),
+        (None, Some(ms), Route::Invocations) => Some(format!("deadline-ms={ms}")),
+        (attrs, _, _) => attrs.clone(),
     };
     let client = match route {
         Route::Grpc => Some(
@@ -311,9 +347,11 @@ fn load_target(
     };
     Ok(LoadTarget {
         url,
-        inputs,
+        inputs: payloads,
+        input_names: inputs.iter().map(|(name, _)| name.clone()).collect(),
+        late_after: deadline.map(Duration::from_millis),
         accept: args.accept.clone(),
-        custom_attributes: args.custom_attributes.clone(),
+        custom_attributes,
         client,
     })
 }
