@@ -94,6 +94,7 @@ fn faulty_app(replicas: usize, deadline: Duration) -> Served {
             replicas,
             batching: spec.batching,
             load,
+            interim: false,
         }],
         SchedulerConfig {
             health_check_interval: Duration::from_millis(200),

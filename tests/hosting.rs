@@ -480,6 +480,7 @@ async fn ping_fails_while_no_device_can_serve_and_recovers_with_it() {
         replicas: 1,
         batching: Default::default(),
         load: Arc::new(move |_| Ok(Box::new(Breakable(flag.clone())) as BoxedMatteExecutor)),
+        interim: false,
     };
     let router = Scheduler::start(
         vec![device],

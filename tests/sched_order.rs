@@ -68,6 +68,7 @@ fn serve(scheduling: Scheduling) -> Served {
         replicas: 1,
         batching: BatchingSpec::OFF,
         load: Arc::new(move |_| Ok(Box::new(GatedByWidth(held.clone())) as BoxedMatteExecutor)),
+        interim: false,
     };
     let scheduler = Scheduler::start(
         vec![device],

@@ -680,6 +680,7 @@ fn requests_placed_before_an_idle_replica_wakes_are_not_refused() {
                 let _ = loaded_rx.lock().unwrap().recv();
                 Ok(GateExecutor(gate.clone()))
             }),
+            interim: false,
         }
     };
     let router = Scheduler::start(
@@ -699,6 +700,116 @@ fn requests_placed_before_an_idle_replica_wakes_are_not_refused() {
     ));
     loaded_tx.send(()).unwrap();
     for t in held {
+        assert!(answer(t).is_ok());
+    }
+    router.shutdown();
+}
+
+/// An interim device (the CPU while the GPUs' engines build) takes the requests while the
+/// device that stays loads; readiness says so without waiting for it. Once the other has
+/// loaded, the interim one takes no new request: what it holds it finishes, the next go
+/// to the device that stays, and readiness is whole.
+#[test]
+fn an_interim_device_serves_until_the_lasting_one_loads_then_retires() {
+    use celer::sched::Readiness;
+    let (interim_gate, lasting_gate) = (Gate::open(), Gate::open());
+    let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<()>();
+    let loaded_rx = std::sync::Mutex::new(loaded_rx);
+    let lasting = {
+        let gate = lasting_gate.clone();
+        celer::sched::DeviceSetup {
+            name: "gpu0".into(),
+            replicas: 1,
+            batching: OFF,
+            load: Arc::new(move |_| {
+                let _ = loaded_rx.lock().unwrap().recv();
+                Ok(GateExecutor(gate.clone()))
+            }),
+            interim: false,
+        }
+    };
+    let interim = celer::sched::DeviceSetup {
+        interim: true,
+        ..gated("cpu", 1, OFF, &interim_gate)
+    };
+    let router = Scheduler::start(vec![lasting, interim], SchedulerConfig::default());
+    eventually("the interim device serves", || {
+        router.readiness() == Readiness::Interim { loaded: 0, of: 1 }
+    });
+    // The device still loading gets none of them, though it is idle.
+    for id in 0..4 {
+        let ticket = router.submit(id, far()).expect("admitted");
+        assert_eq!(ticket.device(), Some(1), "request {id}");
+        assert_eq!(answer(ticket).expect("answered").device, 1);
+    }
+    // One held on the interim device across the switch.
+    interim_gate.set_open(false);
+    let held = router.submit(10, far()).expect("admitted");
+    assert_eq!(held.device(), Some(1));
+    interim_gate.wait_entered(5);
+    let held = answer_later(held);
+
+    loaded_tx.send(()).unwrap();
+    eventually("the interim device retires", || {
+        router.readiness() == Readiness::Ready && !router.devices()[1].healthy
+    });
+    for id in 20..23 {
+        let ticket = router.submit(id, far()).expect("admitted");
+        assert_eq!(ticket.device(), Some(0), "request {id}");
+        assert_eq!(answer(ticket).expect("answered").device, 0);
+    }
+    interim_gate.set_open(true);
+    let held = held.join().unwrap().expect("the held request is answered");
+    assert_eq!(held.device, 1, "finished where it was");
+    assert_eq!(lasting_gate.ran().len(), 3);
+    router.shutdown();
+}
+
+/// Work priced by the prior (placed before the first run was measured) is a guess, and a
+/// guess refuses nothing: with such work queued and running, the wait that admission
+/// weighs against its budget is counted in measured service times, not in the prior's
+/// prices (here, of seconds for each 50-megapixel request).
+#[test]
+fn a_queue_budget_is_not_spent_on_the_priors_guess() {
+    use celer::sched::{Terms, Work};
+    let gate = Gate::closed();
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        SchedulerConfig {
+            queue_capacity: 8,
+            max_queue_wait: QueueBudget::ServiceTimes(100.0),
+            ..SchedulerConfig::default()
+        },
+    );
+    let large = Work {
+        pixels: 50_000_000,
+        composite: false,
+    };
+    let submit_large = |id: u32| {
+        let admission = router.admit().expect("admitted");
+        router
+            .submit_admitted(admission, id, Terms::by(far()).with_work(large))
+            .expect("placed")
+    };
+    // Three priced by the prior: one runs, two wait.
+    let tickets: Vec<_> = (0..3).map(submit_large).collect();
+    gate.wait_entered(1);
+    // The first ends (quickly): a service time is measured, while a guessed run and a
+    // guessed queued job remain.
+    gate.allow(1);
+    gate.wait_entered(2);
+    assert!(
+        router.estimated_wait().is_some(),
+        "a service time is measured"
+    );
+    // Two service times ahead, within the budget of 100.
+    assert!(
+        router.check_admission().is_ok(),
+        "{:?}",
+        router.check_admission()
+    );
+    gate.set_open(true);
+    for t in tickets {
         assert!(answer(t).is_ok());
     }
     router.shutdown();

@@ -307,6 +307,121 @@ fn build_engines_builds_a_missing_plan_at_start_up_and_serves_it() {
     server.stop_cleanly();
 }
 
+/// With `--build-engines` and the plan missing, the CPU serves while the engine builds
+/// (the stand-in holds the build until the test opens its gate), `/ping` answers 200
+/// from then with `--ready-while-building`, and once the GPU's engine has loaded the
+/// requests move to it: clients sending all along get no failed request across the
+/// switch, the CPU takes no new request after it, and both answer the same cut-out.
+#[test]
+fn the_cpu_serves_while_an_engine_builds_and_requests_move_to_the_gpu_without_a_failure() {
+    require_standins();
+    let dir = model_dir_copy();
+    let gate_dir = tempfile::tempdir().unwrap();
+    let gate = gate_dir.path().join("open");
+    let gate_env = gate.to_str().unwrap().to_string();
+    let mut env = SERVE_MACHINE.to_vec();
+    env.push(("CELER_TRT_STANDIN_BUILD_GATE", &gate_env));
+    // Ready (the helper waits for /ping 200) while the build is still held.
+    let server = serve(
+        dir.path(),
+        &[
+            "--devices",
+            "0",
+            "--build-engines",
+            "--ready-while-building",
+        ],
+        &env,
+    );
+    let ping = server.get_json("/ping");
+    assert_eq!(ping["status"], "ok", "{ping}");
+    assert!(ping["serving"].is_string(), "{ping}");
+    let started = Instant::now();
+    while !server.log().contains("building the TensorRT engine") {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no build began: {}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let photo = common::fetched("astronaut.png");
+    let (status, on_cpu) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    let served = |device| metric(&server, "celer_inference_request_success", device);
+    assert_eq!((served("cpu"), served("gpu0")), (1.0, 0.0));
+    assert!(
+        !server.log().contains("engine built"),
+        "the build is held: {}",
+        server.log()
+    );
+
+    // Clients send all along; the build goes on; they keep sending until the GPU has
+    // answered some of their requests after the CPU stopped taking them.
+    let body = std::fs::read(&photo).unwrap();
+    let retired = "the interim device takes no new request";
+    let statuses = std::sync::Mutex::new(Vec::new());
+    let switched = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                let mut after_switch = 0;
+                while after_switch < 3 {
+                    let answer =
+                        server.post("/invocations", &[("Content-Type", "image/png")], &body);
+                    let text = String::from_utf8_lossy(&answer.body).into_owned();
+                    statuses.lock().unwrap().push((answer.status, text));
+                    if switched.load(std::sync::atomic::Ordering::SeqCst) {
+                        after_switch += 1;
+                    }
+                }
+            });
+        }
+        std::fs::write(&gate, b"").unwrap();
+        let started = Instant::now();
+        while !server.log().contains(retired) {
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the GPU did not take over: {}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        switched.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let statuses = statuses.into_inner().unwrap();
+    let failed: Vec<_> = statuses
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(failed.is_empty(), "{failed:?} of {}", statuses.len());
+    let log = server.log();
+    assert!(
+        log.contains("engine built") && log.contains("engine loaded"),
+        "{log}"
+    );
+
+    // From now on the GPU answers everything.
+    let cpu_before = served("cpu");
+    let gpu_before = served("gpu0");
+    assert!(gpu_before >= 1.0, "{log}");
+    let (status, on_gpu) = cutout(&server, &photo);
+    assert_eq!(status, 200, "{}", server.log());
+    assert_eq!(
+        (served("cpu"), served("gpu0")),
+        (cpu_before, gpu_before + 1.0)
+    );
+    let worst = max_difference(&on_gpu.unwrap(), &on_cpu.unwrap());
+    assert!(
+        worst <= 1,
+        "the engine's cut-out differs from the CPU's by {worst}"
+    );
+    let ping = server.get_json("/ping");
+    assert_eq!(ping["status"], "ok", "{ping}");
+    assert!(ping.get("serving").is_none(), "{ping}");
+    server.stop_cleanly();
+}
+
 /// A model folder that `celer serve` cannot write, as on SageMaker, where the archive is
 /// unpacked as root and celer runs as another user: run as root here, the server drops to
 /// uid 10001 (and the folder stays root's); run as another user, the folder loses its

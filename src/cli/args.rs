@@ -63,10 +63,19 @@ pub struct DeviceArgs {
     pub devices: DeviceSelection,
 
     /// On a GPU with TensorRT, build a missing or unfit engine at start-up (one log line
-    /// per model; /ping answers 503 until it is ready) instead of refusing to start.
-    /// `celer build` ahead of time is the faster start.
+    /// per model) instead of refusing to start. Meanwhile the CPU serves requests with
+    /// ONNX Runtime; they move to each GPU as its engines load, and the CPU's replicas
+    /// then unload. /ping answers 503 until every GPU is ready (see
+    /// --ready-while-building). `celer build` ahead of time is the faster start.
     #[arg(long, env = "CELER_BUILD_ENGINES", default_value_t = false, value_parser = BoolishValueParser::new())]
     pub build_engines: bool,
+
+    /// With --build-engines: /ping (and v2's ready) answer 200 as soon as the CPU serves,
+    /// while the GPUs' engines build, instead of once they have loaded: for a platform
+    /// that gives up on a start that is not healthy within its window (SageMaker's
+    /// container_startup_health_check_timeout_in_seconds).
+    #[arg(long, env = "CELER_READY_WHILE_BUILDING", default_value_t = false, value_parser = BoolishValueParser::new())]
+    pub ready_while_building: bool,
 
     /// Where engines are (and where --build-engines writes them). Default: the model
     /// folder's engines/, and, when --build-engines cannot write there (SageMaker unpacks
@@ -350,6 +359,7 @@ impl DeviceArgs {
             build_engines: self.build_engines,
             engines_dir: self.engines_dir.clone(),
             warmup_sizes: self.warmup_sizes.clone(),
+            ready_while_building: self.ready_while_building,
         }
     }
 }

@@ -80,6 +80,7 @@ pub fn device_setups(
         device.engines_dir.as_deref(),
         device.build_engines,
     )?;
+    let device_replicas = replicas;
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
@@ -107,14 +108,34 @@ pub fn device_setups(
         pool: pool.clone(),
         warmup: device.warmup_sizes.clone(),
     };
-    let setups = plans
+    let builds = plans.iter().any(|plan| plan.models.builds());
+    let mut setups: Vec<_> = plans
         .into_iter()
         .map(|plan| gpu_device_setup(spec, plan, replicas, threads, serving.clone()))
         .collect();
+    if builds {
+        setups.push(interim_cpu(spec, device_replicas));
+    }
     Ok(ServingDevices {
         setups,
         pixels: std::sync::Arc::new(pool),
     })
+}
+
+/// The CPU, serving with ONNX Runtime while a GPU's engines build (minutes): requests
+/// are answered from the start, move to each GPU as its engines load, and the CPU's
+/// replicas unload once every GPU has (`DeviceSetup::interim`).
+fn interim_cpu(spec: &PipelineSpec, replicas: &Replicas) -> DeviceSetup<BoxedMatteExecutor> {
+    let (count, threads) = replicas.on_cpu();
+    tracing::info!(
+        replicas = count,
+        threads_per_replica = threads,
+        "while the GPUs' engines build, the CPU serves with ONNX Runtime"
+    );
+    DeviceSetup {
+        interim: true,
+        ..cpu_device_setup(spec, count, threads, replicas.solo(threads))
+    }
 }
 
 /// What each of `gpus` serves from: the engines found under `engines_dir` (default: the

@@ -144,6 +144,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _entered = runtime.enter();
             crate::trace::Tracer::start(t)
         }),
+        ready_while_building: config.devices.ready_while_building,
     };
     let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))
@@ -270,10 +271,26 @@ async fn run_server(
     }
 }
 
-/// Logs when every replica is ready; on a load failure stops the server and returns it.
+/// Logs when the CPU serves while the GPUs load, and when every replica is ready; on a
+/// load failure stops the server and returns it.
 async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> Option<String> {
+    let mut said_interim = false;
     loop {
         match state.scheduler.readiness() {
+            Readiness::Interim { loaded, of } if !said_interim => {
+                said_interim = true;
+                tracing::info!(
+                    gpu_replicas_loaded = loaded,
+                    gpu_replicas = of,
+                    "serving on the CPU while the GPUs load: requests move to each GPU as its \
+                     engines load; /ping answers {}",
+                    if state.ready_while_building {
+                        "200 from now (--ready-while-building)"
+                    } else {
+                        "503 until they have (--ready-while-building: 200 from now)"
+                    }
+                );
+            }
             Readiness::Ready => {
                 let devices: Vec<String> = state
                     .scheduler
@@ -288,7 +305,9 @@ async fn watch_loading(state: Arc<AppState>, stop: Arc<watch::Sender<bool>>) -> 
                 stop.send_replace(true);
                 return Some(e);
             }
-            Readiness::Loading { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
+            Readiness::Loading { .. } | Readiness::Interim { .. } => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
         }
     }
 }

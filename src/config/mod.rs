@@ -50,6 +50,9 @@ pub struct Devices {
     pub engines_dir: Option<PathBuf>,
     /// Image sizes each GPU replica runs once at load, `(width, height)`.
     pub warmup_sizes: Vec<(u32, u32)>,
+    /// Readiness says 200 once the CPU serves while the GPUs' engines build, not only
+    /// once they have loaded.
+    pub ready_while_building: bool,
 }
 
 /// Fetching images that JSON bodies name by `url`.

@@ -57,6 +57,10 @@ pub struct AppState {
     pub pixels: SharedAlloc,
     /// Traces requests when an OTLP endpoint is set.
     pub tracer: Option<Tracer>,
+    /// Readiness (`/ping`, v2's ready) says 200 while an interim device serves and the
+    /// GPUs' engines build (`--ready-while-building`), not only once every device has
+    /// loaded.
+    pub ready_while_building: bool,
     /// Set at SIGTERM: requests are still answered, readiness says 503 so that load
     /// balancers stop sending them.
     draining: AtomicBool,
@@ -73,11 +77,13 @@ pub struct FrontEnd {
     pub model: ServedModel,
     pub pixels: SharedAlloc,
     pub tracer: Option<Tracer>,
+    pub ready_while_building: bool,
 }
 
 impl FrontEnd {
     /// `limits` and `default_output`; no fetching, no `Server-Timing`, real-time hosting,
-    /// the model named `celer`, pixels on the heap and no tracing.
+    /// the model named `celer`, pixels on the heap, no tracing, and ready once every
+    /// device has loaded.
     pub fn new(limits: RequestLimits, default_output: OutputKind) -> Self {
         Self {
             limits,
@@ -88,6 +94,7 @@ impl FrontEnd {
             model: ServedModel::default(),
             pixels: crate::pixels::heap(),
             tracer: None,
+            ready_while_building: false,
         }
     }
 }
@@ -125,6 +132,7 @@ impl AppState {
             model: front.model,
             pixels: front.pixels,
             tracer: front.tracer,
+            ready_while_building: front.ready_while_building,
             draining: AtomicBool::new(false),
         }
     }
@@ -136,6 +144,16 @@ impl AppState {
 
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Whether readiness says 200 at this stage of loading: once every device has
+    /// loaded, or, with `ready_while_building`, while an interim device serves.
+    pub fn loaded_enough(&self, readiness: &Readiness) -> bool {
+        match readiness {
+            Readiness::Ready => true,
+            Readiness::Interim { .. } => self.ready_while_building,
+            Readiness::Loading { .. } | Readiness::Failed(_) => false,
+        }
     }
 }
 
@@ -204,8 +222,9 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// 200 once every replica has loaded its models and while a device can serve; 503 before,
-/// if loading failed, while every device is unhealthy (SageMaker then replaces the
+/// 200 once every replica has loaded its models (with `--ready-while-building`, once the
+/// CPU's have while the GPUs' engines build) and while a device can serve; 503 before, if
+/// loading failed, while every device is unhealthy (SageMaker then replaces the
 /// instance) and while draining after SIGTERM. Reads a few atomics: it never waits behind inference or a full queue.
 async fn ping(State(state): State<Arc<AppState>>) -> Response {
     if state.is_draining() {
@@ -215,14 +234,23 @@ async fn ping(State(state): State<Arc<AppState>>) -> Response {
         )
             .into_response();
     }
-    match state.scheduler.readiness() {
-        Readiness::Ready if !state.scheduler.devices().iter().any(|d| d.healthy) => (
+    let readiness = state.scheduler.readiness();
+    let loaded_enough = state.loaded_enough(&readiness);
+    match readiness {
+        _ if loaded_enough && !state.scheduler.devices().iter().any(|d| d.healthy) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({ "status": "unhealthy", "reason": "no device can serve" })),
         )
             .into_response(),
         Readiness::Ready => Json(serde_json::json!({ "status": "ok" })).into_response(),
-        Readiness::Loading { loaded, of } => (
+        Readiness::Interim { loaded, of } if loaded_enough => Json(serde_json::json!({
+            "status": "ok",
+            "serving": "on the CPU while the GPUs load",
+            "replicas_loaded": loaded,
+            "replicas": of,
+        }))
+        .into_response(),
+        Readiness::Loading { loaded, of } | Readiness::Interim { loaded, of } => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({ "status": "loading", "replicas_loaded": loaded, "replicas": of })),
         )

@@ -27,7 +27,6 @@ use crate::codec::decode::{self, DecodeLimits};
 use crate::codec::ImageFormat;
 use crate::matte::{MattePlanes, MissingPlane, Planes};
 use crate::pixels::{HostAlloc, RgbPixels};
-use crate::sched::Readiness;
 
 /// The one version this server has of its model.
 pub const MODEL_VERSION: &str = "1";
@@ -127,11 +126,11 @@ pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
     (status, Json(json!({"ready": ready}))).into_response()
 }
 
-/// 200 and true when the replicas are loaded, a device is healthy and the server is not
-/// draining; else 503 and false.
+/// 200 and true when the replicas are loaded (as `/ping` counts them), a device is
+/// healthy and the server is not draining; else 503 and false.
 pub(in crate::http) fn readiness(state: &AppState) -> (StatusCode, bool) {
     let ready = !state.is_draining()
-        && matches!(state.scheduler.readiness(), Readiness::Ready)
+        && state.loaded_enough(&state.scheduler.readiness())
         && state.scheduler.devices().iter().any(|d| d.healthy);
     if ready {
         (StatusCode::OK, true)

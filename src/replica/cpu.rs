@@ -571,5 +571,6 @@ pub fn cpu_device_setup(
         replicas,
         batching,
         load,
+        interim: false,
     }
 }

@@ -89,6 +89,7 @@ mod tests {
             0,
             "test".into(),
             1,
+            false,
             metrics,
             Instant::now(),
         ))

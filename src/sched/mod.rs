@@ -145,7 +145,16 @@ impl JobError {
 /// The state of the replicas' model loading, over every device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
-    Loading { loaded: usize, of: usize },
+    Loading {
+        loaded: usize,
+        of: usize,
+    },
+    /// An interim device (the CPU) serves while the devices that stay load (the GPUs'
+    /// engines build); `loaded` and `of` count theirs.
+    Interim {
+        loaded: usize,
+        of: usize,
+    },
     Ready,
     Failed(String),
 }

@@ -50,6 +50,17 @@ struct Queued<E: Executor> {
     closed: bool,
     /// Sum of the queued jobs' predicted costs.
     cost: Duration,
+    /// Queued jobs priced by the prior, not a measured run (`Job::measured`).
+    guessed: usize,
+}
+
+impl<E: Executor> Queued<E> {
+    fn remove(&mut self, index: usize) -> Job<E> {
+        let job = self.jobs.remove(index);
+        self.cost = self.cost.saturating_sub(job.cost);
+        self.guessed -= usize::from(!job.measured);
+        job
+    }
 }
 
 pub(crate) struct DeviceQueue<E: Executor> {
@@ -144,6 +155,7 @@ impl<E: Executor> DeviceQueue<E> {
                 stops: 0,
                 closed: false,
                 cost: Duration::ZERO,
+                guessed: 0,
             }),
             ready: Condvar::new(),
             order,
@@ -164,6 +176,7 @@ impl<E: Executor> DeviceQueue<E> {
             return Err(PushError::Full(job));
         }
         q.cost += job.cost;
+        q.guessed += usize::from(!job.measured);
         q.jobs.push(job);
         drop(q);
         self.ready.notify_one();
@@ -218,10 +231,16 @@ impl<E: Executor> DeviceQueue<E> {
         self.lock().cost
     }
 
+    /// Whether a queued job is priced by the prior: then the queued cost is a guess.
+    pub fn holds_guesses(&self) -> bool {
+        self.lock().guessed > 0
+    }
+
     /// Takes every queued job (a device marked unhealthy fails them over).
     pub fn drain_jobs(&self) -> Vec<Job<E>> {
         let mut q = self.lock();
         q.cost = Duration::ZERO;
+        q.guessed = 0;
         std::mem::take(&mut q.jobs)
     }
 
@@ -273,8 +292,7 @@ impl<E: Executor> DeviceQueue<E> {
                     match pick(&q.jobs, Entry::of, now)? {
                         Pick::Run(i) => i,
                         Pick::Refuse(i) => {
-                            let job = q.jobs.remove(i);
-                            q.cost = q.cost.saturating_sub(job.cost);
+                            let job = q.remove(i);
                             // Past its deadline, it expired as any request does; before
                             // it, the work ahead left it no time to finish.
                             let why = if job.deadline <= now {
@@ -289,9 +307,7 @@ impl<E: Executor> DeviceQueue<E> {
                 }
             };
             // Arrival order is the vector's: removing keeps it.
-            let job = q.jobs.remove(index);
-            q.cost = q.cost.saturating_sub(job.cost);
-            return Some(job);
+            return Some(q.remove(index));
         }
     }
 }

@@ -62,6 +62,11 @@ pub struct DeviceSetup<E> {
     pub replicas: usize,
     pub batching: BatchingSpec,
     pub load: LoadFn<E>,
+    /// Serves only until every other device has loaded: the CPU while the GPUs' engines
+    /// build. Requests go to it (and only to loaded devices) meanwhile; once the others
+    /// have loaded it takes no new request, finishes those it holds, and its replicas
+    /// end, giving back their memory.
+    pub interim: bool,
 }
 
 /// How the scheduler prices a request: what routing, admission and a device's queue
@@ -189,6 +194,7 @@ pub fn estimated_completion(outstanding: usize, replicas: usize, service_s: f64)
 pub struct DeviceView {
     pub name: String,
     pub replicas: usize,
+    /// Takes requests: healthy, and not an interim device that has retired.
     pub healthy: bool,
     /// Queued plus running.
     pub outstanding: usize,
@@ -263,6 +269,7 @@ impl<E: Executor> Scheduler<E> {
                 index,
                 setup.name.clone(),
                 replicas,
+                setup.interim,
                 metrics.for_device(&setup.name),
                 epoch,
             ));
@@ -422,10 +429,15 @@ impl<E: Executor> Scheduler<E> {
         self.shared.place(None, &terms).map(|p| p.device)
     }
 
+    /// Whether the devices have loaded: `Ready` once every replica of the devices that
+    /// stay has (an interim device is not waited for), `Interim` while an interim device
+    /// serves and the others load, `Failed` after any failed load. The counts are of the
+    /// replicas of the devices that stay.
     pub fn readiness(&self) -> Readiness {
-        let mut loaded = 0;
-        let mut of = 0;
-        for slot in &self.shared.devices {
+        let devices = &self.shared.devices;
+        let lasting = |s: &DeviceState| !s.interim || devices.iter().all(|d| d.state.interim);
+        let (mut loaded, mut of, mut interim_serves) = (0, 0, false);
+        for slot in devices {
             let state = &slot.state;
             if let Some(e) = state
                 .load_error
@@ -435,11 +447,17 @@ impl<E: Executor> Scheduler<E> {
             {
                 return Readiness::Failed(format!("{}: {e}", state.name));
             }
-            loaded += state.loaded.load(Ordering::Acquire).min(state.replicas);
-            of += state.replicas;
+            if lasting(state) {
+                loaded += state.loaded.load(Ordering::Acquire).min(state.replicas);
+                of += state.replicas;
+            } else if state.has_loaded() && state.is_routable() {
+                interim_serves = true;
+            }
         }
         if loaded >= of {
             Readiness::Ready
+        } else if interim_serves {
+            Readiness::Interim { loaded, of }
         } else {
             Readiness::Loading { loaded, of }
         }
@@ -451,7 +469,9 @@ impl<E: Executor> Scheduler<E> {
             match self.readiness() {
                 Readiness::Ready => return Ok(()),
                 Readiness::Failed(e) => return Err(LoadFailed(e)),
-                Readiness::Loading { .. } => std::thread::sleep(Duration::from_millis(5)),
+                Readiness::Loading { .. } | Readiness::Interim { .. } => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
             }
         }
     }
@@ -474,7 +494,7 @@ impl<E: Executor> Scheduler<E> {
                 DeviceView {
                     name: s.name.clone(),
                     replicas: s.replicas,
-                    healthy: s.is_healthy(),
+                    healthy: s.is_routable(),
                     outstanding: s.outstanding.load(Ordering::Acquire),
                     queued: slot.queue.len(),
                     running: s.running.load(Ordering::Acquire),
@@ -529,7 +549,7 @@ impl<E: Executor> Scheduler<E> {
             s.metrics
                 .in_flight
                 .set(s.running.load(Ordering::Acquire) as i64);
-            s.metrics.healthy.set(i64::from(s.is_healthy()));
+            s.metrics.healthy.set(i64::from(s.is_routable()));
             s.metrics
                 .service_ewma_us
                 .set(s.service_s().unwrap_or(0.0) * 1e6);
@@ -577,7 +597,7 @@ impl<E: Executor> Shared<E> {
         let (mut rate, mut replicas) = (0.0, 0);
         for slot in &self.devices {
             let s = &slot.state;
-            if let (true, Some(service_s)) = (s.is_healthy(), s.service_s()) {
+            if let (true, Some(service_s)) = (s.is_routable(), s.service_s()) {
                 let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
                 rate += working as f64 / service_s;
                 replicas += working;
@@ -622,7 +642,7 @@ impl<E: Executor> Shared<E> {
             let s = &slot.state;
             let outstanding = s.outstanding.load(Ordering::Acquire);
             placed += outstanding;
-            if let (true, Some(service_s)) = (s.is_healthy(), s.service_s()) {
+            if let (true, Some(service_s)) = (s.is_routable(), s.service_s()) {
                 let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
                 free += working.saturating_sub(outstanding);
                 let wait = self.device_wait(index).unwrap_or_default();
@@ -639,19 +659,29 @@ impl<E: Executor> Shared<E> {
 
     /// The expected wait before one of `device`'s replicas starts a request placed on it
     /// now, after everything queued there; `None` before its service time is measured.
+    /// By cost, from the prices of the work ahead, unless some of it was priced by the
+    /// prior (placed before the first run was measured): a guess refuses nothing, so the
+    /// wait is then counted in measured service times.
     fn device_wait(&self, device: usize) -> Option<Duration> {
         let slot = &self.devices[device];
         let s = &slot.state;
         let service_s = s.service_s()?;
         Some(match self.scheduling {
-            Scheduling::Count => {
+            Scheduling::Cost if !self.guessing(device) => self.wait_on(device, slot.queue.cost()),
+            Scheduling::Count | Scheduling::Cost => {
                 let outstanding = s.outstanding.load(Ordering::Acquire);
                 Duration::from_secs_f64(
                     estimated_completion(outstanding, s.replicas, service_s) - service_s,
                 )
             }
-            Scheduling::Cost => self.wait_on(device, slot.queue.cost()),
         })
+    }
+
+    /// Whether work on `device`, queued or running, is priced by the prior: what is left
+    /// of it is then a guess.
+    fn guessing(&self, device: usize) -> bool {
+        let slot = &self.devices[device];
+        slot.state.running_guesses.load(Ordering::Acquire) > 0 || slot.queue.holds_guesses()
     }
 
     /// The wait on `device` of a request that runs after `queued` of its queued work: none
@@ -671,19 +701,24 @@ impl<E: Executor> Shared<E> {
 
     /// `work`'s price on `device`: its own cost model's; before its first run, the
     /// fastest measured device's (so that it gets tried and measured), or the prior.
-    /// Whether it is measured: the prior orders requests, but refuses none for its
-    /// deadline (a guess is no reason to refuse).
+    /// Whether it is measured on this device: another device's price (a CPU's, for a GPU
+    /// whose engines just loaded) and the prior order requests, but refuse none for
+    /// their deadline (a guess is no reason to refuse).
     fn price(&self, device: usize, work: Work) -> (Duration, bool) {
         if let Some(prices) = self.devices[device].state.cost.prices() {
             return (prices.predict(work), true);
         }
-        self.devices
+        let borrowed = self
+            .devices
             .iter()
-            .filter(|slot| slot.state.is_healthy())
+            .filter(|slot| slot.state.is_routable())
             .filter_map(|slot| slot.state.cost.prices())
             .map(|p| p.predict(work))
-            .min()
-            .map_or_else(|| (Prices::PRIOR.predict(work), false), |c| (c, true))
+            .min();
+        (
+            borrowed.unwrap_or_else(|| Prices::PRIOR.predict(work)),
+            false,
+        )
     }
 
     fn count_rejection(&self, e: &SubmitError) {
@@ -706,17 +741,70 @@ impl<E: Executor> Shared<E> {
         terms: &Terms,
         exclude: Option<usize>,
     ) -> Result<Placed<E::Output>, SubmitError> {
-        let result = self
+        let mut result = self
             .place(exclude, terms)
+            .map_err(Unsent::Refused)
             .and_then(|placement| self.send_to(placement, input, terms));
-        if let Err(e) = &result {
-            self.count_rejection(e);
+        // The interim device retired between the choice and the push: once more, where
+        // the router sends requests now.
+        if let Err(Unsent::Retired(input)) = result {
+            result = self
+                .place(exclude, terms)
+                .map_err(Unsent::Refused)
+                .and_then(|placement| self.send_to(placement, input, terms));
         }
-        result
+        result.map_err(|unsent| {
+            let e = match unsent {
+                Unsent::Refused(e) => e,
+                Unsent::Retired(_) => SubmitError::Stopped,
+            };
+            self.count_rejection(&e);
+            e
+        })
     }
 
+    /// Whether the router may place a request on `device` now: not excluded, routable,
+    /// and loaded; before any device has loaded, the interim device if there is one (it
+    /// loads first), else any, where the request waits for the load.
     fn usable(&self, device: usize, exclude: Option<usize>) -> bool {
-        Some(device) != exclude && self.devices[device].state.is_healthy()
+        let s = &self.devices[device].state;
+        if Some(device) == exclude || !s.is_routable() {
+            return false;
+        }
+        if s.has_loaded() {
+            return true;
+        }
+        let routable = || {
+            self.devices
+                .iter()
+                .map(|d| &d.state)
+                .filter(|d| d.is_routable())
+        };
+        !routable().any(|d| d.has_loaded()) && (s.interim || !routable().any(|d| d.interim))
+    }
+
+    /// Once every device that stays has loaded, an interim device takes no new request:
+    /// its queue closes (a request placed on it meanwhile goes elsewhere), and its
+    /// replicas finish what it holds and end, giving back their memory.
+    fn retire_interim(&self) {
+        let (interim, lasting): (Vec<_>, Vec<_>) =
+            self.devices.iter().partition(|d| d.state.interim);
+        if lasting.is_empty() || !lasting.iter().all(|d| d.state.all_loaded()) {
+            return;
+        }
+        for slot in interim {
+            let s = &slot.state;
+            if !s.retired.swap(true, Ordering::AcqRel) {
+                slot.queue.close();
+                s.metrics.healthy.set(0);
+                tracing::info!(
+                    device = %s.name,
+                    finishing = s.outstanding.load(Ordering::Acquire),
+                    "every other device has loaded: the interim device takes no new request, \
+                     finishes those it holds and unloads"
+                );
+            }
+        }
     }
 
     fn overloaded(&self) -> SubmitError {
@@ -830,7 +918,8 @@ impl<E: Executor> Shared<E> {
                 (cost, measured, Duration::ZERO)
             }
         };
-        if by_cost && measured {
+        // Refused only on measured prices: its own, and those of the work ahead of it.
+        if by_cost && measured && !self.guessing(device) {
             let left = terms.deadline.saturating_duration_since(now);
             if done > left {
                 return Err(SubmitError::DeadlineUnreachable {
@@ -852,11 +941,11 @@ impl<E: Executor> Shared<E> {
         placement: Placement,
         input: E::Input,
         terms: &Terms,
-    ) -> Result<Placed<E::Output>, SubmitError> {
+    ) -> Result<Placed<E::Output>, Unsent<E::Input>> {
         let device = placement.device;
         let slot = &self.devices[device];
         if slot.full(self.queue_capacity) {
-            return Err(self.overloaded());
+            return Err(Unsent::Refused(self.overloaded()));
         }
         let (reply, receiver) = oneshot::channel();
         let health = slot.state.watch_health();
@@ -878,14 +967,19 @@ impl<E: Executor> Shared<E> {
                 reply: receiver,
                 health,
             }),
-            Err(PushError::Full(_)) => Err(self.overloaded()),
-            Err(PushError::Closed(_)) => Err(SubmitError::Stopped),
+            Err(PushError::Full(_)) => Err(Unsent::Refused(self.overloaded())),
+            Err(PushError::Closed(job)) if slot.state.retired.load(Ordering::Acquire) => {
+                Err(Unsent::Retired(job.input))
+            }
+            Err(PushError::Closed(_)) => Err(Unsent::Refused(SubmitError::Stopped)),
         }
     }
 
-    /// One watchdog round: catch runs past their deadline, move queued requests off
-    /// unhealthy devices, and check those devices.
+    /// One watchdog round: retire an interim device once the others have loaded, catch
+    /// runs past their deadline, move queued requests off unhealthy devices, and check
+    /// those devices.
     fn check_health(&self) {
+        self.retire_interim();
         for slot in &self.devices {
             let s = &slot.state;
             let now = s.now_ns();
@@ -932,12 +1026,19 @@ impl<E: Executor> Shared<E> {
     }
 }
 
+/// Why a request was not queued on the device chosen for it.
+enum Unsent<I> {
+    Refused(SubmitError),
+    /// The device was an interim one that retired meanwhile: the request, to place again.
+    Retired(I),
+}
+
 /// Where the router put a request, and its price there.
 #[derive(Debug, Clone, Copy)]
 struct Placement {
     device: usize,
     cost: Duration,
-    /// Whether `cost` is measured (by this device or another), not the prior.
+    /// Whether `cost` is measured on this device, not borrowed or the prior.
     measured: bool,
 }
 

@@ -188,6 +188,7 @@ pub fn sim_devices(
                 let seed = seed ^ ((index as u64) << 32) ^ replica as u64;
                 Ok(SimExecutor::new(profile, seed, shared.clone()))
             }),
+            interim: false,
         });
         controls.push(control);
     }

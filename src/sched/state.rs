@@ -42,7 +42,14 @@ pub(crate) struct DeviceState {
     /// cost (ns), 0 when idle: what is left of the runs, for the expected wait.
     pub running_started_ns: Vec<AtomicU64>,
     pub running_cost_ns: Vec<AtomicU64>,
+    /// Replicas running a batch that holds a job priced by the prior (`Job::measured`
+    /// false): what is left of the runs is then a guess.
+    pub running_guesses: AtomicUsize,
     pub loaded: AtomicUsize,
+    /// Serves only until every other device has loaded (`DeviceSetup::interim`).
+    pub interim: bool,
+    /// An interim device that has stopped taking requests.
+    pub retired: AtomicBool,
     pub load_error: Mutex<Option<String>>,
     pub metrics: DeviceMetrics,
     pub epoch: Instant,
@@ -53,6 +60,7 @@ impl DeviceState {
         index: usize,
         name: String,
         replicas: usize,
+        interim: bool,
         metrics: DeviceMetrics,
         epoch: Instant,
     ) -> Self {
@@ -74,7 +82,10 @@ impl DeviceState {
             running_deadline_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             running_started_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             running_cost_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
+            running_guesses: AtomicUsize::new(0),
             loaded: AtomicUsize::new(0),
+            interim,
+            retired: AtomicBool::new(false),
             load_error: Mutex::new(None),
             metrics,
             epoch,
@@ -83,6 +94,21 @@ impl DeviceState {
 
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Whether new requests may go to it: healthy, and not a retired interim device.
+    pub fn is_routable(&self) -> bool {
+        self.is_healthy() && !self.retired.load(Ordering::Acquire)
+    }
+
+    /// Whether a replica has loaded its models (and so can run what is queued).
+    pub fn has_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether every replica has loaded.
+    pub fn all_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire) >= self.replicas
     }
 
     /// Receives `false` when the device is marked unhealthy.

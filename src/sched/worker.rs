@@ -183,6 +183,10 @@ impl<E: Executor> Replica<E> {
         let running = &state.running_deadline_ns[self.index];
         running.store(state.instant_ns(earliest), Ordering::Release);
         let priced: std::time::Duration = batch.iter().map(|j| j.cost).sum();
+        let guessed = batch.iter().any(|j| !j.measured);
+        if guessed {
+            state.running_guesses.fetch_add(1, Ordering::AcqRel);
+        }
         state.running_cost_ns[self.index].store(priced.as_nanos() as u64, Ordering::Release);
         state.running_started_ns[self.index].store(state.instant_ns(started), Ordering::Release);
         state.running.fetch_add(n, Ordering::AcqRel);
@@ -197,6 +201,9 @@ impl<E: Executor> Replica<E> {
         let compute = started.elapsed();
 
         state.running_started_ns[self.index].store(0, Ordering::Release);
+        if guessed {
+            state.running_guesses.fetch_sub(1, Ordering::AcqRel);
+        }
         state.running.fetch_sub(n, Ordering::AcqRel);
         if running.swap(0, Ordering::AcqRel) == 0 {
             // The watchdog reported this run as stuck; it has ended.

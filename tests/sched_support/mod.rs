@@ -158,6 +158,7 @@ pub fn gated(
         replicas,
         batching,
         load: Arc::new(move |_| Ok(GateExecutor(gate.clone()))),
+        interim: false,
     }
 }
 

@@ -63,10 +63,14 @@ pub async fn model_infer(
     let mut asked = urgency(&message)?;
     asked.within = urgency::sooner(asked.within, client_within);
     let terms = asked.terms(arrived, state.limits.deadline)?;
-    // Before the replicas are loaded (an engine build takes minutes) or after a failed
-    // load, UNAVAILABLE at once: a gRPC client retries that, where a request queued
-    // behind the load would wait out its deadline. A draining server still answers.
-    if !matches!(state.scheduler.readiness(), Readiness::Ready) {
+    // Before the replicas are loaded (an engine build takes minutes; the CPU may serve
+    // meanwhile) or after a failed load, UNAVAILABLE at once: a gRPC client retries that,
+    // where a request queued behind the load would wait out its deadline. A draining
+    // server still answers.
+    if !matches!(
+        state.scheduler.readiness(),
+        Readiness::Ready | Readiness::Interim { .. }
+    ) {
         return Err(ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",

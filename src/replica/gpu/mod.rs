@@ -277,6 +277,7 @@ pub fn gpu_device_setup(
         // requests off the queue that the device's other replicas could be running.
         batching: BatchingSpec::OFF,
         load,
+        interim: false,
     }
 }
 

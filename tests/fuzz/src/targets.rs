@@ -98,6 +98,7 @@ fn served() -> &'static Served {
                 replicas: 1,
                 batching: BatchingSpec::OFF,
                 load,
+                interim: false,
             }],
             SchedulerConfig::default(),
         );

@@ -522,6 +522,7 @@ nvinfer1::IHostMemory* BuilderImpl::buildSerializedNetwork(nvinfer1::INetworkDef
         refuse(logger_, head + "the network is empty: parse an ONNX model into it first");
         return nullptr;
     }
+    wait_for_build_gate();
     // Every profile must give a range to every dynamic input, within the input's static
     // dimensions and rank.
     std::vector<std::vector<ProfileRange>> profiles;

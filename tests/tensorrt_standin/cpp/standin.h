@@ -50,6 +50,11 @@ void violation(ILogger* logger, std::string const& message);
 // names a file; when it exists and holds that word, the call fails and the file is removed.
 bool fault_armed(char const* call);
 
+// Holds an engine build until CELER_TRT_STANDIN_BUILD_GATE names a file that exists (at
+// most ten minutes), so that a test can serve while engines build for as long as it
+// needs, as a real build's minutes would; returns at once when it is not set.
+void wait_for_build_gate();
+
 // Objects alive, so that a child whose parent broke a lifetime rule (and so is gone, in
 // log mode) does not touch it.
 void register_live(void const* object);

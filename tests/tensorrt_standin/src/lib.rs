@@ -15,6 +15,8 @@
 //! - `CELER_TRT_STANDIN_ON_VIOLATION=log`: a broken lifetime rule is logged and counted
 //!   instead of aborting (for the stand-in's own tests).
 //! - `CELER_TRT_STANDIN_THREADS`: ONNX Runtime threads per engine (default 1).
+//! - `CELER_TRT_STANDIN_BUILD_GATE=PATH`: an engine build waits until that file exists
+//!   (at most ten minutes), as long as a test needs to serve while engines build.
 //!
 //! This crate is a cdylib for the tests to load; nothing links its rlib.
 
