@@ -83,6 +83,8 @@ const SIZES_TOO_ALIKE: f64 = 0.05;
 #[derive(Debug, Default, Clone)]
 struct Fit {
     runs: u64,
+    /// The largest image measured: prices beyond twice it are an extrapolation.
+    most_pixels: f64,
     /// Runs whose executor said what its fixed part was.
     with_parts: u64,
     /// Sum of weights, of pixels, of pixels², of variable parts, of pixels x variable.
@@ -121,6 +123,7 @@ impl Fit {
         let keep = 1.0 - FORGET;
         let x = work.pixels as f64;
         self.runs += 1;
+        self.most_pixels = self.most_pixels.max(x);
         self.w = self.w * keep + 1.0;
         self.x = self.x * keep + x;
         self.xx = self.xx * keep + x * x;
@@ -131,6 +134,12 @@ impl Fit {
             self.composite_x = self.composite_x * keep + x;
             self.composite_y = self.composite_y * keep + composite;
         }
+    }
+
+    /// The mean time of a run, weighed as the prices are (the same memory): what a
+    /// budget in service times is counted in where waits are priced by the fit.
+    fn mean_run_s(&self) -> Option<f64> {
+        (self.runs > 0 && self.w > 0.0).then(|| (self.fixed + self.y + self.composite_y) / self.w)
     }
 
     fn prices(&self) -> Option<Prices> {
@@ -175,42 +184,68 @@ pub(crate) struct CostModel {
     fixed_s: AtomicU64,
     per_pixel_s: AtomicU64,
     composite_per_pixel_s: AtomicU64,
+    mean_run_s: AtomicU64,
+    /// `Fit::most_pixels` as f64 bits (infinite once seeded).
+    most_pixels: AtomicU64,
     measured: AtomicU64,
 }
 
 impl CostModel {
     pub fn observe(&self, work: Work, per_request: Duration, parts: Option<RunParts>) {
-        let prices = {
+        let (prices, mean, most) = {
             let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
             fit.observe(work, per_request, parts);
-            fit.prices()
+            (fit.prices(), fit.mean_run_s(), fit.most_pixels)
         };
-        if let Some(p) = prices {
-            self.publish(p);
+        if let (Some(p), Some(mean)) = (prices, mean) {
+            self.publish(p, mean, most);
         }
     }
 
     /// Prices the device as if one run of `work` had taken `per_request`, all of it fixed
     /// (a warm-up, a test's seed): the runs that follow weigh in as usual.
     pub fn seed(&self, per_request: Duration) {
-        let prices = {
+        let (prices, mean) = {
             let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
             *fit = Fit::default();
             fit.observe(Work::default(), per_request, None);
-            fit.prices()
+            (fit.prices(), fit.mean_run_s())
         };
-        if let Some(p) = prices {
-            self.publish(p);
+        // A seed prices every size alike, by decree: nothing it prices is extrapolated.
+        if let (Some(p), Some(mean)) = (prices, mean) {
+            self.publish(p, mean, f64::INFINITY);
         }
     }
 
-    fn publish(&self, p: Prices) {
+    fn publish(&self, p: Prices, mean_run_s: f64, most_pixels: f64) {
+        self.most_pixels
+            .store(most_pixels.to_bits(), Ordering::Release);
+        self.mean_run_s
+            .store(mean_run_s.to_bits(), Ordering::Release);
         self.fixed_s.store(p.fixed_s.to_bits(), Ordering::Release);
         self.per_pixel_s
             .store(p.per_pixel_s.to_bits(), Ordering::Release);
         self.composite_per_pixel_s
             .store(p.composite_per_pixel_s.to_bits(), Ordering::Release);
         self.measured.store(1, Ordering::Release);
+    }
+
+    /// The mean run time the prices were fitted on, once a run has been measured.
+    pub fn mean_run_s(&self) -> Option<f64> {
+        if self.measured.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(f64::from_bits(self.mean_run_s.load(Ordering::Acquire)))
+    }
+
+    /// Whether the prices of `work` are measured, not extrapolated: a run has been
+    /// measured, and of an image at least half as large. One 320x320 run's part beyond
+    /// the model, put on its pixels, priced a 12 MP photo at 5 s where it takes 0.3 s
+    /// (its per-request overheads read as per-pixel work); a price so far out is a
+    /// guess, which orders but refuses nothing.
+    pub fn covers(&self, work: Work) -> bool {
+        self.measured.load(Ordering::Acquire) != 0
+            && work.pixels as f64 <= 2.0 * f64::from_bits(self.most_pixels.load(Ordering::Acquire))
     }
 
     /// The fitted prices, once a run has been measured.
@@ -269,6 +304,23 @@ mod tests {
         let small = truth(SMALL).0.as_secs_f64();
         assert!((p.predict_s(SMALL) - small).abs() < 1e-6, "{p:?}");
         assert!(Prices::PRIOR.predict_s(SMALL) > 0.0);
+    }
+
+    #[test]
+    fn a_price_beyond_twice_the_largest_image_measured_is_not_covered() {
+        let model = CostModel::default();
+        assert!(!model.covers(SMALL), "nothing measured");
+        let (t, parts) = truth(SMALL);
+        model.observe(SMALL, t, Some(parts));
+        assert!(model.covers(SMALL));
+        assert!(!model.covers(LARGE), "extrapolated from a small image");
+        let (t, parts) = truth(LARGE);
+        model.observe(LARGE, t, Some(parts));
+        assert!(model.covers(LARGE) && model.covers(SMALL));
+        // A seed prices every size.
+        let seeded = CostModel::default();
+        seeded.seed(Duration::from_millis(10));
+        assert!(seeded.covers(LARGE));
     }
 
     #[test]

@@ -591,13 +591,25 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl<E: Executor> Shared<E> {
+    /// A device's service time per request, as rates and budgets count it: by count, the
+    /// moving average; by cost, the mean run its cost model was fitted on, so that a wait
+    /// priced by that model is weighed against a budget of the same memory (the moving
+    /// average forgets a cold start's slow runs faster than the fit, and a budget in its
+    /// service times then refused the fit's waits for the first seconds of load).
+    fn service_s(&self, s: &DeviceState) -> Option<f64> {
+        match self.scheduling {
+            Scheduling::Cost => s.cost.mean_run_s().or_else(|| s.service_s()),
+            Scheduling::Count => s.service_s(),
+        }
+    }
+
     /// Requests per second the healthy devices finish, and their replicas, from the
     /// measured service times; `None` before any is measured.
     fn throughput(&self) -> Option<(f64, usize)> {
         let (mut rate, mut replicas) = (0.0, 0);
         for slot in &self.devices {
             let s = &slot.state;
-            if let (true, Some(service_s)) = (s.is_routable(), s.service_s()) {
+            if let (true, Some(service_s)) = (s.is_routable(), self.service_s(s)) {
                 let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
                 rate += working as f64 / service_s;
                 replicas += working;
@@ -642,7 +654,7 @@ impl<E: Executor> Shared<E> {
             let s = &slot.state;
             let outstanding = s.outstanding.load(Ordering::Acquire);
             placed += outstanding;
-            if let (true, Some(service_s)) = (s.is_routable(), s.service_s()) {
+            if let (true, Some(service_s)) = (s.is_routable(), self.service_s(s)) {
                 let working = s.replicas.saturating_sub(s.stuck.load(Ordering::Acquire));
                 free += working.saturating_sub(outstanding);
                 let wait = self.device_wait(index).unwrap_or_default();
@@ -704,9 +716,12 @@ impl<E: Executor> Shared<E> {
     /// Whether it is measured on this device: another device's price (a CPU's, for a GPU
     /// whose engines just loaded) and the prior order requests, but refuse none for
     /// their deadline (a guess is no reason to refuse).
+    /// An image over twice the largest this device has measured is priced by its model
+    /// too, but that price is an extrapolation, and so a guess.
     fn price(&self, device: usize, work: Work) -> (Duration, bool) {
-        if let Some(prices) = self.devices[device].state.cost.prices() {
-            return (prices.predict(work), true);
+        let cost = &self.devices[device].state.cost;
+        if let Some(prices) = cost.prices() {
+            return (prices.predict(work), cost.covers(work));
         }
         let borrowed = self
             .devices
