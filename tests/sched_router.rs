@@ -662,27 +662,37 @@ fn simulated_devices_run_through_the_same_router() {
     router.shutdown();
 }
 
+/// A device of one gated replica that loads only when the test sends on the channel.
+fn loads_when_told(
+    name: &str,
+    gate: &Arc<Gate>,
+) -> (
+    celer::sched::DeviceSetup<GateExecutor>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<()>();
+    let loaded_rx = std::sync::Mutex::new(loaded_rx);
+    let gate = gate.clone();
+    let setup = celer::sched::DeviceSetup {
+        name: name.into(),
+        replicas: 1,
+        batching: OFF,
+        load: Arc::new(move |_| {
+            let _ = loaded_rx.lock().unwrap().recv();
+            Ok(GateExecutor(gate.clone()))
+        }),
+        interim: false,
+    };
+    (setup, loaded_tx)
+}
+
 /// A device is full by what it holds (running and queued), not by its channel's length:
 /// requests placed before an idle replica has taken the last one (here: before it has
 /// even loaded) fill its replicas' places and then its queue's, and only then are refused.
 #[test]
 fn requests_placed_before_an_idle_replica_wakes_are_not_refused() {
     let gate = Gate::open();
-    let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<()>();
-    let loaded_rx = std::sync::Mutex::new(loaded_rx);
-    let slow_load = {
-        let gate = gate.clone();
-        celer::sched::DeviceSetup {
-            name: "only".into(),
-            replicas: 1,
-            batching: OFF,
-            load: Arc::new(move |_| {
-                let _ = loaded_rx.lock().unwrap().recv();
-                Ok(GateExecutor(gate.clone()))
-            }),
-            interim: false,
-        }
-    };
+    let (slow_load, loaded_tx) = loads_when_told("only", &gate);
     let router = Scheduler::start(
         vec![slow_load],
         SchedulerConfig {
@@ -713,21 +723,7 @@ fn requests_placed_before_an_idle_replica_wakes_are_not_refused() {
 fn an_interim_device_serves_until_the_lasting_one_loads_then_retires() {
     use celer::sched::Readiness;
     let (interim_gate, lasting_gate) = (Gate::open(), Gate::open());
-    let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<()>();
-    let loaded_rx = std::sync::Mutex::new(loaded_rx);
-    let lasting = {
-        let gate = lasting_gate.clone();
-        celer::sched::DeviceSetup {
-            name: "gpu0".into(),
-            replicas: 1,
-            batching: OFF,
-            load: Arc::new(move |_| {
-                let _ = loaded_rx.lock().unwrap().recv();
-                Ok(GateExecutor(gate.clone()))
-            }),
-            interim: false,
-        }
-    };
+    let (lasting, loaded_tx) = loads_when_told("gpu0", &lasting_gate);
     let interim = celer::sched::DeviceSetup {
         interim: true,
         ..gated("cpu", 1, OFF, &interim_gate)

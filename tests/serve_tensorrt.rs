@@ -307,6 +307,15 @@ fn build_engines_builds_a_missing_plan_at_start_up_and_serves_it() {
     server.stop_cleanly();
 }
 
+/// Sets its flag when dropped, on a panic too.
+struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// With `--build-engines` and the plan missing, the CPU serves while the engine builds
 /// (the stand-in holds the build until the test opens its gate), `/ping` answers 200
 /// from then with `--ready-while-building`, and once the GPU's engine has loaded the
@@ -335,15 +344,7 @@ fn the_cpu_serves_while_an_engine_builds_and_requests_move_to_the_gpu_without_a_
     let ping = server.get_json("/ping");
     assert_eq!(ping["status"], "ok", "{ping}");
     assert!(ping["serving"].is_string(), "{ping}");
-    let started = Instant::now();
-    while !server.log().contains("building the TensorRT engine") {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no build began: {}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_for_log("building the TensorRT engine", Duration::from_secs(120));
 
     let photo = common::fetched("astronaut.png");
     let (status, on_cpu) = cutout(&server, &photo);
@@ -377,17 +378,11 @@ fn the_cpu_serves_while_an_engine_builds_and_requests_move_to_the_gpu_without_a_
                 }
             });
         }
+        // Set however this ends, so that the clients stop and a failure here fails the
+        // test instead of waiting for them for ever.
+        let _switch = SetOnDrop(&switched);
         std::fs::write(&gate, b"").unwrap();
-        let started = Instant::now();
-        while !server.log().contains(retired) {
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "the GPU did not take over: {}",
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        switched.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.wait_for_log(retired, Duration::from_secs(300));
     });
     let statuses = statuses.into_inner().unwrap();
     let failed: Vec<_> = statuses

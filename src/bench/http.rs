@@ -258,7 +258,7 @@ impl Outcomes {
 /// What the clients record, shared between them.
 struct Recorder {
     all: Outcomes,
-    /// By input (`Payload::input`).
+    /// By input (`Payload::input`), when there are several.
     by_input: Vec<Outcomes>,
     stages_ms: BTreeMap<String, Vec<f64>>,
     last_done: Instant,
@@ -275,7 +275,11 @@ impl Recorder {
     fn new(window: std::ops::Range<Instant>, inputs: usize) -> Self {
         Self {
             all: Outcomes::new(),
-            by_input: (0..inputs.max(1)).map(|_| Outcomes::new()).collect(),
+            by_input: if inputs > 1 {
+                (0..inputs).map(|_| Outcomes::new()).collect()
+            } else {
+                Vec::new()
+            },
             stages_ms: BTreeMap::new(),
             last_done: window.start,
             ok_in_window: 0,
@@ -520,23 +524,19 @@ fn report(
         .map(|(k, v)| (k.clone(), median(&mut v.clone())))
         .collect();
     let late = |o: &Outcomes| target.late_after.map(|_| o.late);
-    let by_input = if target.input_names.len() > 1 {
-        target
-            .input_names
-            .iter()
-            .zip(&r.by_input)
-            .map(|(name, o)| InputReport {
-                input: name.clone(),
-                requests: o.requests,
-                ok: o.ok,
-                late: late(o),
-                latency_ms: Percentiles::from_us(&o.latency_us),
-                errors: o.errors.clone(),
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let by_input = target
+        .input_names
+        .iter()
+        .zip(&r.by_input)
+        .map(|(name, o)| InputReport {
+            input: name.clone(),
+            requests: o.requests,
+            ok: o.ok,
+            late: late(o),
+            latency_ms: Percentiles::from_us(&o.latency_us),
+            errors: o.errors.clone(),
+        })
+        .collect();
     PointReport {
         point,
         requests: r.all.requests,
@@ -816,6 +816,15 @@ mod tests {
     }
 }
 
+/// Serves `app` on a port of its own; its `/invocations` URL.
+#[cfg(test)]
+async fn listen(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/invocations", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
 /// `run_turns` against two small servers over real sockets, each recording how many of
 /// the two had a request in flight whenever one arrived.
 #[cfg(test)]
@@ -845,10 +854,7 @@ mod turns_tests {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/invocations", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        url
+        listen(app).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -944,10 +950,7 @@ mod mixed_tests {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/invocations", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        url
+        listen(app).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,7 +80,10 @@ pub fn device_setups(
         device.engines_dir.as_deref(),
         device.build_engines,
     )?;
-    let device_replicas = replicas;
+    let interim = plans
+        .iter()
+        .any(|plan| plan.models.builds())
+        .then(|| interim_cpu(spec, replicas));
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
@@ -108,14 +111,11 @@ pub fn device_setups(
         pool: pool.clone(),
         warmup: device.warmup_sizes.clone(),
     };
-    let builds = plans.iter().any(|plan| plan.models.builds());
-    let mut setups: Vec<_> = plans
+    let setups = plans
         .into_iter()
         .map(|plan| gpu_device_setup(spec, plan, replicas, threads, serving.clone()))
+        .chain(interim)
         .collect();
-    if builds {
-        setups.push(interim_cpu(spec, device_replicas));
-    }
     Ok(ServingDevices {
         setups,
         pixels: std::sync::Arc::new(pool),

@@ -435,7 +435,8 @@ impl<E: Executor> Scheduler<E> {
     /// replicas of the devices that stay.
     pub fn readiness(&self) -> Readiness {
         let devices = &self.shared.devices;
-        let lasting = |s: &DeviceState| !s.interim || devices.iter().all(|d| d.state.interim);
+        // With no device to stay, an interim one is waited for like any.
+        let none_lasting = devices.iter().all(|d| d.state.interim);
         let (mut loaded, mut of, mut interim_serves) = (0, 0, false);
         for slot in devices {
             let state = &slot.state;
@@ -447,7 +448,7 @@ impl<E: Executor> Scheduler<E> {
             {
                 return Readiness::Failed(format!("{}: {e}", state.name));
             }
-            if lasting(state) {
+            if !state.interim || none_lasting {
                 loaded += state.loaded.load(Ordering::Acquire).min(state.replicas);
                 of += state.replicas;
             } else if state.has_loaded() && state.is_routable() {
@@ -677,7 +678,7 @@ impl<E: Executor> Shared<E> {
     fn device_wait(&self, device: usize) -> Option<Duration> {
         let slot = &self.devices[device];
         let s = &slot.state;
-        let service_s = s.service_s()?;
+        let service_s = self.service_s(s)?;
         Some(match self.scheduling {
             Scheduling::Cost if !self.guessing(device) => self.wait_on(device, slot.queue.cost()),
             Scheduling::Count | Scheduling::Cost => {
@@ -714,10 +715,9 @@ impl<E: Executor> Shared<E> {
     /// `work`'s price on `device`: its own cost model's; before its first run, the
     /// fastest measured device's (so that it gets tried and measured), or the prior.
     /// Whether it is measured on this device: another device's price (a CPU's, for a GPU
-    /// whose engines just loaded) and the prior order requests, but refuse none for
-    /// their deadline (a guess is no reason to refuse).
-    /// An image over twice the largest this device has measured is priced by its model
-    /// too, but that price is an extrapolation, and so a guess.
+    /// whose engines just loaded), the prior, and this device's own for an image over
+    /// twice the largest it has measured (an extrapolation) order requests, but refuse
+    /// none for their deadline (a guess is no reason to refuse).
     fn price(&self, device: usize, work: Work) -> (Duration, bool) {
         let cost = &self.devices[device].state.cost;
         if let Some(prices) = cost.prices() {
@@ -756,18 +756,17 @@ impl<E: Executor> Shared<E> {
         terms: &Terms,
         exclude: Option<usize>,
     ) -> Result<Placed<E::Output>, SubmitError> {
-        let mut result = self
-            .place(exclude, terms)
-            .map_err(Unsent::Refused)
-            .and_then(|placement| self.send_to(placement, input, terms));
-        // The interim device retired between the choice and the push: once more, where
-        // the router sends requests now.
-        if let Err(Unsent::Retired(input)) = result {
-            result = self
-                .place(exclude, terms)
+        let attempt = |input| {
+            self.place(exclude, terms)
                 .map_err(Unsent::Refused)
-                .and_then(|placement| self.send_to(placement, input, terms));
-        }
+                .and_then(|placement| self.send_to(placement, input, terms))
+        };
+        let result = match attempt(input) {
+            // The interim device retired between the choice and the push: once more,
+            // where the router sends requests now.
+            Err(Unsent::Retired(input)) => attempt(input),
+            result => result,
+        };
         result.map_err(|unsent| {
             let e = match unsent {
                 Unsent::Refused(e) => e,
@@ -802,16 +801,14 @@ impl<E: Executor> Shared<E> {
     /// its queue closes (a request placed on it meanwhile goes elsewhere), and its
     /// replicas finish what it holds and end, giving back their memory.
     fn retire_interim(&self) {
-        let (interim, lasting): (Vec<_>, Vec<_>) =
-            self.devices.iter().partition(|d| d.state.interim);
-        if lasting.is_empty() || !lasting.iter().all(|d| d.state.all_loaded()) {
+        let mut lasting = self.devices.iter().filter(|d| !d.state.interim).peekable();
+        if lasting.peek().is_none() || !lasting.all(|d| d.state.all_loaded()) {
             return;
         }
-        for slot in interim {
+        for slot in self.devices.iter().filter(|d| d.state.interim) {
             let s = &slot.state;
             if !s.retired.swap(true, Ordering::AcqRel) {
                 slot.queue.close();
-                s.metrics.healthy.set(0);
                 tracing::info!(
                     device = %s.name,
                     finishing = s.outstanding.load(Ordering::Acquire),

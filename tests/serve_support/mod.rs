@@ -172,6 +172,19 @@ impl Server {
     }
 
     /// The log, readable after `stop` consumed the server: what it said while stopping.
+    /// Waits until the server's log holds `text`; fails, with the log, after `within`.
+    pub fn wait_for_log(&self, text: &str, within: Duration) {
+        let started = Instant::now();
+        while !self.log().contains(text) {
+            assert!(
+                started.elapsed() < within,
+                "no `{text}` in the log within {within:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_handle(&self) -> impl Fn() -> String {
         let log = self.log.clone();
         move || log.lock().unwrap().clone()
