@@ -29,6 +29,8 @@ pub mod stages;
 #[allow(unsafe_code)]
 pub mod cuda;
 pub mod engines;
+// Reduced-precision variants of the models, made offline by `celer build`.
+pub mod quantize;
 
 // Scheduling, the replicas, the front end and the tools.
 pub mod bench;

@@ -40,6 +40,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tensor", "tensorrt",
         ],
     ),
+    // Reduced-precision variants, made offline: the gate runs the CPU pipeline.
+    (
+        "quantize",
+        &[
+            "codec", "engines", "host", "matte", "ort", "replica", "spec", "stages",
+        ],
+    ),
     (
         "http",
         &[
@@ -56,7 +63,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "cli",
         &[
             "bench", "codec", "config", "cuda", "engines", "host", "http", "matte", "ort",
-            "pixels", "replica", "sched", "spec", "stats", "tensorrt", "trace",
+            "pixels", "quantize", "replica", "sched", "spec", "stats", "tensorrt", "trace",
         ],
     ),
 ];

@@ -28,7 +28,7 @@ use crate::engines::store::{
 use crate::ort::session::OrtModel;
 use crate::replica::cpu::CpuStages;
 use crate::spec::PipelineSpec;
-use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
+use crate::tensorrt::{BuildProgress, InputProfile, TensorRt};
 
 #[derive(Debug, Clone, Args)]
 pub struct BuildArgs {
@@ -37,10 +37,8 @@ pub struct BuildArgs {
     #[arg(long, env = "CELER_MODEL_DIR", default_value = "/opt/ml/model")]
     pub model_dir: PathBuf,
 
-    /// fp32, fp16 or bf16 (TensorRT 10; default fp32). TensorRT 11 builds strongly typed
-    /// networks whose precision comes from the ONNX model, and refuses this option.
-    #[arg(long)]
-    pub precision: Option<Precision>,
+    #[command(flatten)]
+    pub variants: super::variants::VariantArgs,
 
     /// Builder workspace limit, MiB (default: TensorRT's, up to the GPU's memory).
     #[arg(long)]
@@ -82,8 +80,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         opt: args.opt_shapes.clone(),
         max: args.max_shapes.clone(),
     };
-    let models = ModelFile::of_pipeline(&spec)?;
     println!("pipeline {}", spec.source.display());
+    let engines_dir = args
+        .engines_dir
+        .clone()
+        .unwrap_or_else(|| args.model_dir.join(crate::engines::manifest::ENGINES_DIR));
+    super::variants::build_variants(&spec, &args.model_dir, &engines_dir, &args.variants)?;
+    let models = ModelFile::of_pipeline(&spec)?;
     let probe = crate::cuda::probe();
     if probe.gpus().is_empty() {
         return validate_on_cpu(&spec, &models, &request, &probe.summary());
@@ -162,7 +165,7 @@ fn build_on_gpus(
         .with_context(|| format!("GPUs found ({found}), but TensorRT cannot build engines"))?;
     let version = trt.version();
     println!("TensorRT {version} ({})", trt.library_file().display());
-    let (precision, why) = choose_precision(version.major, args.precision)?;
+    let (precision, why) = choose_precision(version.major, None)?;
     println!("precision: {why}");
     let store = EngineStore::new(&args.model_dir, args.engines_dir.clone());
     let options = BuildOptions {

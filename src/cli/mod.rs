@@ -13,6 +13,7 @@ pub mod resolve;
 mod run;
 mod serve;
 mod sim;
+mod variants;
 
 pub use serve::set_heap_trim;
 

@@ -9,9 +9,9 @@ mod pipeline;
 use std::path::PathBuf;
 
 pub use pipeline::{
-    BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, Normalize, OutputKind, PipelineSpec,
-    Scale, SegmentationSpec, TrimapSpec, UnknownOutputKind, MATTING_MODEL, PIPELINE_FILE,
-    SEGMENTATION_MODEL,
+    BatchingSpec, ImageInputSpec, MaskKind, MattingSpec, ModelPrecision, Normalize, OutputKind,
+    PipelineSpec, Scale, SegmentationSpec, TrimapSpec, UnknownOutputKind, MATTING_MODEL,
+    PIPELINE_FILE, SEGMENTATION_MODEL,
 };
 
 /// A configuration problem, said so that the operator can fix it without reading code:

@@ -38,6 +38,51 @@ pub struct ImageInputSpec {
     pub width: u32,
     pub height: u32,
     pub normalize: Normalize,
+    /// The precision `celer build` makes this model in (`precision = "int8"` in its
+    /// table; FP32 by default). Serving reads the variants' manifests, not this.
+    pub precision: ModelPrecision,
+}
+
+/// The precision of a model stage's ONNX file: the published FP32 model, or a variant
+/// `celer build` converts (FP16) or calibrates (INT8) and holds to the quality gate.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelPrecision {
+    #[default]
+    Fp32,
+    Fp16,
+    Int8,
+}
+
+impl ModelPrecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Fp16 => "fp16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ModelPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Ok(Self::Fp32),
+            "fp16" | "float16" | "half" => Ok(Self::Fp16),
+            "int8" => Ok(Self::Int8),
+            other => Err(format!("`{other}`: the precision is fp32, fp16 or int8")),
+        }
+    }
 }
 
 /// `x = (v * s - mean[c]) / std[c]` for each u8 value `v` of channel `c`.
@@ -186,6 +231,7 @@ struct RawSegmentation {
     height: u32,
     normalize: RawNormalize,
     mask: RawMask,
+    precision: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,6 +299,7 @@ struct RawMatting {
     width: Option<u32>,
     height: Option<u32>,
     normalize: Option<RawNormalize>,
+    precision: Option<String>,
 }
 
 impl Default for RawMatting {
@@ -269,6 +316,7 @@ impl Default for RawMatting {
             width: None,
             height: None,
             normalize: None,
+            precision: None,
         }
     }
 }
@@ -333,6 +381,7 @@ impl PipelineSpec {
             seg.width,
             seg.height,
             seg.normalize,
+            seg.precision,
             &invalid,
         )?;
         let mask = match seg.mask.kind.as_str() {
@@ -454,6 +503,12 @@ fn matting(
                     "no model with kind = \"guided-filter\" (set kind = \"model\")".into(),
                 ));
             }
+            if m.precision.is_some() {
+                return Err(invalid(
+                    "matting.precision",
+                    "no precision with kind = \"guided-filter\": it runs no model".into(),
+                ));
+            }
             let radius_px = m.radius_px.unwrap_or(8);
             let epsilon = m.epsilon.unwrap_or(1e-3);
             if radius_px == 0 || radius_px > 256 {
@@ -509,7 +564,15 @@ fn matting(
                 )
             })?;
             let image = image_input(
-                "matting", base, model, image_name, width, height, normalize, invalid,
+                "matting",
+                base,
+                model,
+                image_name,
+                width,
+                height,
+                normalize,
+                m.precision,
+                invalid,
             )?;
             Ok(MattingSpec::Model {
                 image,
@@ -533,8 +596,15 @@ fn image_input(
     width: u32,
     height: u32,
     normalize: RawNormalize,
+    precision: Option<String>,
     invalid: &dyn Fn(&str, String) -> SpecError,
 ) -> Result<ImageInputSpec, SpecError> {
+    let precision = match precision {
+        None => ModelPrecision::Fp32,
+        Some(word) => word
+            .parse()
+            .map_err(|e: String| invalid(&format!("{table}.precision"), e))?,
+    };
     for (key, side) in [("width", width), ("height", height)] {
         if side == 0 || side > MAX_MODEL_SIDE {
             return Err(invalid(
@@ -580,6 +650,7 @@ fn image_input(
             mean: normalize.mean,
             std: normalize.std,
         },
+        precision,
     })
 }
 

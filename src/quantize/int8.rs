@@ -1,0 +1,238 @@
+//! `celer build --precision int8` for the CPU: the segmentation model calibrated on the
+//! user's images (`calibrate`), rewritten to QDQ (`qdq`), searched for the convolutions to
+//! keep in FP32 when the fully quantized model is below the gate (`search`), judged on
+//! held-out images (`gate`), and written with its manifest only if it passes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use super::calibrate::calibrate;
+use super::gate::{Gate, GateReport};
+use super::images::{load_dir, model_input, NamedImage};
+use super::judge::{io_err, judge, Judge, WorkDir};
+use super::model::OnnxModel;
+use super::opset::raise_for_qdq;
+use super::qdq::{name_nodes, quantizable_convs, rewrite};
+use super::ranges::Method;
+use super::search::{search, search_gate};
+use super::variant::{variant_dir, Calibration, VariantManifest, VARIANT_FORMAT, VARIANT_MANIFEST};
+use super::QuantizeError;
+use crate::engines::manifest::sha256_file;
+use crate::spec::PipelineSpec;
+
+/// What an INT8 build is asked for.
+#[derive(Debug, Clone)]
+pub struct Int8Options {
+    pub calibration: PathBuf,
+    pub validation: PathBuf,
+    pub method: Method,
+    pub gate: Gate,
+    /// ONNX Runtime threads for calibration and the gate's runs.
+    pub threads: usize,
+    /// Search for convolutions to keep in FP32 when the fully quantized model fails.
+    pub search: bool,
+    /// At most this many calibration images rank the convolutions (each convolution is
+    /// one run over them).
+    pub sensitivity_images: usize,
+}
+
+/// A variant written.
+#[derive(Debug, Clone)]
+pub struct Int8Built {
+    pub dir: PathBuf,
+    pub manifest: VariantManifest,
+    /// The chosen model on the calibration images (the search's own view).
+    pub calibration_report: GateReport,
+}
+
+/// A hash of an image's pixels: a validation image must not be a calibration image.
+fn pixels_hash(im: &NamedImage) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(im.rgb.width().to_le_bytes());
+    h.update(im.rgb.height().to_le_bytes());
+    h.update(im.rgb.as_raw());
+    h.finalize().into()
+}
+
+/// Calibrates `spec`'s segmentation model on `options.calibration`, rewrites it to QDQ
+/// (searching for convolutions to keep in FP32 when needed), judges it on
+/// `options.validation`, and writes it under `engines_dir` if it passes. `say` hears
+/// progress, a line at a time.
+pub fn build_int8(
+    spec: &PipelineSpec,
+    model_dir: &Path,
+    engines_dir: &Path,
+    options: &Int8Options,
+    say: &mut dyn FnMut(String),
+) -> Result<Int8Built, QuantizeError> {
+    let started = Instant::now();
+    let source = spec.segmentation.image.model.clone();
+    let name = crate::engines::manifest::model_name(&source);
+    let dir = variant_dir(engines_dir, &name, "int8");
+    let work = WorkDir::create(dir.join(".work"))?;
+
+    let calibration = load_dir(&options.calibration, "calibration")?;
+    let validation = load_dir(&options.validation, "validation")?;
+    let seen: HashMap<[u8; 32], &str> = calibration
+        .iter()
+        .map(|c| (pixels_hash(c), c.name.as_str()))
+        .collect();
+    for v in &validation {
+        if let Some(c) = seen.get(&pixels_hash(v)) {
+            return Err(QuantizeError::Unsupported(format!(
+                "validation image {} is calibration image {c}: the gate needs held-out images",
+                v.name
+            )));
+        }
+    }
+    say(format!(
+        "int8: {} calibration images, {} validation images, {} ranges",
+        calibration.len(),
+        validation.len(),
+        options.method
+    ));
+
+    let mut base = OnnxModel::load(&source)?;
+    name_nodes(&mut base);
+    let raised = raise_for_qdq(&mut base)?;
+    if raised.from != raised.to {
+        say(format!(
+            "int8: operator set {} -> {} ({} nodes rewritten)",
+            raised.from, raised.to, raised.rewritten
+        ));
+    }
+    let image = &spec.segmentation.image;
+    let inputs: Vec<Vec<f32>> = calibration
+        .iter()
+        .map(|im| model_input(&im.rgb, image))
+        .collect();
+    let ranges = calibrate(
+        spec,
+        &base,
+        &inputs,
+        options.method,
+        options.threads,
+        &work.0,
+    )?;
+    say(format!(
+        "int8: {} activations calibrated in {:.1} s",
+        ranges.len(),
+        started.elapsed().as_secs_f64()
+    ));
+
+    let judge_with = Judge {
+        spec,
+        threads: options.threads,
+        work: &work.0,
+    };
+    let reference_cal = judge_with.alphas_of(spec, &calibration)?;
+    let (full, full_rewrite) = rewrite(&base, &ranges, &HashSet::new())?;
+    let full_report = judge(
+        &search_gate(&options.gate),
+        &calibration,
+        &reference_cal,
+        &judge_with.alphas(&full, &calibration)?,
+    );
+    say(format!(
+        "int8: all {} convolutions quantized: calibration images IoU {:.4}, mean |Δα| {:.3}/255",
+        full_rewrite.quantized.len(),
+        full_report.overall.iou,
+        full_report.overall.mean_abs_diff
+    ));
+
+    let (chosen, chosen_rewrite, kept, calibration_report) =
+        if full_report.passed || !options.search {
+            (full, full_rewrite, Vec::new(), full_report)
+        } else {
+            let sample = &inputs[..inputs.len().min(options.sensitivity_images.max(1))];
+            let candidates = quantizable_convs(&base)?;
+            let chosen = search(
+                &judge_with,
+                &base,
+                &ranges,
+                &candidates,
+                &options.gate,
+                &calibration,
+                sample,
+                &reference_cal,
+                say,
+            )?;
+            (
+                chosen.model,
+                chosen.rewrite,
+                chosen.kept,
+                chosen.calibration_report,
+            )
+        };
+
+    // The verdict, on images the build has not looked at.
+    let reference_val = judge_with.alphas_of(spec, &validation)?;
+    let report = judge(
+        &options.gate,
+        &validation,
+        &reference_val,
+        &judge_with.alphas(&chosen, &validation)?,
+    );
+    if !report.passed {
+        return Err(QuantizeError::GateFailed {
+            report: Box::new(report),
+        });
+    }
+    say(format!(
+        "int8: gate on the validation images\n{}",
+        report.table()
+    ));
+
+    let variant_file = format!("{name}.int8.onnx");
+    let variant_path = dir.join(&variant_file);
+    chosen.save(&variant_path).map_err(io_err(&variant_path))?;
+    let source_sha256 = sha256_file(&source).map_err(io_err(&source))?;
+    let variant_sha256 = sha256_file(&variant_path).map_err(io_err(&variant_path))?;
+    let source_file = source
+        .strip_prefix(model_dir)
+        .unwrap_or(&source)
+        .display()
+        .to_string();
+    let manifest = VariantManifest {
+        format: VARIANT_FORMAT,
+        model: name,
+        precision: "int8".into(),
+        source_file,
+        source_sha256,
+        variant_file,
+        variant_sha256,
+        calibration: Some(Calibration {
+            method: options.method,
+            images: calibration.iter().map(|c| c.name.clone()).collect(),
+        }),
+        opset_from: raised.from,
+        opset_to: raised.to,
+        quantized_nodes: chosen_rewrite.quantized.len(),
+        kept_fp32: kept,
+        gate: Some(report),
+        celer_version: env!("CARGO_PKG_VERSION").into(),
+        built_at_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let manifest_path = dir.join(VARIANT_MANIFEST);
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| QuantizeError::Unsupported(e.to_string()))?;
+    crate::host::atomic_write::write_atomically(&manifest_path, &json)
+        .map_err(io_err(&manifest_path))?;
+    say(format!(
+        "int8: {} written ({} convolutions int8, {} kept in FP32) in {:.0} s",
+        variant_path.display(),
+        manifest.quantized_nodes,
+        manifest.kept_fp32.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(Int8Built {
+        dir,
+        manifest,
+        calibration_report,
+    })
+}

@@ -1,0 +1,142 @@
+//! Runs candidate models the way a build judges them: the whole CPU pipeline with a
+//! candidate as the segmentation model (the gate's alpha), or the candidate alone on
+//! prepared inputs (the search's ranking). Candidates are written to the build's work
+//! folder, since ONNX Runtime loads models from files.
+
+use std::path::{Path, PathBuf};
+
+use image::GrayImage;
+
+use super::gate::{Gate, GateReport};
+use super::images::NamedImage;
+use super::model::OnnxModel;
+use super::QuantizeError;
+use crate::matte::StageTimings;
+use crate::ort::session::{OpThreads, OrtModel};
+use crate::replica::cpu::CpuStages;
+use crate::spec::PipelineSpec;
+
+/// The work files of a build, removed when it ends.
+pub struct WorkDir(pub PathBuf);
+
+impl WorkDir {
+    pub fn create(path: PathBuf) -> Result<Self, QuantizeError> {
+        std::fs::create_dir_all(&path).map_err(io_err(&path))?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QuantizeError + '_ {
+    move |error| QuantizeError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// Runs the pipeline (or its segmentation model alone) with candidate models.
+pub struct Judge<'a> {
+    pub spec: &'a PipelineSpec,
+    pub threads: usize,
+    pub work: &'a Path,
+}
+
+impl Judge<'_> {
+    /// The pipeline's alpha of each image with `spec` as it is.
+    pub fn alphas_of(
+        &self,
+        spec: &PipelineSpec,
+        images: &[NamedImage],
+    ) -> Result<Vec<GrayImage>, QuantizeError> {
+        let mut stages = CpuStages::load(spec, self.threads)?;
+        images
+            .iter()
+            .map(|im| {
+                let mut t = StageTimings::default();
+                Ok(stages.run(&im.rgb, &mut t)?.alpha)
+            })
+            .collect()
+    }
+
+    /// Writes `model` where ONNX Runtime can load it.
+    pub fn candidate_path(&self, model: &OnnxModel) -> Result<PathBuf, QuantizeError> {
+        let path = self.work.join("candidate.onnx");
+        model.save(&path).map_err(io_err(&path))?;
+        Ok(path)
+    }
+
+    /// The pipeline's alpha of each image with `model` as the segmentation model.
+    pub fn alphas(
+        &self,
+        model: &OnnxModel,
+        images: &[NamedImage],
+    ) -> Result<Vec<GrayImage>, QuantizeError> {
+        let mut spec = self.spec.clone();
+        spec.segmentation.image.model = self.candidate_path(model)?;
+        self.alphas_of(&spec, images)
+    }
+
+    /// The segmentation output of `model` on each prepared input.
+    pub fn outputs(
+        &self,
+        model: &OnnxModel,
+        inputs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>, QuantizeError> {
+        let path = self.candidate_path(model)?;
+        let mut session = OrtModel::load_uncached(
+            &path,
+            OpThreads::Own {
+                threads: self.threads,
+                alone: true,
+            },
+        )?;
+        let seg = &self.spec.segmentation;
+        let shape = input_shape(self.spec);
+        inputs
+            .iter()
+            .map(|x| {
+                Ok(session
+                    .run(&[(seg.image.input.as_str(), shape, x)], &seg.output)?
+                    .data)
+            })
+            .collect()
+    }
+}
+
+/// The segmentation model's input shape for one image.
+pub fn input_shape(spec: &PipelineSpec) -> [usize; 4] {
+    let image = &spec.segmentation.image;
+    [1, 3, image.height as usize, image.width as usize]
+}
+
+/// `gate`'s verdict on `variant`'s alphas against `reference`'s, image by image.
+pub fn judge(
+    gate: &Gate,
+    images: &[NamedImage],
+    reference: &[GrayImage],
+    variant: &[GrayImage],
+) -> GateReport {
+    gate.judge(
+        images
+            .iter()
+            .zip(reference.iter().zip(variant))
+            .map(|(im, (r, v))| (im.name.as_str(), r, v)),
+    )
+}
+
+/// The mean |a - b| over every value of every pair of outputs.
+pub fn mean_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let (mut sum, mut n) = (0f64, 0usize);
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.iter().zip(y) {
+            sum += f64::from((p - q).abs());
+            n += 1;
+        }
+    }
+    sum / n.max(1) as f64
+}

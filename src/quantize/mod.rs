@@ -1,0 +1,48 @@
+//! Reduced-precision variants of a pipeline's models, made offline by `celer build
+//! --precision`: the ONNX file edited in place of the wire format (`proto`, `model`), its
+//! operator set raised where QDQ needs it (`opset`), INT8 calibrated on the user's images
+//! (`ranges`, `images`) and rewritten to QDQ (`qdq`) with the nodes that cost the most
+//! quality kept in FP32 (`int8`), FP16 converted (`fp16`), each held to the quality gate
+//! on held-out images (`gate`) and recorded in a manifest beside it (`variant`). Nothing
+//! here runs on the request path: serving only reads the manifest and the file.
+
+pub mod calibrate;
+pub mod gate;
+pub mod images;
+pub mod int8;
+pub mod judge;
+pub mod model;
+pub mod opset;
+pub mod proto;
+pub mod qdq;
+pub mod ranges;
+pub mod search;
+pub mod variant;
+
+use std::path::PathBuf;
+
+use crate::ort::OrtError;
+use crate::replica::cpu::CpuError;
+
+/// Why a variant was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    #[error("{}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {reason}", dir.display())]
+    Images { dir: PathBuf, reason: String },
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Ort(#[from] OrtError),
+    #[error("the pipeline: {0}")]
+    Pipeline(#[from] CpuError),
+    #[error("{0}")]
+    Unsupported(String),
+    /// The variant is below the gate on the validation images: not written.
+    #[error("the variant is below the quality gate on the validation images; not written\n{}", report.table())]
+    GateFailed { report: Box<gate::GateReport> },
+}
