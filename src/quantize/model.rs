@@ -19,6 +19,7 @@ const GRAPH_NODE: u32 = 1;
 const GRAPH_INITIALIZER: u32 = 5;
 const GRAPH_INPUT: u32 = 11;
 const GRAPH_OUTPUT: u32 = 12;
+const GRAPH_VALUE_INFO: u32 = 13;
 // NodeProto
 const NODE_INPUT: u32 = 1;
 const NODE_OUTPUT: u32 = 2;
@@ -29,6 +30,7 @@ const NODE_DOMAIN: u32 = 7;
 // AttributeProto
 const ATTR_NAME: u32 = 1;
 const ATTR_I: u32 = 3;
+const ATTR_T: u32 = 5;
 const ATTR_INTS: u32 = 8;
 const ATTR_TYPE: u32 = 20;
 const ATTR_TYPE_INT: u64 = 2;
@@ -151,6 +153,67 @@ impl Node {
         Ok(None)
     }
 
+    /// The integer attribute `name`, if the node has it.
+    pub fn int_attribute(&self, name: &str) -> Result<Option<i64>, WireError> {
+        Ok(self
+            .attributes()?
+            .into_iter()
+            .find(|a| a.string(ATTR_NAME) == name)
+            .map(|a| a.varint(ATTR_I) as i64))
+    }
+
+    /// Sets integer attribute `name` (which the node must have) to `value`.
+    pub fn set_int_attribute(&mut self, name: &str, value: i64) -> Result<bool, WireError> {
+        self.edit_attribute(name, |a| a.set_varint(ATTR_I, value as u64))
+    }
+
+    /// The tensor attribute `name` (a Constant's `value`), if the node has it.
+    pub fn tensor_attribute(&self, name: &str) -> Result<Option<Initializer>, WireError> {
+        for a in self.attributes()? {
+            if a.string(ATTR_NAME) == name {
+                return Ok(match a.bytes(ATTR_T).last() {
+                    Some(t) => Some(Initializer(Message::decode(t)?)),
+                    None => None,
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replaces tensor attribute `name` (which the node must have) with `tensor`.
+    pub fn set_tensor_attribute(
+        &mut self,
+        name: &str,
+        tensor: &Initializer,
+    ) -> Result<bool, WireError> {
+        self.edit_attribute(name, |a| {
+            a.clear(ATTR_T);
+            a.push_message(ATTR_T, &tensor.0);
+        })
+    }
+
+    /// Applies `edit` to attribute `name` in place; whether the node has it.
+    fn edit_attribute(
+        &mut self,
+        name: &str,
+        edit: impl Fn(&mut Message),
+    ) -> Result<bool, WireError> {
+        for field in &mut self.0.fields {
+            if field.number != NODE_ATTRIBUTE {
+                continue;
+            }
+            if let super::proto::Value::Bytes(b) = &field.value {
+                let mut a = Message::decode(b)?;
+                if a.string(ATTR_NAME) == name {
+                    edit(&mut a);
+                    field.value = super::proto::Value::Bytes(a.encode());
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Removes attribute `name`; whether it was there.
     pub fn remove_attribute(&mut self, name: &str) -> bool {
         let before = self.0.fields.len();
@@ -242,6 +305,21 @@ impl Initializer {
         self.0.varint(TENSOR_DATA_TYPE)
     }
 
+    /// The same tensor (name, dims) with its values as float16, if it is a float32
+    /// tensor stored in the file. Values beyond float16's range saturate at its largest
+    /// finite value rather than becoming infinite.
+    pub fn to_f16(&self) -> Result<Option<Initializer>, WireError> {
+        let Some(values) = self.floats()? else {
+            return Ok(None);
+        };
+        let max = half::f16::MAX.to_f32();
+        let data: Vec<half::f16> = values
+            .iter()
+            .map(|&v| half::f16::from_f32(if v.is_finite() { v.clamp(-max, max) } else { v }))
+            .collect();
+        Ok(Some(Self::f16(&self.name(), &self.dims()?, &data)))
+    }
+
     /// Its values, if it is a float32 tensor stored in the file.
     pub fn floats(&self) -> Result<Option<Vec<f32>>, WireError> {
         if self.data_type() != DataType::Float as u64 || self.0.varint(TENSOR_DATA_LOCATION) != 0 {
@@ -259,6 +337,17 @@ impl Initializer {
         }
         self.0.floats(TENSOR_FLOAT_DATA).map(Some)
     }
+}
+
+/// A ValueInfoProto's tensor element type (0 when it states none).
+fn value_elem_type(v: &Message) -> Result<u64, ModelError> {
+    let Some(ty) = v.messages(VALUE_TYPE)?.pop() else {
+        return Ok(0);
+    };
+    let Some(tensor) = ty.messages(TYPE_TENSOR)?.pop() else {
+        return Ok(0);
+    };
+    Ok(tensor.varint(TENSOR_TYPE_ELEM))
 }
 
 /// An ONNX model, its graph taken apart.
@@ -386,6 +475,28 @@ impl OnnxModel {
             .iter()
             .map(|v| v.string(VALUE_NAME))
             .collect())
+    }
+
+    /// The graph's inputs whose element type is float32.
+    pub fn float_input_names(&self) -> Result<Vec<String>, ModelError> {
+        let mut names = Vec::new();
+        for v in self.graph_rest.messages(GRAPH_INPUT)? {
+            if value_elem_type(&v)? == DataType::Float as u64 {
+                names.push(v.string(VALUE_NAME));
+            }
+        }
+        Ok(names)
+    }
+
+    /// The element type of each graph output, by position.
+    pub fn output_elem_types(&self) -> Result<Vec<u64>, ModelError> {
+        self.outputs.iter().map(value_elem_type).collect()
+    }
+
+    /// Drops the graph's recorded intermediate types (value_info): a conversion that
+    /// changes types leaves them to the runtime's inference instead of stale.
+    pub fn clear_value_info(&mut self) {
+        self.graph_rest.clear(GRAPH_VALUE_INFO);
     }
 
     pub fn output_names(&self) -> Vec<String> {
