@@ -83,7 +83,7 @@ pub fn build_variants(
                     .build_threads
                     .unwrap_or_else(|| crate::host::cpus::CpuBudget::get().cores),
                 search: !args.no_search,
-                sensitivity_images: 4,
+                sensitivity_images: 6,
             };
             let built = build_int8(spec, model_dir, engines_dir, &options, &mut |line| {
                 println!("{line}")

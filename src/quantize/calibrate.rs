@@ -14,8 +14,17 @@ use super::QuantizeError;
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::spec::PipelineSpec;
 
-/// Each measured activation of `base` and the range `method` picks for it over `inputs`
-/// (the segmentation model's prepared inputs of the calibration images).
+/// What calibration measured.
+#[derive(Debug, Clone, Default)]
+pub struct Calibrated {
+    /// Each measured activation's range, as the method picks it.
+    pub ranges: HashMap<String, Range>,
+    /// Each measured activation's number of values in one run (the search's cost model).
+    pub elements: HashMap<String, usize>,
+}
+
+/// Each measured activation of `base`, its size and the range `method` picks for it over
+/// `inputs` (the segmentation model's prepared inputs of the calibration images).
 pub fn calibrate(
     spec: &PipelineSpec,
     base: &OnnxModel,
@@ -23,7 +32,7 @@ pub fn calibrate(
     method: Method,
     threads: usize,
     work: &Path,
-) -> Result<HashMap<String, Range>, QuantizeError> {
+) -> Result<Calibrated, QuantizeError> {
     let tensors = measured_tensors(base)?;
     let mut augmented = base.clone();
     let outputs: HashSet<String> = augmented.output_names().into_iter().collect();
@@ -44,14 +53,19 @@ pub fn calibrate(
     let input = spec.segmentation.image.input.as_str();
     let shape = input_shape(spec);
     let mut seen = vec![Range::EMPTY; tensors.len()];
+    let mut elements = HashMap::new();
     for x in inputs {
         let values = session.run_outputs(&[(input, shape, x)], &tensors)?;
-        for (r, v) in seen.iter_mut().zip(&values) {
+        for ((r, v), t) in seen.iter_mut().zip(&values).zip(&tensors) {
             r.observe(&v.data);
+            elements.insert(t.clone(), v.data.len());
         }
     }
     if !method.needs_histogram() {
-        return Ok(tensors.into_iter().zip(seen).collect());
+        return Ok(Calibrated {
+            ranges: tensors.into_iter().zip(seen).collect(),
+            elements,
+        });
     }
     let mut histograms: Vec<Histogram> = seen.iter().map(|r| Histogram::new(*r)).collect();
     for x in inputs {
@@ -60,9 +74,12 @@ pub fn calibrate(
             h.observe(&v.data);
         }
     }
-    Ok(tensors
-        .into_iter()
-        .zip(histograms.iter().zip(&seen))
-        .map(|(t, (h, r))| (t, h.range(method, *r)))
-        .collect())
+    Ok(Calibrated {
+        ranges: tensors
+            .into_iter()
+            .zip(histograms.iter().zip(&seen))
+            .map(|(t, (h, r))| (t, h.range(method, *r)))
+            .collect(),
+        elements,
+    })
 }

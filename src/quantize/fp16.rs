@@ -104,11 +104,9 @@ pub fn convert(model: &OnnxModel) -> Result<(OnnxModel, Converted), ModelError> 
                     report.constants += 1;
                 }
             }
-            "Cast" if !writes_kept => {
-                if node.int_attribute("to")? == Some(DataType::Float as i64) {
-                    node.set_int_attribute("to", DataType::Float16 as i64)?;
-                    report.casts += 1;
-                }
+            "Cast" if !writes_kept && node.int_attribute("to")? == Some(DataType::Float as i64) => {
+                node.set_int_attribute("to", DataType::Float16 as i64)?;
+                report.casts += 1;
             }
             _ => {}
         }

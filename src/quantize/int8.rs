@@ -17,7 +17,7 @@ use super::model::OnnxModel;
 use super::opset::raise_for_qdq;
 use super::qdq::{name_nodes, quantizable_convs, rewrite};
 use super::ranges::Method;
-use super::search::{search, search_gate};
+use super::search::search;
 use super::variant::{variant_dir, Calibration, VariantManifest, VARIANT_FORMAT, VARIANT_MANIFEST};
 use super::QuantizeError;
 use crate::engines::manifest::sha256_file;
@@ -109,7 +109,7 @@ pub fn build_int8(
         .iter()
         .map(|im| model_input(&im.rgb, image))
         .collect();
-    let ranges = calibrate(
+    let calibrated = calibrate(
         spec,
         &base,
         &inputs,
@@ -119,7 +119,7 @@ pub fn build_int8(
     )?;
     say(format!(
         "int8: {} activations calibrated in {:.1} s",
-        ranges.len(),
+        calibrated.ranges.len(),
         started.elapsed().as_secs_f64()
     ));
 
@@ -128,10 +128,22 @@ pub fn build_int8(
         threads: options.threads,
         work: &work.0,
     };
-    let reference_cal = judge_with.alphas_of(spec, &calibration)?;
-    let (full, full_rewrite) = rewrite(&base, &ranges, &HashSet::new())?;
+    let reference_cal = judge_with.reference(&calibration)?;
+    let unstable: Vec<&str> = calibration
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !reference_cal.stable(&options.gate, *i))
+        .map(|(_, im)| im.name.as_str())
+        .collect();
+    if !unstable.is_empty() {
+        say(format!(
+            "int8: FP32 itself moves beyond the gate under a one-level change of {}: judged overall only",
+            unstable.join(", ")
+        ));
+    }
+    let (full, full_rewrite) = rewrite(&base, &calibrated.ranges, &HashSet::new())?;
     let full_report = judge(
-        &search_gate(&options.gate),
+        &options.gate,
         &calibration,
         &reference_cal,
         &judge_with.alphas(&full, &calibration)?,
@@ -144,15 +156,23 @@ pub fn build_int8(
     ));
 
     let (chosen, chosen_rewrite, kept, calibration_report) =
-        if full_report.passed || !options.search {
+        if options.gate.passes(&full_report.overall) || !options.search {
             (full, full_rewrite, Vec::new(), full_report)
         } else {
-            let sample = &inputs[..inputs.len().min(options.sensitivity_images.max(1))];
+            // The ranking's images: those FP32 is stable on (all, if it is on none).
+            let stable: Vec<Vec<f32>> = inputs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| reference_cal.stable(&options.gate, *i))
+                .map(|(_, x)| x.clone())
+                .collect();
+            let pool = if stable.is_empty() { &inputs } else { &stable };
+            let sample = &pool[..pool.len().min(options.sensitivity_images.max(1))];
             let candidates = quantizable_convs(&base)?;
             let chosen = search(
                 &judge_with,
                 &base,
-                &ranges,
+                &calibrated,
                 &candidates,
                 &options.gate,
                 &calibration,
@@ -168,8 +188,20 @@ pub fn build_int8(
             )
         };
 
+    say(format!(
+        "int8: {} convolutions int8, {} kept in FP32; on the calibration images:\n{}",
+        chosen_rewrite.quantized.len(),
+        kept.len(),
+        calibration_report.table()
+    ));
+    if chosen_rewrite.quantized.is_empty() {
+        return Err(QuantizeError::Unsupported(
+            "no convolution can be quantized within the gate on the calibration images".into(),
+        ));
+    }
+
     // The verdict, on images the build has not looked at.
-    let reference_val = judge_with.alphas_of(spec, &validation)?;
+    let reference_val = judge_with.reference(&validation)?;
     let report = judge(
         &options.gate,
         &validation,
@@ -213,6 +245,7 @@ pub fn build_int8(
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
         gate: Some(report),
+        calibration_figures: Some(calibration_report.clone()),
         celer_version: env!("CARGO_PKG_VERSION").into(),
         built_at_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

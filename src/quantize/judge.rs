@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use image::GrayImage;
 
-use super::gate::{Gate, GateReport};
+use super::gate::{Gate, GateReport, Judged, NoiseFloor};
 use super::images::NamedImage;
 use super::model::OnnxModel;
 use super::QuantizeError;
@@ -114,18 +114,79 @@ pub fn input_shape(spec: &PipelineSpec) -> [usize; 4] {
     [1, 3, image.height as usize, image.width as usize]
 }
 
-/// `gate`'s verdict on `variant`'s alphas against `reference`'s, image by image.
+/// FP32's alphas of a set of images, and its noise floor on each.
+pub struct Reference {
+    pub alphas: Vec<GrayImage>,
+    pub floors: Vec<NoiseFloor>,
+}
+
+impl Reference {
+    /// Whether FP32 agrees with itself on image `i` within `gate`.
+    pub fn stable(&self, gate: &Gate, i: usize) -> bool {
+        self.floors
+            .get(i)
+            .is_some_and(|f| f.iou >= gate.min_iou && f.mean_abs_diff <= gate.max_mean_abs_diff)
+    }
+}
+
+impl Judge<'_> {
+    /// FP32's alphas of `images`, and of each image moved by one level.
+    pub fn reference(&self, images: &[NamedImage]) -> Result<Reference, QuantizeError> {
+        let alphas = self.alphas_of(self.spec, images)?;
+        let moved: Vec<NamedImage> = images
+            .iter()
+            .map(|im| NamedImage {
+                name: im.name.clone(),
+                rgb: moved_one_level(&im.rgb),
+            })
+            .collect();
+        let moved_alphas = self.alphas_of(self.spec, &moved)?;
+        let floors = alphas
+            .iter()
+            .zip(&moved_alphas)
+            .map(|(a, m)| Gate::noise_floor(a, m))
+            .collect();
+        Ok(Reference { alphas, floors })
+    }
+}
+
+/// `image` with each value moved by -1, 0 or +1 (clamped), the same for the same image
+/// every time: a change no one can see, and so one no variant should be judged beside.
+fn moved_one_level(image: &image::RgbImage) -> image::RgbImage {
+    let mut out = image.clone();
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    for v in out.iter_mut() {
+        // xorshift64: cheap, and fixed by its seed.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *v = match state % 3 {
+            0 => v.saturating_sub(1),
+            1 => *v,
+            _ => v.saturating_add(1),
+        };
+    }
+    out
+}
+
+/// `gate`'s verdict on `variant`'s alphas against FP32's, image by image.
 pub fn judge(
     gate: &Gate,
     images: &[NamedImage],
-    reference: &[GrayImage],
+    reference: &Reference,
     variant: &[GrayImage],
 ) -> GateReport {
     gate.judge(
         images
             .iter()
-            .zip(reference.iter().zip(variant))
-            .map(|(im, (r, v))| (im.name.as_str(), r, v)),
+            .enumerate()
+            .zip(reference.alphas.iter().zip(variant))
+            .map(|((i, im), (r, v))| Judged {
+                name: im.name.as_str(),
+                reference: r,
+                variant: v,
+                noise_floor: reference.floors.get(i).copied(),
+            }),
     )
 }
 

