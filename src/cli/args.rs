@@ -92,6 +92,12 @@ pub struct DeviceArgs {
     /// image at load.
     #[arg(long = "warmup-size", env = "CELER_WARMUP_SIZES", value_delimiter = ',', value_parser = image_size)]
     pub warmup_sizes: Vec<(u32, u32)>,
+
+    /// Serve the FP32 models even where `celer build --precision` made a variant that
+    /// passed its quality gate (by default the CPU serves the INT8 variant and a GPU
+    /// builds its engines from the FP16 one).
+    #[arg(long, env = "CELER_FP32", default_value_t = false, value_parser = BoolishValueParser::new())]
+    pub fp32: bool,
 }
 
 /// `WIDTHxHEIGHT`, each side at least 1.
@@ -360,6 +366,7 @@ impl DeviceArgs {
             engines_dir: self.engines_dir.clone(),
             warmup_sizes: self.warmup_sizes.clone(),
             ready_while_building: self.ready_while_building,
+            fp32: self.fp32,
         }
     }
 }

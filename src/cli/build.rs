@@ -26,9 +26,11 @@ use crate::engines::store::{
     StoredEngine,
 };
 use crate::ort::session::OrtModel;
+use crate::quantize::variant::{choose, Target};
 use crate::replica::cpu::CpuStages;
+use crate::spec::ModelPrecision;
 use crate::spec::PipelineSpec;
-use crate::tensorrt::{BuildProgress, InputProfile, TensorRt};
+use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
 #[derive(Debug, Clone, Args)]
 pub struct BuildArgs {
@@ -85,13 +87,26 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         .engines_dir
         .clone()
         .unwrap_or_else(|| args.model_dir.join(crate::engines::manifest::ENGINES_DIR));
-    super::variants::build_variants(&spec, &args.model_dir, &engines_dir, &args.variants)?;
-    let models = ModelFile::of_pipeline(&spec)?;
+    super::variants::build_variants(
+        &spec,
+        &args.model_dir,
+        &engines_dir,
+        &args.variants,
+        args.force,
+    )?;
     let probe = crate::cuda::probe();
     if probe.gpus().is_empty() {
+        let models = ModelFile::of_pipeline(&spec)?;
         return validate_on_cpu(&spec, &models, &request, &probe.summary());
     }
-    build_on_gpus(&args, &models, &request, &probe)
+    // A GPU's engines are built from the FP16 variants where they passed their gate.
+    let (gpu_spec, choices) = choose(&spec, &engines_dir, Target::Gpu, false);
+    for choice in &choices {
+        println!("{}", choice.describe());
+    }
+    let fp16 = choices.iter().any(|c| c.precision == ModelPrecision::Fp16);
+    let models = ModelFile::of_pipeline(&gpu_spec)?;
+    build_on_gpus(&args, &models, &request, &probe, fp16)
 }
 
 /// The CPU-only path: what ONNX Runtime says of each model, and whether they fit the
@@ -143,6 +158,7 @@ fn build_on_gpus(
     models: &[ModelFile],
     request: &ShapeRequest,
     probe: &Probe,
+    fp16: bool,
 ) -> anyhow::Result<()> {
     let groups = probe.distinct();
     let found = groups
@@ -165,7 +181,10 @@ fn build_on_gpus(
         .with_context(|| format!("GPUs found ({found}), but TensorRT cannot build engines"))?;
     let version = trt.version();
     println!("TensorRT {version} ({})", trt.library_file().display());
-    let (precision, why) = choose_precision(version.major, None)?;
+    // TensorRT 11 takes each layer's type from the (FP16 or FP32) ONNX model; 10 builds
+    // an FP16 model's layers in FP16 only with its builder flag.
+    let flag = (fp16 && version.major < 11).then_some(Precision::Fp16);
+    let (precision, why) = choose_precision(version.major, flag)?;
     println!("precision: {why}");
     let store = EngineStore::new(&args.model_dir, args.engines_dir.clone());
     let options = BuildOptions {

@@ -10,19 +10,53 @@ use crate::cuda::{GpuInfo, Probe};
 use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::{plan_gpus, GpuPlan};
 use crate::pixels::{self, SharedAlloc};
+use crate::quantize::variant::{choose, Target};
 use crate::replica::cpu::cpu_device_setup;
 use crate::replica::gpu::{
     gpu_device_setup, host_pool, GpuLimits, GpuServing, DEFAULT_BLOCK_PIXELS,
 };
 use crate::replica::BoxedMatteExecutor;
 use crate::sched::{Device, DeviceSetup};
-use crate::spec::PipelineSpec;
+use crate::spec::{ModelPrecision, PipelineSpec};
 
 /// The devices a server runs, and where its requests' pixels go: a GPU server's decoders
 /// write into the page-locked blocks its replicas copy from and into.
 pub struct ServingDevices {
     pub setups: Vec<DeviceSetup<BoxedMatteExecutor>>,
     pub pixels: SharedAlloc,
+    /// The precision each device runs the segmentation model in (`/metrics` labels the
+    /// model stage with it).
+    pub precisions: Vec<(Device, ModelPrecision)>,
+}
+
+/// `spec` as `target` runs it: each model stage swapped for its usable variant (none
+/// with `--fp32`), the choice logged.
+fn with_variants(
+    spec: &PipelineSpec,
+    model_dir: &std::path::Path,
+    device: &Devices,
+    target: Target,
+) -> (PipelineSpec, ModelPrecision) {
+    let engines = device
+        .engines_dir
+        .clone()
+        .unwrap_or_else(|| model_dir.join(crate::engines::manifest::ENGINES_DIR));
+    let (chosen, choices) = choose(spec, &engines, target, device.fp32);
+    for choice in &choices {
+        tracing::info!(
+            on = match target {
+                Target::Cpu => "cpu",
+                Target::Gpu => "gpu",
+            },
+            precision = %choice.precision,
+            "{}",
+            choice.describe()
+        );
+    }
+    let segmentation = choices
+        .first()
+        .map_or(ModelPrecision::Fp32, |c| c.precision);
+    (chosen, segmentation)
 }
 
 /// The device setups for `spec` from the model folder `model_dir`, images up to
@@ -35,6 +69,7 @@ pub fn device_setups(
     device: &Devices,
     max_pixels: u64,
 ) -> anyhow::Result<ServingDevices> {
+    let original = spec.clone();
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();
@@ -66,12 +101,16 @@ pub fn device_setups(
             solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
+        let (cpu_spec, precision) = with_variants(spec, model_dir, device, Target::Cpu);
         return Ok(ServingDevices {
-            setups: vec![cpu_device_setup(spec, count, threads, solo_threads)],
+            setups: vec![cpu_device_setup(&cpu_spec, count, threads, solo_threads)],
             pixels: pixels::heap(),
+            precisions: vec![(Device::Cpu, precision)],
         });
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
+    let (gpu_spec, gpu_precision) = with_variants(spec, model_dir, device, Target::Gpu);
+    let spec = &gpu_spec;
     let plans = gpu_plans(
         spec,
         model_dir,
@@ -80,10 +119,10 @@ pub fn device_setups(
         device.engines_dir.as_deref(),
         device.build_engines,
     )?;
-    let interim = plans
-        .iter()
-        .any(|plan| plan.models.builds())
-        .then(|| interim_cpu(spec, replicas));
+    let interim = plans.iter().any(|plan| plan.models.builds()).then(|| {
+        let (cpu_spec, precision) = with_variants(&original, model_dir, device, Target::Cpu);
+        (interim_cpu(&cpu_spec, replicas), precision)
+    });
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
         max_pixels,
@@ -111,6 +150,12 @@ pub fn device_setups(
         pool: pool.clone(),
         warmup: device.warmup_sizes.clone(),
     };
+    let mut precisions: Vec<(Device, ModelPrecision)> = plans
+        .iter()
+        .map(|plan| (Device::Gpu(plan.info.ordinal as u32), gpu_precision))
+        .collect();
+    let (interim, interim_precision) = interim.unzip();
+    precisions.extend(interim_precision.map(|p| (Device::Cpu, p)));
     let setups = plans
         .into_iter()
         .map(|plan| gpu_device_setup(spec, plan, replicas, threads, serving.clone()))
@@ -119,6 +164,7 @@ pub fn device_setups(
     Ok(ServingDevices {
         setups,
         pixels: std::sync::Arc::new(pool),
+        precisions,
     })
 }
 

@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
+use crate::engines::manifest::model_name;
 use crate::engines::manifest::{list_manifests, short, EngineManifest, ENGINES_DIR, MANIFEST_FILE};
 use crate::engines::profile::shape_string;
 use crate::ort::session::OrtModel;
-use crate::spec::PIPELINE_FILE;
+use crate::quantize::variant::{choose, variant_dir, Target, VariantManifest};
+use crate::spec::{ModelPrecision, PipelineSpec, PIPELINE_FILE};
 use crate::tensorrt::{InputProfile, TensorDesc, TensorRt};
 
 #[derive(Debug, Clone, Args)]
@@ -25,6 +27,7 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         return inspect_engine(&dir);
     }
     let mut engines = None;
+    let mut pipeline = None;
     let models = if args.path.is_dir() || args.path.ends_with(PIPELINE_FILE) {
         let dir = if args.path.is_dir() {
             args.path.clone()
@@ -34,10 +37,13 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         let spec = super::load_pipeline(&dir)?;
         engines = Some(dir.join(ENGINES_DIR));
         println!("{spec}");
-        spec.model_keys()
+        let models = spec
+            .model_keys()
             .into_iter()
             .map(|(_, p)| p.to_path_buf())
-            .collect()
+            .collect();
+        pipeline = Some(spec);
+        models
     } else {
         vec![args.path.clone()]
     };
@@ -52,6 +58,9 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if let (Some(engines), Some(spec)) = (&engines, &pipeline) {
+        print_precisions(spec, engines);
     }
     if let Some(engines) = engines {
         let found = list_manifests(&engines);
@@ -77,6 +86,61 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Which precision each model stage runs in on the CPU and on a GPU, and each variant's
+/// record: how it was made and what its gate measured.
+fn print_precisions(spec: &PipelineSpec, engines: &Path) {
+    for (target, on) in [(Target::Cpu, "cpu"), (Target::Gpu, "gpu")] {
+        let (_, choices) = choose(spec, engines, target, false);
+        for c in choices {
+            println!("precision on {on}: {}", c.describe());
+        }
+    }
+    for (_, source) in spec.model_keys() {
+        for precision in [ModelPrecision::Fp16, ModelPrecision::Int8] {
+            let dir = variant_dir(engines, &model_name(source), precision);
+            let m = match VariantManifest::read(&dir) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e) => {
+                    println!("variant {}: {e}", dir.display());
+                    continue;
+                }
+            };
+            println!(
+                "variant {}: {} of {} (sha256 {}), operator set {} -> {}, by celer {}",
+                dir.join(&m.variant_file).display(),
+                m.precision,
+                m.source_file,
+                short(&m.source_sha256),
+                m.opset_from,
+                m.opset_to,
+                m.celer_version
+            );
+            if let Some(c) = &m.calibration {
+                println!(
+                    "  calibration  {} ranges on {} images; {} convolutions int8, {} kept in FP32",
+                    c.method,
+                    c.images.len(),
+                    m.quantized_nodes,
+                    m.kept_fp32.len()
+                );
+            }
+            for k in &m.kept_fp32 {
+                println!(
+                    "  kept in fp32 {} (alone quantized: mean |output difference| {:.4}; {:.2} % of the cost)",
+                    k.node,
+                    k.sensitivity,
+                    100.0 * k.cost_share
+                );
+            }
+            match &m.gate {
+                Some(g) => print!("  gate on the validation images\n{}", g.table()),
+                None => println!("  gate: no figures recorded (not served)"),
+            }
+        }
+    }
 }
 
 /// The engine folder `path` names: a .plan, a manifest.json, or a folder holding one.

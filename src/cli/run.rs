@@ -50,7 +50,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     crate::ort::session::environment()?;
-    let super::devices::ServingDevices { setups, pixels } = super::devices::device_setups(
+    let super::devices::ServingDevices { setups, pixels, .. } = super::devices::device_setups(
         &spec,
         &args.runtime.model_dir,
         &args.runtime.replicas(),

@@ -106,7 +106,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&config.model_dir)?;
     // Fail before listening when ONNX Runtime cannot load: the message says how to fix it.
     crate::ort::session::environment()?;
-    let super::devices::ServingDevices { setups, pixels } = super::devices::device_setups(
+    let super::devices::ServingDevices {
+        setups,
+        pixels,
+        precisions,
+    } = super::devices::device_setups(
         &spec,
         &config.model_dir,
         &config.replicas,
@@ -145,6 +149,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             crate::trace::Tracer::start(t)
         }),
         ready_while_building: config.devices.ready_while_building,
+        model_precision: precisions
+            .into_iter()
+            .map(|(device, precision)| (device.to_string(), precision))
+            .collect(),
     };
     let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))

@@ -1,23 +1,27 @@
 //! `celer build --precision fp16|int8`: the reduced-precision variants of the pipeline's
-//! models, made before any engine (a GPU's engine is built from the variant). Each is
+//! models, made before any engine (a GPU's engine is built from the FP16 variant). Each is
 //! held to the quality gate on the validation images and written with its manifest only
-//! if it passes; a variant below the gate fails the build with its table.
+//! if it passes; a variant below the gate fails the build with its table. A variant that
+//! is still current (made from today's model file, passed) is kept unless `--force`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 
+use crate::quantize::fp16::build_fp16;
 use crate::quantize::gate::Gate;
 use crate::quantize::int8::{build_int8, Int8Options};
+use crate::quantize::judge::Stage;
 use crate::quantize::ranges::Method;
+use crate::quantize::variant::current;
 use crate::spec::{ModelPrecision, PipelineSpec};
 
 #[derive(Debug, Clone, Args)]
 pub struct VariantArgs {
-    /// The models' precision: fp32 (the ONNX files as they are), fp16 (converted) or int8
-    /// (calibrated on --calibration). Default: each stage's `precision` in celer.toml,
-    /// else fp32.
+    /// The models' precision: fp32 (the ONNX files as they are), fp16 (converted; what a
+    /// GPU's engine is built from) or int8 (calibrated on --calibration; what the CPU
+    /// serves). Default: each model stage's `precision` in celer.toml, else fp32.
     #[arg(long)]
     pub precision: Option<ModelPrecision>,
 
@@ -54,47 +58,103 @@ pub struct VariantArgs {
     pub build_threads: Option<usize>,
 }
 
-/// Makes the variant each model stage asks for. Returns whether any was made.
+impl VariantArgs {
+    fn gate(&self) -> Gate {
+        Gate {
+            min_iou: self.gate_min_iou,
+            max_mean_abs_diff: self.gate_max_mean_diff,
+        }
+    }
+
+    fn validation(&self, precision: ModelPrecision) -> anyhow::Result<PathBuf> {
+        self.validation.clone().with_context(|| {
+            format!("--precision {precision} needs --validation DIR: images for the quality gate")
+        })
+    }
+}
+
+/// Makes the variant each model stage asks for (`force`: even where a current one is
+/// there). Returns the precision each stage ended with.
 pub fn build_variants(
     spec: &PipelineSpec,
     model_dir: &Path,
     engines_dir: &Path,
     args: &VariantArgs,
-) -> anyhow::Result<bool> {
-    let precision = args.precision.unwrap_or(spec.segmentation.image.precision);
-    match precision {
-        ModelPrecision::Fp32 => Ok(false),
-        ModelPrecision::Fp16 => anyhow::bail!("fp16 variants are not built yet"),
-        ModelPrecision::Int8 => {
-            let need = |dir: &Option<PathBuf>, flag: &str| {
-                dir.clone().with_context(|| {
-                    format!("--precision int8 needs {flag} DIR (a folder of images)")
-                })
-            };
-            let options = Int8Options {
-                calibration: need(&args.calibration, "--calibration")?,
-                validation: need(&args.validation, "--validation")?,
-                method: args.calibration_method,
-                gate: Gate {
-                    min_iou: args.gate_min_iou,
-                    max_mean_abs_diff: args.gate_max_mean_diff,
-                },
-                threads: args
-                    .build_threads
-                    .unwrap_or_else(|| crate::host::cpus::CpuBudget::get().cores),
-                search: !args.no_search,
-                sensitivity_images: 6,
-            };
-            let built = build_int8(spec, model_dir, engines_dir, &options, &mut |line| {
-                println!("{line}")
-            })?;
+    force: bool,
+) -> anyhow::Result<Vec<(Stage, ModelPrecision)>> {
+    let mut made = Vec::new();
+    for stage in [Stage::Segmentation, Stage::Matting] {
+        let Some(image) = stage.image(spec) else {
+            continue;
+        };
+        let mut precision = args.precision.unwrap_or(image.precision);
+        if stage == Stage::Matting && precision == ModelPrecision::Int8 {
             println!(
-                "segmentation model int8: {} ({} convolutions int8, {} kept in FP32)",
-                built.dir.display(),
-                built.manifest.quantized_nodes,
-                built.manifest.kept_fp32.len()
+                "matting model: int8 needs calibration inputs of the matting model (image and \
+                 trimap), which celer does not make; it stays fp32 (fp16 is available)"
             );
-            Ok(true)
+            precision = ModelPrecision::Fp32;
         }
+        if precision == ModelPrecision::Fp32 {
+            made.push((stage, precision));
+            continue;
+        }
+        if !force {
+            if let Some(m) = current(engines_dir, &image.model, precision) {
+                println!(
+                    "{} model {precision}: current ({} made from this {}, passed its gate); kept \
+                     (--force makes it again)",
+                    stage.name(),
+                    m.variant_file,
+                    m.source_file
+                );
+                made.push((stage, precision));
+                continue;
+            }
+        }
+        let threads = args
+            .build_threads
+            .unwrap_or_else(|| crate::host::cpus::CpuBudget::get().cores);
+        let mut say = |line: String| println!("{line}");
+        match precision {
+            ModelPrecision::Fp32 => {}
+            ModelPrecision::Fp16 => {
+                let (dir, _) = build_fp16(
+                    spec,
+                    stage,
+                    model_dir,
+                    engines_dir,
+                    &args.validation(precision)?,
+                    &args.gate(),
+                    threads,
+                    &mut say,
+                )?;
+                println!("{} model fp16: {}", stage.name(), dir.display());
+            }
+            ModelPrecision::Int8 => {
+                let options = Int8Options {
+                    calibration: args.calibration.clone().context(
+                        "--precision int8 needs --calibration DIR: images to measure the \
+                         activations' ranges on",
+                    )?,
+                    validation: args.validation(precision)?,
+                    method: args.calibration_method,
+                    gate: args.gate(),
+                    threads,
+                    search: !args.no_search,
+                    sensitivity_images: 6,
+                };
+                let built = build_int8(spec, model_dir, engines_dir, &options, &mut say)?;
+                println!(
+                    "{} model int8: {} ({} convolutions int8, {} kept in FP32)",
+                    stage.name(),
+                    built.dir.display(),
+                    built.manifest.quantized_nodes,
+                    built.manifest.kept_fp32.len()
+                );
+            }
+        }
+        made.push((stage, precision));
     }
+    Ok(made)
 }

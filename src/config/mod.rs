@@ -53,6 +53,8 @@ pub struct Devices {
     /// Readiness says 200 once the CPU serves while the GPUs' engines build, not only
     /// once they have loaded.
     pub ready_while_building: bool,
+    /// Serve the FP32 models even where a reduced-precision variant passed its gate.
+    pub fp32: bool,
 }
 
 /// Fetching images that JSON bodies name by `url`.

@@ -30,7 +30,7 @@ use crate::config::RequestLimits;
 use crate::pixels::SharedAlloc;
 use crate::replica::MatteScheduler;
 use crate::sched::Readiness;
-use crate::spec::OutputKind;
+use crate::spec::{ModelPrecision, OutputKind};
 use crate::trace::Tracer;
 use error::ApiError;
 
@@ -78,6 +78,9 @@ pub struct FrontEnd {
     pub pixels: SharedAlloc,
     pub tracer: Option<Tracer>,
     pub ready_while_building: bool,
+    /// The precision each device (by its label: `cpu`, `gpu0`) runs the segmentation
+    /// model in; `/metrics` labels the model stage's times with it.
+    pub model_precision: Vec<(String, ModelPrecision)>,
 }
 
 impl FrontEnd {
@@ -95,6 +98,7 @@ impl FrontEnd {
             pixels: crate::pixels::heap(),
             tracer: None,
             ready_while_building: false,
+            model_precision: Vec::new(),
         }
     }
 }
@@ -120,7 +124,8 @@ impl Default for ServedModel {
 
 impl AppState {
     pub fn new(scheduler: MatteScheduler, front: FrontEnd) -> Self {
-        let metrics = HttpMetrics::new(scheduler.metrics(), &front.model.name);
+        let metrics = HttpMetrics::new(scheduler.metrics(), &front.model.name)
+            .with_model_precision(front.model_precision);
         Self {
             scheduler,
             limits: front.limits,

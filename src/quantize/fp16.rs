@@ -8,8 +8,15 @@
 //! them (a Constant, a Cast to float, an initializer).
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
+use super::gate::Gate;
+use super::images::load_dir;
+use super::judge::{io_err, judge, Judge, Stage, WorkDir};
 use super::model::{DataType, ModelError, Node, OnnxModel};
+use super::variant::{variant_dir, NewVariant, VariantManifest};
+use super::QuantizeError;
+use crate::spec::{ModelPrecision, PipelineSpec};
 
 /// The inputs, by operator, that must stay float32.
 fn float32_slot(op: &str, slot: usize) -> bool {
@@ -167,6 +174,81 @@ pub fn convert(model: &OnnxModel) -> Result<(OnnxModel, Converted), ModelError> 
     m.nodes = entry;
     m.clear_value_info();
     Ok((m, report))
+}
+
+/// `stage`'s model of `spec` converted to FP16, judged by `gate` on the images of
+/// `validation` with ONNX Runtime on the CPU (which runs what it has no FP16 kernel for in
+/// float32: the gate sees the weights' and activations' rounding, not a GPU's arithmetic),
+/// and written under `engines_dir` if it passes. Returns its folder and manifest.
+pub fn build_fp16(
+    spec: &PipelineSpec,
+    stage: Stage,
+    model_dir: &Path,
+    engines_dir: &Path,
+    validation: &Path,
+    gate: &Gate,
+    threads: usize,
+    say: &mut dyn FnMut(String),
+) -> Result<(PathBuf, VariantManifest), QuantizeError> {
+    let source = stage
+        .image(spec)
+        .ok_or_else(|| {
+            QuantizeError::Unsupported(format!("the pipeline runs no {} model", stage.name()))
+        })?
+        .model
+        .clone();
+    let name = crate::engines::manifest::model_name(&source);
+    let dir = variant_dir(engines_dir, &name, ModelPrecision::Fp16);
+    let work = WorkDir::create(dir.join(".work"))?;
+    let images = load_dir(validation, "validation")?;
+    let base = OnnxModel::load(&source)?;
+    let opset = base.opset()?;
+    let (half, report) = convert(&base)?;
+    say(format!(
+        "fp16: {} model: {} initializers, {} constants and {} casts to float16, {} tensors kept float32",
+        stage.name(),
+        report.initializers,
+        report.constants,
+        report.casts,
+        report.kept_float32
+    ));
+    let judge_with = Judge {
+        spec,
+        stage,
+        threads,
+        work: &work.0,
+    };
+    let reference = judge_with.reference(&images)?;
+    let verdict = judge(
+        gate,
+        &images,
+        &reference,
+        &judge_with.alphas(&half, &images)?,
+    );
+    if !verdict.passed {
+        return Err(QuantizeError::GateFailed {
+            report: Box::new(verdict),
+        });
+    }
+    say(format!(
+        "fp16: gate on the validation images\n{}",
+        verdict.table()
+    ));
+    let manifest = NewVariant {
+        model: &half,
+        precision: ModelPrecision::Fp16,
+        source: &source,
+        model_dir,
+        calibration: None,
+        opset: (opset, opset),
+        quantized_nodes: 0,
+        kept_fp32: Vec::new(),
+        gate: verdict,
+        calibration_figures: None,
+    }
+    .write(&dir)
+    .map_err(io_err(&dir))?;
+    Ok((dir, manifest))
 }
 
 fn m_fresh(taken: &HashSet<String>, stem: &str) -> String {

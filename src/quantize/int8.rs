@@ -12,16 +12,15 @@ use sha2::{Digest, Sha256};
 use super::calibrate::calibrate;
 use super::gate::{Gate, GateReport};
 use super::images::{load_dir, model_input, NamedImage};
-use super::judge::{io_err, judge, Judge, WorkDir};
+use super::judge::{io_err, judge, Judge, Stage, WorkDir};
 use super::model::OnnxModel;
 use super::opset::raise_for_qdq;
 use super::qdq::{name_nodes, quantizable_convs, rewrite};
 use super::ranges::Method;
 use super::search::search;
-use super::variant::{variant_dir, Calibration, VariantManifest, VARIANT_FORMAT, VARIANT_MANIFEST};
+use super::variant::{variant_dir, Calibration, NewVariant, VariantManifest};
 use super::QuantizeError;
-use crate::engines::manifest::sha256_file;
-use crate::spec::PipelineSpec;
+use crate::spec::{ModelPrecision, PipelineSpec};
 
 /// What an INT8 build is asked for.
 #[derive(Debug, Clone)]
@@ -71,7 +70,7 @@ pub fn build_int8(
     let started = Instant::now();
     let source = spec.segmentation.image.model.clone();
     let name = crate::engines::manifest::model_name(&source);
-    let dir = variant_dir(engines_dir, &name, "int8");
+    let dir = variant_dir(engines_dir, &name, ModelPrecision::Int8);
     let work = WorkDir::create(dir.join(".work"))?;
 
     let calibration = load_dir(&options.calibration, "calibration")?;
@@ -125,6 +124,7 @@ pub fn build_int8(
 
     let judge_with = Judge {
         spec,
+        stage: Stage::Segmentation,
         threads: options.threads,
         work: &work.0,
     };
@@ -218,44 +218,24 @@ pub fn build_int8(
         report.table()
     ));
 
-    let variant_file = format!("{name}.int8.onnx");
-    let variant_path = dir.join(&variant_file);
-    chosen.save(&variant_path).map_err(io_err(&variant_path))?;
-    let source_sha256 = sha256_file(&source).map_err(io_err(&source))?;
-    let variant_sha256 = sha256_file(&variant_path).map_err(io_err(&variant_path))?;
-    let source_file = source
-        .strip_prefix(model_dir)
-        .unwrap_or(&source)
-        .display()
-        .to_string();
-    let manifest = VariantManifest {
-        format: VARIANT_FORMAT,
-        model: name,
-        precision: "int8".into(),
-        source_file,
-        source_sha256,
-        variant_file,
-        variant_sha256,
+    let manifest = NewVariant {
+        model: &chosen,
+        precision: ModelPrecision::Int8,
+        source: &source,
+        model_dir,
         calibration: Some(Calibration {
             method: options.method,
             images: calibration.iter().map(|c| c.name.clone()).collect(),
         }),
-        opset_from: raised.from,
-        opset_to: raised.to,
+        opset: (raised.from, raised.to),
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
-        gate: Some(report),
+        gate: report,
         calibration_figures: Some(calibration_report.clone()),
-        celer_version: env!("CARGO_PKG_VERSION").into(),
-        built_at_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    };
-    let manifest_path = dir.join(VARIANT_MANIFEST);
-    let json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| QuantizeError::Unsupported(e.to_string()))?;
-    crate::host::atomic_write::write_atomically(&manifest_path, &json)
-        .map_err(io_err(&manifest_path))?;
+    }
+    .write(&dir)
+    .map_err(io_err(&dir))?;
+    let variant_path = dir.join(&manifest.variant_file);
     say(format!(
         "int8: {} written ({} convolutions int8, {} kept in FP32) in {:.0} s",
         variant_path.display(),

@@ -14,7 +14,7 @@ use super::QuantizeError;
 use crate::matte::StageTimings;
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::replica::cpu::CpuStages;
-use crate::spec::PipelineSpec;
+use crate::spec::{ImageInputSpec, MattingSpec, PipelineSpec};
 
 /// The work files of a build, removed when it ends.
 pub struct WorkDir(pub PathBuf);
@@ -39,9 +39,48 @@ pub fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QuantizeError + '_ {
     }
 }
 
-/// Runs the pipeline (or its segmentation model alone) with candidate models.
+/// A model stage of the pipeline, whose model a candidate replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Segmentation,
+    Matting,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Segmentation => "segmentation",
+            Stage::Matting => "matting",
+        }
+    }
+
+    /// The stage's model input in `spec`, if the pipeline runs a model there.
+    pub fn image(self, spec: &PipelineSpec) -> Option<&ImageInputSpec> {
+        match self {
+            Stage::Segmentation => Some(&spec.segmentation.image),
+            Stage::Matting => match &spec.matting {
+                MattingSpec::Model { image, .. } => Some(image),
+                MattingSpec::GuidedFilter { .. } => None,
+            },
+        }
+    }
+
+    fn image_mut(self, spec: &mut PipelineSpec) -> Option<&mut ImageInputSpec> {
+        match self {
+            Stage::Segmentation => Some(&mut spec.segmentation.image),
+            Stage::Matting => match &mut spec.matting {
+                MattingSpec::Model { image, .. } => Some(image),
+                MattingSpec::GuidedFilter { .. } => None,
+            },
+        }
+    }
+}
+
+/// Runs the pipeline (or its segmentation model alone) with candidate models for one
+/// stage.
 pub struct Judge<'a> {
     pub spec: &'a PipelineSpec,
+    pub stage: Stage,
     pub threads: usize,
     pub work: &'a Path,
 }
@@ -70,14 +109,18 @@ impl Judge<'_> {
         Ok(path)
     }
 
-    /// The pipeline's alpha of each image with `model` as the segmentation model.
+    /// The pipeline's alpha of each image with `model` as the stage's model.
     pub fn alphas(
         &self,
         model: &OnnxModel,
         images: &[NamedImage],
     ) -> Result<Vec<GrayImage>, QuantizeError> {
         let mut spec = self.spec.clone();
-        spec.segmentation.image.model = self.candidate_path(model)?;
+        let path = self.candidate_path(model)?;
+        let image = self.stage.image_mut(&mut spec).ok_or_else(|| {
+            QuantizeError::Unsupported(format!("the pipeline runs no {} model", self.stage.name()))
+        })?;
+        image.model = path;
         self.alphas_of(&spec, images)
     }
 

@@ -27,6 +27,7 @@ use super::AppState;
 use crate::matte::StageTimings;
 use crate::replica::MatteScheduler;
 use crate::sched::metrics::{latency_us, us, DeviceLabel, HistogramFamily};
+use crate::spec::ModelPrecision;
 use exposition::{Exposition, Kind};
 use process::ProcessMetrics;
 use triton::{Failure, SchedulerTotals, TritonTotals};
@@ -54,6 +55,12 @@ struct StageLabel {
     stage: &'static str,
 }
 
+/// The model stage, by the precision its device runs the segmentation model in.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelStageLabel {
+    precision: &'static str,
+}
+
 /// The HTTP figures and the registry that `/metrics` encodes.
 pub struct HttpMetrics {
     registry: Registry,
@@ -61,6 +68,10 @@ pub struct HttpMetrics {
     grpc_requests: Family<GrpcLabel, Counter>,
     duration_us: HistogramFamily<PathLabel>,
     stage_us: HistogramFamily<StageLabel>,
+    /// The model stage's times on devices whose precision is known.
+    model_stage_us: HistogramFamily<ModelStageLabel>,
+    /// Each device's (by label) segmentation precision.
+    model_precision: Vec<(String, ModelPrecision)>,
     /// Triton's families are per model: this one's name.
     model: String,
     triton: TritonTotals,
@@ -77,6 +88,8 @@ impl HttpMetrics {
         let grpc_requests = Family::<GrpcLabel, Counter>::default();
         let duration_us: HistogramFamily<PathLabel> = Family::new_with_constructor(latency_us);
         let stage_us: HistogramFamily<StageLabel> = Family::new_with_constructor(latency_us);
+        let model_stage_us: HistogramFamily<ModelStageLabel> =
+            Family::new_with_constructor(latency_us);
         let r = registry.sub_registry_with_prefix("celer");
         r.register(
             "http_requests",
@@ -98,25 +111,48 @@ impl HttpMetrics {
             "Time of each pipeline stage of successful requests, microseconds",
             stage_us.clone(),
         );
+        r.register(
+            "inference_model_stage_duration_us",
+            "Time of the model stage of successful requests by the precision the device runs the segmentation model in (fp32, fp16, int8), microseconds",
+            model_stage_us.clone(),
+        );
         Self {
             registry,
             requests,
             grpc_requests,
             duration_us,
             stage_us,
+            model_stage_us,
+            model_precision: Vec::new(),
             model: model.to_string(),
             triton: TritonTotals::default(),
             process: ProcessMetrics::default(),
         }
     }
 
-    fn observe_stages(&self, timings: &StageTimings) {
+    /// With each device's (by label) segmentation precision, for the model stage's label.
+    pub fn with_model_precision(mut self, precision: Vec<(String, ModelPrecision)>) -> Self {
+        self.model_precision = precision;
+        self
+    }
+
+    fn observe_stages(&self, device: &str, timings: &StageTimings) {
         for (stage, d) in timings.stages() {
             if !d.is_zero() {
                 self.stage_us
                     .get_or_create(&StageLabel { stage })
                     .observe(us(d));
             }
+        }
+        let precision = self
+            .model_precision
+            .iter()
+            .find(|(d, _)| d == device)
+            .map(|(_, p)| p.as_str());
+        if let (Some(precision), false) = (precision, timings.model.is_zero()) {
+            self.model_stage_us
+                .get_or_create(&ModelStageLabel { precision })
+                .observe(us(timings.model));
         }
     }
 
@@ -144,7 +180,7 @@ impl HttpMetrics {
     fn observe_inference(&self, status: StatusCode, took: Duration, inference: Option<&Inference>) {
         match inference {
             Some(i) if status.is_success() => {
-                self.observe_stages(&i.stages);
+                self.observe_stages(&i.device, &i.stages);
                 self.triton.success(took, i.queued, &i.stages);
             }
             _ => {
