@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use crate::quantize::fp16::build_fp16;
+use crate::quantize::fp16::{build_fp16, Fp16Options};
 use crate::quantize::gate::Gate;
 use crate::quantize::int8::{build_int8, Int8Options};
 use crate::quantize::judge::Stage;
@@ -119,16 +119,12 @@ pub fn build_variants(
         match precision {
             ModelPrecision::Fp32 => {}
             ModelPrecision::Fp16 => {
-                let (dir, _) = build_fp16(
-                    spec,
-                    stage,
-                    model_dir,
-                    engines_dir,
-                    &args.validation(precision)?,
-                    &args.gate(),
+                let options = Fp16Options {
+                    validation: args.validation(precision)?,
+                    gate: args.gate(),
                     threads,
-                    &mut say,
-                )?;
+                };
+                let (dir, _) = build_fp16(spec, stage, model_dir, engines_dir, &options, &mut say)?;
                 println!("{} model fp16: {}", stage.name(), dir.display());
             }
             ModelPrecision::Int8 => {

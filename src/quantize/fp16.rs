@@ -176,6 +176,15 @@ pub fn convert(model: &OnnxModel) -> Result<(OnnxModel, Converted), ModelError> 
     Ok((m, report))
 }
 
+/// What an FP16 build is asked for.
+#[derive(Debug, Clone)]
+pub struct Fp16Options {
+    pub validation: PathBuf,
+    pub gate: Gate,
+    /// ONNX Runtime threads for the gate's runs.
+    pub threads: usize,
+}
+
 /// `stage`'s model of `spec` converted to FP16, judged by `gate` on the images of
 /// `validation` with ONNX Runtime on the CPU (which runs what it has no FP16 kernel for in
 /// float32: the gate sees the weights' and activations' rounding, not a GPU's arithmetic),
@@ -185,11 +194,14 @@ pub fn build_fp16(
     stage: Stage,
     model_dir: &Path,
     engines_dir: &Path,
-    validation: &Path,
-    gate: &Gate,
-    threads: usize,
+    options: &Fp16Options,
     say: &mut dyn FnMut(String),
 ) -> Result<(PathBuf, VariantManifest), QuantizeError> {
+    let Fp16Options {
+        validation,
+        gate,
+        threads,
+    } = options;
     let source = stage
         .image(spec)
         .ok_or_else(|| {
@@ -215,7 +227,7 @@ pub fn build_fp16(
     let judge_with = Judge {
         spec,
         stage,
-        threads,
+        threads: *threads,
         work: &work.0,
     };
     let reference = judge_with.reference(&images)?;

@@ -519,7 +519,7 @@ mod tests {
             ]
         );
         assert!(
-            q.initializer_index().get("logit_w").is_none(),
+            !q.initializer_index().contains_key("logit_w"),
             "float weights gone"
         );
         let wq = &q.initializers[q.initializer_index()["Conv_0_weight_quantized"]];
