@@ -26,7 +26,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
 .PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
-.PHONY: tensorrt-headers tensorrt-bindings kubectl
+.PHONY: tensorrt-headers tensorrt-bindings kubectl int8
 .PHONY: bench-formats
 
 python:
@@ -127,7 +127,16 @@ bench-formats: models tensorrt-headers
 	$(ORT_ENV) cargo bench $(CARGO_FEATURES) --bench formats
 
 # celer against the Python handler users deploy, same model, cores and images.
-compare: models build
+# The INT8 variant of MODEL_DIR's segmentation model, which `celer serve` then runs on the
+# CPU (a few minutes for U2NetP on two cores; kept while current, FORCE=1 makes it again):
+# calibrated on the fetched photos' calibration/ folder, held to the quality gate on their
+# validation/ folder (scripts/fetch_models.py).
+PHOTOS := $(FETCHED)/photos
+int8: models build
+	$(ORT_ENV) ./target/release/celer build --model-dir $(MODEL_DIR) --precision int8 \
+		--calibration $(PHOTOS)/calibration --validation $(PHOTOS)/validation $(if $(FORCE),--force)
+
+compare: int8
 	.venv/bin/pip install -q -r scripts/requirements-compare.txt
 	scripts/compare
 

@@ -40,6 +40,11 @@ rounds = sorted(p for p in out.glob("round-*") if p.is_dir())
 if not rounds:
     sys.exit(f"compare_table: no round-* folders in {out}")
 STEMS = ["photo-320x320", "photo-1920x1080"]
+# celer on the FP32 model, and on the INT8 variant where the run had one (runs before
+# the INT8 variant had two servers).
+INT8 = "celer-int8"
+HAS_INT8 = any(rounds[0].glob(f"{INT8}-*.json"))
+NAMES = [REF, "celer"] + ([INT8] if HAS_INT8 else [])
 
 
 def point_in(path: Path, label: str) -> dict:
@@ -158,9 +163,11 @@ ort = [ort_limit(r) for r in rounds]
 cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 print(f"# celer vs {TITLE} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
 print(
-    f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU. "
+    f"Machine: {cores} cores ({cpu()}), no GPU. Model: U2NetP on ONNX Runtime CPU"
+    + (f" (`celer` on the FP32 model, `{INT8}` on the INT8 variant of `make int8`)" if HAS_INT8 else "")
+    + ". "
     f"Load: `celer bench http`, closed loop: at concurrency 1 one client taking turns "
-    f"between the two servers (a request to each in order), at 4 each server in turn, in "
+    f"between the servers (a request to each in order), at 4 each server in turn, in "
     f"slices between slices of ONNX Runtime alone in its best layout. Medians of "
     f"{len(rounds)} rounds; each ratio is taken within a round (at c=4 within a slice and "
     f"its neighbours, then the median of the round's slices), then its median.\n"
@@ -183,9 +190,9 @@ print(f"\nBest layout under load, by round: {', '.join(bests)}.\n")
 summary = {}
 for stem in STEMS:
     # Each round's c=4 slices per server, and its figures.
-    slices = [{n: c4_slices(r, n, stem) for n in [REF, "celer"]} for r in rounds]
+    slices = [{n: c4_slices(r, n, stem) for n in NAMES} for r in rounds]
     per_round = [
-        {n: figures(r, n, stem, sl[n]) for n in [REF, "celer"]}
+        {n: figures(r, n, stem, sl[n]) for n in NAMES}
         for r, sl in zip(rounds, slices)
     ]
     print(f"## {stem}.jpg\n")
@@ -195,7 +202,7 @@ for stem in STEMS:
         "| client CPU ms/req (c=4) | errors |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name in [REF, "celer"]:
+    for name in NAMES:
         f = {k: med(pr[name][k] for pr in per_round) for k in per_round[0][name]}
         print(
             f"| {name} | {f['c1_p50']:.1f} | {f['c1_p99']:.1f} | {f['c1_rps']:.2f} | {f['c4_rps']:.2f} "
@@ -248,6 +255,27 @@ for stem in STEMS:
             lambda pr, o: pr["celer"]["outside"] / pr[REF]["outside"]
         ),
     }
+    if HAS_INT8:
+        ratios.update({
+            f"c=4 throughput, {INT8} / ONNX Runtime alone on the FP32 model, best layout (target >= 1.8)": sliced(
+                lambda sl, b, i: sl[INT8][i]["throughput_rps"] / b[i][0]
+            ),
+            f"c=1 p50, {INT8} / {REF}" + (" (target <= 0.6 at 320x320)" if REF == "python" else ""): ratio(
+                lambda pr, o: pr[INT8]["c1_p50"] / pr[REF]["c1_p50"]
+            ),
+            f"c=4 throughput, {INT8} / {REF}": sliced(
+                lambda sl, b, i: sl[INT8][i]["throughput_rps"] / sl[REF][i]["throughput_rps"]
+            ),
+            f"c=4 throughput, {INT8} / celer (FP32)": sliced(
+                lambda sl, b, i: sl[INT8][i]["throughput_rps"] / sl["celer"][i]["throughput_rps"]
+            ),
+            f"c=1 model time, {INT8} / celer (FP32)": ratio(
+                lambda pr, o: pr[INT8]["model"] / pr["celer"]["model"]
+            ),
+            f"c=4 CPU per request, {INT8} server / ONNX Runtime alone per FP32 run, best layout": sliced(
+                lambda sl, b, i: server_cpu(sl[INT8][i]) / b[i][1]
+            ),
+        })
     print()
     for label, (m, values) in ratios.items():
         print(f"- {label}: **{m:.2f}** (rounds: {', '.join(f'{v:.2f}' for v in values)})")
