@@ -307,6 +307,74 @@ fn build_engines_builds_a_missing_plan_at_start_up_and_serves_it() {
     server.stop_cleanly();
 }
 
+/// `celer build --precision fp16` on a GPU machine: the FP16 variant is made and passes its
+/// gate, the engine is built from it (TensorRT 10: with its FP16 flag), and `serve` runs
+/// that engine, saying so in its log and in `/metrics`; the CPU's view of the same folder
+/// stays FP32 (no INT8 variant there). `--fp32` builds nothing from the variant.
+#[test]
+fn the_engines_are_built_from_the_fp16_variant_and_served() {
+    require_standins();
+    let dir = model_dir_copy();
+    let machine = [
+        ("CELER_CUDA_STANDIN_DEVICES", "1"),
+        ("CELER_CUDA_STANDIN_SM", "90"),
+    ];
+    let validation = common::fetched("photos/validation/chelsea.png")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_celer"));
+    command
+        .args(["build", "--model-dir"])
+        .arg(dir.path())
+        .args(["--precision", "fp16", "--validation"])
+        .arg(&validation)
+        .env("CELER_LOG", "warn")
+        .env("CELER_CUDA_STANDIN_QUIET", "1")
+        .envs(machine);
+    trt_support::use_tensorrt(&mut command);
+    let out = command.output().expect("celer build runs");
+    let text = common::printed(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("gate: IoU >= 0.98"), "{text}");
+    assert!(
+        text.contains("segmentation fp16 (u2netp.fp16.onnx"),
+        "{text}"
+    );
+    assert!(
+        text.contains("precision: fp16"),
+        "TensorRT 10's flag: {text}"
+    );
+    let built = manifests(dir.path());
+    assert_eq!(built.len(), 1, "{built:?}");
+    assert_eq!(built[0].model, "u2netp.fp16");
+    assert_eq!(built[0].onnx_file, "engines/u2netp/fp16/u2netp.fp16.onnx");
+    assert_eq!(built[0].precision.to_string(), "fp16");
+
+    let gpu = serve(dir.path(), &["--devices", "0"], &machine);
+    assert!(gpu.log().contains("segmentation fp16"), "{}", gpu.log());
+    assert!(gpu.log().contains("engine loaded"), "{}", gpu.log());
+    let (status, cutout) = cutout(&gpu, &common::fetched("astronaut.png"));
+    assert_eq!(status, 200, "{}", gpu.log());
+    assert!(cutout.is_some());
+    let metrics = String::from_utf8(gpu.get("/metrics").1).expect("metrics text");
+    assert!(
+        metrics.contains("celer_inference_model_stage_duration_us_count{precision=\"fp16\"} 1"),
+        "{metrics}"
+    );
+    gpu.stop_cleanly();
+
+    // --fp32: the engine of the FP32 file, which is not built: serve refuses to start
+    // from it, naming `celer build`.
+    let mut fp32 = Server::command(dir.path(), ["--devices", "0", "--fp32"], &machine);
+    trt_support::use_tensorrt(&mut fp32);
+    let out = fp32.stderr(std::process::Stdio::piped()).output().unwrap();
+    let log = common::printed(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("FP32 forced"), "{log}");
+    assert!(log.contains("celer build --model-dir"), "{log}");
+}
+
 /// Sets its flag when dropped, on a panic too.
 struct SetOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
 

@@ -189,9 +189,16 @@ pub fn build_int8(
         };
 
     say(format!(
-        "int8: {} convolutions int8, {} kept in FP32; on the calibration images:\n{}",
+        "int8: {} convolutions int8, {} kept in FP32; on the calibration images (for the \
+         record: the search holds their overall row to the gate, {}; the per-image limits \
+         are the verdict's, on the validation images):\n{}",
         chosen_rewrite.quantized.len(),
         kept.len(),
+        if options.gate.passes(&calibration_report.overall) {
+            "within it"
+        } else {
+            "not within it"
+        },
         calibration_report.table()
     ));
     if chosen_rewrite.quantized.is_empty() {
