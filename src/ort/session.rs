@@ -247,37 +247,19 @@ impl OrtModel {
         inputs: &[(&str, [usize; 4], &[f32])],
         output: &str,
     ) -> Result<Tensor, OrtError> {
-        let run_err = |reason: String| OrtError::Run {
-            model: self.label.clone(),
-            reason,
-        };
-        let _in_flight = self.cached.then(super::allocator::RunInFlight::start);
-        let mut values = Vec::with_capacity(inputs.len());
-        for (name, shape, data) in inputs {
-            let tensor = TensorRef::from_array_view((*shape, *data))
-                .map_err(|e| run_err(format!("input `{name}`: {e}")))?;
-            values.push((*name, tensor));
-        }
-        let outputs = self
-            .session
-            .run(values)
-            .map_err(|e| run_err(e.to_string()))?;
-        let value = outputs
-            .get(output)
-            .ok_or_else(|| run_err(format!("no output named `{output}`")))?;
-        let (shape, data) = value
-            .try_extract_tensor::<f32>()
-            .map_err(|e| run_err(format!("output `{output}`: {e}")))?;
-        Ok(Tensor {
-            shape: shape.iter().map(|d| (*d).max(0) as usize).collect(),
-            data: data.to_vec(),
-        })
+        let model = self.label.clone();
+        self.run_outputs(inputs, &[output.to_string()])?
+            .pop()
+            .ok_or_else(|| OrtError::Run {
+                model,
+                reason: format!("no output named `{output}`"),
+            })
     }
 }
 
 impl OrtModel {
     /// Runs the model on NCHW f32 inputs and returns the float outputs named in
-    /// `outputs`, in that order (calibration reads many activations of one run).
+    /// `outputs`, in that order (a replica reads one; calibration many of one run).
     pub fn run_outputs(
         &mut self,
         inputs: &[(&str, [usize; 4], &[f32])],

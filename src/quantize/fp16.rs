@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::gate::Gate;
 use super::images::load_dir;
-use super::judge::{io_err, judge, Judge, Stage, WorkDir};
+use super::judge::{io_err, Judge, Stage, WorkDir};
 use super::model::{DataType, ModelError, Node, OnnxModel};
 use super::variant::{variant_dir, NewVariant, VariantManifest};
 use super::QuantizeError;
@@ -120,17 +120,8 @@ pub fn convert(model: &OnnxModel) -> Result<(OnnxModel, Converted), ModelError> 
     }
 
     // The interface: float32 inputs cast down on entry, float32 outputs cast up on exit.
-    let mut taken: HashSet<String> = m.initializers.iter().map(|i| i.name()).collect();
-    for n in &m.nodes {
-        taken.extend(n.inputs());
-        taken.extend(n.outputs());
-        taken.insert(n.name());
-    }
-    let mut fresh = |stem: String| -> String {
-        let name = m_fresh(&taken, &stem);
-        taken.insert(name.clone());
-        name
-    };
+    let mut names = m.names();
+    let mut fresh = |stem: String| names.fresh(&stem);
     let mut entry = Vec::new();
     let mut renamed_inputs: HashMap<String, String> = HashMap::new();
     for x in m.float_input_names()? {
@@ -230,18 +221,7 @@ pub fn build_fp16(
         threads: *threads,
         work: &work.0,
     };
-    let reference = judge_with.reference(&images)?;
-    let verdict = judge(
-        gate,
-        &images,
-        &reference,
-        &judge_with.alphas(&half, &images)?,
-    );
-    if !verdict.passed {
-        return Err(QuantizeError::GateFailed {
-            report: Box::new(verdict),
-        });
-    }
+    let verdict = judge_with.verdict(gate, &images, &half)?;
     say(format!(
         "fp16: gate on the validation images\n{}",
         verdict.table()
@@ -261,16 +241,6 @@ pub fn build_fp16(
     .write(&dir)
     .map_err(io_err(&dir))?;
     Ok((dir, manifest))
-}
-
-fn m_fresh(taken: &HashSet<String>, stem: &str) -> String {
-    if !taken.contains(stem) {
-        return stem.to_string();
-    }
-    (1..)
-        .map(|i| format!("{stem}_{i}"))
-        .find(|n| !taken.contains(n))
-        .unwrap_or_else(|| stem.to_string())
 }
 
 #[cfg(test)]

@@ -208,18 +208,7 @@ pub fn build_int8(
     }
 
     // The verdict, on images the build has not looked at.
-    let reference_val = judge_with.reference(&validation)?;
-    let report = judge(
-        &options.gate,
-        &validation,
-        &reference_val,
-        &judge_with.alphas(&chosen, &validation)?,
-    );
-    if !report.passed {
-        return Err(QuantizeError::GateFailed {
-            report: Box::new(report),
-        });
-    }
+    let report = judge_with.verdict(&options.gate, &validation, &chosen)?;
     say(format!(
         "int8: gate on the validation images\n{}",
         report.table()

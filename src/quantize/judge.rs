@@ -193,6 +193,27 @@ impl Judge<'_> {
     }
 }
 
+impl Judge<'_> {
+    /// The gate's verdict on `model` over `images`, images the build has not chosen on:
+    /// the report when it passes, `GateFailed` with it otherwise.
+    pub fn verdict(
+        &self,
+        gate: &Gate,
+        images: &[NamedImage],
+        model: &OnnxModel,
+    ) -> Result<GateReport, QuantizeError> {
+        let reference = self.reference(images)?;
+        let report = judge(gate, images, &reference, &self.alphas(model, images)?);
+        if report.passed {
+            Ok(report)
+        } else {
+            Err(QuantizeError::GateFailed {
+                report: Box::new(report),
+            })
+        }
+    }
+}
+
 /// `image` with each value moved by -1, 0 or +1 (clamped), the same for the same image
 /// every time: a change no one can see, and so one no variant should be judged beside.
 fn moved_one_level(image: &image::RgbImage) -> image::RgbImage {

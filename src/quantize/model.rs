@@ -2,7 +2,7 @@
 //! taken apart, everything else kept as read (`proto`). Field numbers are onnx.proto's
 //! (IR version 10); only those celer reads or writes are named here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::proto::{Message, WireError};
@@ -339,6 +339,26 @@ impl Initializer {
     }
 }
 
+/// The names a graph uses, and new ones that clash with none of them.
+#[derive(Debug, Clone, Default)]
+pub struct Names(pub HashSet<String>);
+
+impl Names {
+    /// `stem` if unused, else the first unused `stem_1`, `stem_2`, ...; taken from now on.
+    pub fn fresh(&mut self, stem: &str) -> String {
+        let name = if self.0.contains(stem) {
+            (1..)
+                .map(|i| format!("{stem}_{i}"))
+                .find(|n| !self.0.contains(n))
+                .unwrap_or_else(|| stem.to_string())
+        } else {
+            stem.to_string()
+        };
+        self.0.insert(name.clone());
+        name
+    }
+}
+
 /// A ValueInfoProto's tensor element type (0 when it states none).
 fn value_elem_type(v: &Message) -> Result<u64, ModelError> {
     let Some(ty) = v.messages(VALUE_TYPE)?.pop() else {
@@ -550,15 +570,16 @@ impl OnnxModel {
         map
     }
 
-    /// A tensor or node name not yet used in the graph, from `stem`.
-    pub fn fresh_name(&self, stem: &str, taken: &std::collections::HashSet<String>) -> String {
-        if !taken.contains(stem) {
-            return stem.to_string();
+    /// Every tensor, initializer and node name the graph uses, from which `Names::fresh`
+    /// makes new ones.
+    pub fn names(&self) -> Names {
+        let mut taken: HashSet<String> = self.initializers.iter().map(Initializer::name).collect();
+        for n in &self.nodes {
+            taken.extend(n.inputs());
+            taken.extend(n.outputs());
+            taken.insert(n.name());
         }
-        (1..)
-            .map(|i| format!("{stem}_{i}"))
-            .find(|n| !taken.contains(n))
-            .unwrap_or_else(|| stem.to_string())
+        Names(taken)
     }
 }
 

@@ -4,8 +4,6 @@
 //! that changed (Split, ReduceSum) are refused by name rather than guessed at; the rest
 //! of 13's changes only add element types.
 
-use std::collections::HashSet;
-
 use super::model::{Initializer, ModelError, OnnxModel};
 
 /// The operator set QDQ with per-channel weights needs.
@@ -38,11 +36,7 @@ pub fn raise_for_qdq(model: &mut OnnxModel) -> Result<Raised, ModelError> {
              convert it to 13 first (onnx.version_converter)"
         )));
     }
-    let mut taken: HashSet<String> = model.initializers.iter().map(Initializer::name).collect();
-    for n in &model.nodes {
-        taken.extend(n.outputs());
-        taken.insert(n.name());
-    }
+    let mut names = model.names();
     let mut added = Vec::new();
     let mut rewritten = 0;
     for node in &mut model.nodes {
@@ -58,8 +52,7 @@ pub fn raise_for_qdq(model: &mut OnnxModel) -> Result<Raised, ModelError> {
                     "{}_axes",
                     node.outputs().first().cloned().unwrap_or_default()
                 );
-                let name = model_fresh(&taken, &stem);
-                taken.insert(name.clone());
+                let name = names.fresh(&stem);
                 node.remove_attribute("axes");
                 node.push_input(&name);
                 added.push(Initializer::i64(&name, &[axes.len() as i64], &axes));
@@ -85,16 +78,6 @@ pub fn raise_for_qdq(model: &mut OnnxModel) -> Result<Raised, ModelError> {
         to: QDQ_OPSET,
         rewritten,
     })
-}
-
-fn model_fresh(taken: &HashSet<String>, stem: &str) -> String {
-    if !taken.contains(stem) {
-        return stem.to_string();
-    }
-    (1..)
-        .map(|i| format!("{stem}_{i}"))
-        .find(|n| !taken.contains(n))
-        .unwrap_or_else(|| stem.to_string())
 }
 
 #[cfg(test)]

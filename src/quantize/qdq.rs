@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::model::{Initializer, ModelError, Node, OnnxModel};
+use super::model::{Initializer, ModelError, Names, Node, OnnxModel};
 use super::ranges::{Range, U8Params};
 
 /// Operators that pass an 8-bit input through with its parameters.
@@ -30,24 +30,13 @@ fn is_onnx(node: &Node) -> bool {
 /// Gives every unnamed node the name `<op>_<index>`, so that nodes can be named in a
 /// report, in a manifest and from one build to the next.
 pub fn name_nodes(model: &mut OnnxModel) {
-    let mut taken: HashSet<String> = model.nodes.iter().map(Node::name).collect();
+    let mut names = Names(model.nodes.iter().map(Node::name).collect());
     for (i, node) in model.nodes.iter_mut().enumerate() {
         if node.name().is_empty() {
-            let name = model_fresh(&taken, &format!("{}_{i}", node.op_type()));
-            taken.insert(name.clone());
+            let name = names.fresh(&format!("{}_{i}", node.op_type()));
             node.0.set_string(3, &name);
         }
     }
-}
-
-fn model_fresh(taken: &HashSet<String>, stem: &str) -> String {
-    if !taken.contains(stem) {
-        return stem.to_string();
-    }
-    (1..)
-        .map(|i| format!("{stem}_{i}"))
-        .find(|n| !taken.contains(n))
-        .unwrap_or_else(|| stem.to_string())
 }
 
 /// The convolutions the rewrite can quantize: float weights from an initializer (and a
@@ -272,17 +261,8 @@ pub fn rewrite(
     // 3. The new graph: Q -> DQ after each quantized tensor's producer, the readers of the
     // tensor moved to the DQ's output; weights and biases of quantized convolutions int8
     // and int32 behind their own DQ.
-    let mut taken: HashSet<String> = m.initializers.iter().map(Initializer::name).collect();
-    for n in &m.nodes {
-        taken.extend(n.outputs());
-        taken.extend(n.inputs());
-        taken.insert(n.name());
-    }
-    let mut fresh = |stem: String| -> String {
-        let name = model_fresh(&taken, &stem);
-        taken.insert(name.clone());
-        name
-    };
+    let mut names = m.names();
+    let mut fresh = |stem: String| names.fresh(&stem);
     let mut new_inits: Vec<Initializer> = Vec::new();
     let mut dq_of: HashMap<String, String> = HashMap::new();
     let mut qdq_nodes: HashMap<String, [Node; 2]> = HashMap::new();
