@@ -93,11 +93,13 @@ DRIVER_NEWEST := 13.0
 ORDER_SEED ?= 7
 GPU_SUITE := --test cuda_gpu --test gpu_recovery --test serve_gpu --test standin_work --test standin_catches \
 	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt --test request_floor)
+# CELER_FP32=1: every served model FP32, so that a variant `make int8` left in onnx/u2netp
+# changes none of the comparisons (tests/quantize.rs asks for variants itself).
 test: reference tensorrt-headers kubectl
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets $(subst --features ,--features celer/,$(CARGO_FEATURES)) -- -D warnings
-	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) CELER_CUDA_STANDIN_ORDER=reverse cargo test --release $(CARGO_FEATURES)
-	$(ORT_ENV) CELER_TEST_CUDA_DRIVER=$(DRIVER_NEWEST) CELER_CUDA_STANDIN_ORDER=random:$(ORDER_SEED) cargo test --release $(CARGO_FEATURES) $(GPU_SUITE)
+	$(ORT_ENV) CELER_FP32=1 CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) CELER_CUDA_STANDIN_ORDER=reverse cargo test --release $(CARGO_FEATURES)
+	$(ORT_ENV) CELER_FP32=1 CELER_TEST_CUDA_DRIVER=$(DRIVER_NEWEST) CELER_CUDA_STANDIN_ORDER=random:$(ORDER_SEED) cargo test --release $(CARGO_FEATURES) $(GPU_SUITE)
 	@if [[ -n "$(CARGO_FEATURES)" ]]; then scripts/check-shim-symbols; fi
 
 # TensorRT engines against ONNX Runtime on a GPU with the real TensorRT (its headers:

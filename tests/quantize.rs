@@ -283,7 +283,7 @@ fn serve_runs_the_variant_that_passed_and_falls_back_to_fp32_otherwise() {
     let (calibration, validation) = photo_folders(root.path());
     let out = int8_build(&model, &calibration, &validation, &[]);
     assert!(out.status.success(), "{}", common::printed(&out));
-    let env = [NO_GPU, ("CELER_DEVICES", "cpu")];
+    let env = [NO_GPU, ("CELER_DEVICES", "cpu"), ("CELER_FP32", "0")];
 
     let server = Server::start(&model, ["--replicas", "1"], &env);
     assert_eq!(model_stage_precision(&server), "int8");

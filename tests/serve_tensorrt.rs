@@ -351,7 +351,8 @@ fn the_engines_are_built_from_the_fp16_variant_and_served() {
     assert_eq!(built[0].onnx_file, "engines/u2netp/fp16/u2netp.fp16.onnx");
     assert_eq!(built[0].precision.to_string(), "fp16");
 
-    let gpu = serve(dir.path(), &["--devices", "0"], &machine);
+    let with_variants = [machine[0], machine[1], ("CELER_FP32", "0")];
+    let gpu = serve(dir.path(), &["--devices", "0"], &with_variants);
     assert!(gpu.log().contains("segmentation fp16"), "{}", gpu.log());
     assert!(gpu.log().contains("engine loaded"), "{}", gpu.log());
     let (status, cutout) = cutout(&gpu, &common::fetched("astronaut.png"));

@@ -73,6 +73,10 @@ impl Server {
             // No gRPC unless a test asks for it (`--grpc-port PORT`, or the variable in
             // `env`): tests run side by side, and the default port is one port.
             .env("CELER_GRPC_PORT", "0")
+            // FP32 unless a test asks for variants (CELER_FP32=0 in `env`): the tests
+            // compare FP32 paths with each other and with the reference, and a variant
+            // `make int8` left in onnx/u2netp must not change what they serve.
+            .env("CELER_FP32", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
