@@ -44,7 +44,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "quantize",
         &[
-            "codec", "engines", "host", "matte", "ort", "replica", "spec", "stages",
+            "codec", "engines", "host", "matte", "ort", "replica", "spec",
         ],
     ),
     (

@@ -28,8 +28,8 @@ use crate::engines::store::{
 use crate::ort::session::OrtModel;
 use crate::quantize::variant::{choose, Target};
 use crate::replica::cpu::CpuStages;
-use crate::spec::ModelPrecision;
-use crate::spec::PipelineSpec;
+
+use crate::spec::{ModelPrecision, PipelineSpec};
 use crate::tensorrt::{BuildProgress, InputProfile, Precision, TensorRt};
 
 #[derive(Debug, Clone, Args)]
@@ -83,14 +83,11 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         max: args.max_shapes.clone(),
     };
     println!("pipeline {}", spec.source.display());
-    let engines_dir = args
-        .engines_dir
-        .clone()
-        .unwrap_or_else(|| args.model_dir.join(crate::engines::manifest::ENGINES_DIR));
+    let store = EngineStore::new(&args.model_dir, args.engines_dir.clone());
     super::variants::build_variants(
         &spec,
         &args.model_dir,
-        &engines_dir,
+        &store.engines,
         &args.variants,
         args.force,
     )?;
@@ -100,13 +97,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         return validate_on_cpu(&spec, &models, &request, &probe.summary());
     }
     // A GPU's engines are built from the FP16 variants where they passed their gate.
-    let (gpu_spec, choices) = choose(&spec, &engines_dir, Target::Gpu, false);
+    let (gpu_spec, choices) = choose(&spec, &store.engines, Target::Gpu, false);
     for choice in &choices {
         println!("{}", choice.describe());
     }
     let fp16 = choices.iter().any(|c| c.precision == ModelPrecision::Fp16);
     let models = ModelFile::of_pipeline(&gpu_spec)?;
-    build_on_gpus(&args, &models, &request, &probe, fp16)
+    build_on_gpus(&args, &store, &models, &request, &probe, fp16)
 }
 
 /// The CPU-only path: what ONNX Runtime says of each model, and whether they fit the
@@ -155,6 +152,7 @@ fn validate_on_cpu(
 
 fn build_on_gpus(
     args: &BuildArgs,
+    store: &EngineStore,
     models: &[ModelFile],
     request: &ShapeRequest,
     probe: &Probe,
@@ -186,7 +184,6 @@ fn build_on_gpus(
     let flag = (fp16 && version.major < 11).then_some(Precision::Fp16);
     let (precision, why) = choose_precision(version.major, flag)?;
     println!("precision: {why}");
-    let store = EngineStore::new(&args.model_dir, args.engines_dir.clone());
     let options = BuildOptions {
         precision,
         workspace_mib: args.workspace_mib,
@@ -207,7 +204,7 @@ fn build_on_gpus(
         }
         for m in models {
             print_model_header(m);
-            match current_engine(&store, m, gpu, version, &options, args.force) {
+            match current_engine(store, m, gpu, version, &options, args.force) {
                 Currency::Current(plan) => {
                     println!(
                         "  current: {} fits this GPU, TensorRT {version}, the ONNX file and \
@@ -221,7 +218,7 @@ fn build_on_gpus(
                 Currency::Missing => {}
             }
             let stored =
-                build_printing(&trt, &store, m, gpu, probe.driver_cuda_version(), &options)?;
+                build_printing(&trt, store, m, gpu, probe.driver_cuda_version(), &options)?;
             println!(
                 "  wrote {} ({:.1} MiB, {precision}) in {}",
                 stored.engine.plan.display(),

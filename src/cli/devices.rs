@@ -9,6 +9,7 @@ use crate::config::{Devices, Replicas};
 use crate::cuda::{GpuInfo, Probe};
 use crate::engines::dirs::EngineDirs;
 use crate::engines::plan::{plan_gpus, GpuPlan};
+use crate::engines::store::EngineStore;
 use crate::pixels::{self, SharedAlloc};
 use crate::quantize::variant::{choose, Target};
 use crate::replica::cpu::cpu_device_setup;
@@ -37,17 +38,11 @@ fn with_variants(
     device: &Devices,
     target: Target,
 ) -> (PipelineSpec, ModelPrecision) {
-    let engines = device
-        .engines_dir
-        .clone()
-        .unwrap_or_else(|| model_dir.join(crate::engines::manifest::ENGINES_DIR));
+    let engines = EngineStore::new(model_dir, device.engines_dir.clone()).engines;
     let (chosen, choices) = choose(spec, &engines, target, device.fp32);
     for choice in &choices {
         tracing::info!(
-            on = match target {
-                Target::Cpu => "cpu",
-                Target::Gpu => "gpu",
-            },
+            on = target.name(),
             precision = %choice.precision,
             "{}",
             choice.describe()
@@ -69,7 +64,6 @@ pub fn device_setups(
     device: &Devices,
     max_pixels: u64,
 ) -> anyhow::Result<ServingDevices> {
-    let original = spec.clone();
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();
@@ -110,9 +104,8 @@ pub fn device_setups(
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
     let (gpu_spec, gpu_precision) = with_variants(spec, model_dir, device, Target::Gpu);
-    let spec = &gpu_spec;
     let plans = gpu_plans(
-        spec,
+        &gpu_spec,
         model_dir,
         &gpus,
         &probe,
@@ -120,7 +113,7 @@ pub fn device_setups(
         device.build_engines,
     )?;
     let interim = plans.iter().any(|plan| plan.models.builds()).then(|| {
-        let (cpu_spec, precision) = with_variants(&original, model_dir, device, Target::Cpu);
+        let (cpu_spec, precision) = with_variants(spec, model_dir, device, Target::Cpu);
         (interim_cpu(&cpu_spec, replicas), precision)
     });
     let (replicas, threads) = replicas.on_gpus(plans.len());
@@ -158,7 +151,7 @@ pub fn device_setups(
     precisions.extend(interim_precision.map(|p| (Device::Cpu, p)));
     let setups = plans
         .into_iter()
-        .map(|plan| gpu_device_setup(spec, plan, replicas, threads, serving.clone()))
+        .map(|plan| gpu_device_setup(&gpu_spec, plan, replicas, threads, serving.clone()))
         .chain(interim)
         .collect();
     Ok(ServingDevices {

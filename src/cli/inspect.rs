@@ -91,10 +91,10 @@ pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
 /// Which precision each model stage runs in on the CPU and on a GPU, and each variant's
 /// record: how it was made and what its gate measured.
 fn print_precisions(spec: &PipelineSpec, engines: &Path) {
-    for (target, on) in [(Target::Cpu, "cpu"), (Target::Gpu, "gpu")] {
+    for target in [Target::Cpu, Target::Gpu] {
         let (_, choices) = choose(spec, engines, target, false);
         for c in choices {
-            println!("precision on {on}: {}", c.describe());
+            println!("precision on {}: {}", target.name(), c.describe());
         }
     }
     for (_, source) in spec.model_keys() {

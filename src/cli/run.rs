@@ -12,7 +12,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::{DeviceArgs, RuntimeArgs};
-use crate::codec::decode::{decode_into, DecodeLimits};
+use crate::codec::decode::{decode_into, image_files, DecodeLimits};
 use crate::codec::render;
 use crate::matte::StageTimings;
 use crate::pixels::HostAlloc;
@@ -40,8 +40,6 @@ pub struct RunArgs {
     #[arg(long)]
     pub output: Option<OutputKind>,
 }
-
-const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"];
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let spec = super::load_pipeline(&args.runtime.model_dir)?;
@@ -168,19 +166,9 @@ fn collect_inputs(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for input in inputs {
         if input.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(input)
-                .with_context(|| format!("cannot read {}", input.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.is_file()
-                        && p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                            IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str())
-                        })
-                })
-                .collect();
-            found.sort();
-            files.extend(found);
+            files.extend(
+                image_files(input).with_context(|| format!("cannot read {}", input.display()))?,
+            );
         } else {
             files.push(input.clone());
         }

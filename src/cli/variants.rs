@@ -74,15 +74,14 @@ impl VariantArgs {
 }
 
 /// Makes the variant each model stage asks for (`force`: even where a current one is
-/// there). Returns the precision each stage ended with.
+/// there).
 pub fn build_variants(
     spec: &PipelineSpec,
     model_dir: &Path,
     engines_dir: &Path,
     args: &VariantArgs,
     force: bool,
-) -> anyhow::Result<Vec<(Stage, ModelPrecision)>> {
-    let mut made = Vec::new();
+) -> anyhow::Result<()> {
     for stage in [Stage::Segmentation, Stage::Matting] {
         let Some(image) = stage.image(spec) else {
             continue;
@@ -96,7 +95,6 @@ pub fn build_variants(
             precision = ModelPrecision::Fp32;
         }
         if precision == ModelPrecision::Fp32 {
-            made.push((stage, precision));
             continue;
         }
         if !force {
@@ -108,7 +106,6 @@ pub fn build_variants(
                     m.variant_file,
                     m.source_file
                 );
-                made.push((stage, precision));
                 continue;
             }
         }
@@ -150,7 +147,6 @@ pub fn build_variants(
                 );
             }
         }
-        made.push((stage, precision));
     }
-    Ok(made)
+    Ok(())
 }

@@ -9,6 +9,7 @@
 //! upright on the heap, and stay there (the driver stages their upload).
 
 use std::io::Cursor;
+use std::path::{Path, PathBuf};
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage};
 
@@ -166,6 +167,25 @@ pub fn decode_into(
         DynamicImage::ImageRgb8(rgb) => rgb,
         other => other.into_rgb8(),
     }))
+}
+
+/// The file extensions of the formats `decode` reads, for tools that take folders.
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"];
+
+/// The image files directly in `dir` (by extension, any case), sorted by name.
+pub fn image_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 fn rgb_pixels(width: u32, height: u32, bytes: pixels::HostBytes) -> Result<RgbPixels, DecodeError> {

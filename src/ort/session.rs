@@ -247,23 +247,19 @@ impl OrtModel {
         inputs: &[(&str, [usize; 4], &[f32])],
         output: &str,
     ) -> Result<Tensor, OrtError> {
-        let model = self.label.clone();
-        self.run_outputs(inputs, &[output.to_string()])?
-            .pop()
-            .ok_or_else(|| OrtError::Run {
-                model,
-                reason: format!("no output named `{output}`"),
-            })
+        let mut got = self.run_outputs(inputs, &[output])?;
+        got.pop().ok_or_else(|| OrtError::Run {
+            model: self.label.clone(),
+            reason: format!("no output named `{output}`"),
+        })
     }
-}
 
-impl OrtModel {
     /// Runs the model on NCHW f32 inputs and returns the float outputs named in
     /// `outputs`, in that order (a replica reads one; calibration many of one run).
     pub fn run_outputs(
         &mut self,
         inputs: &[(&str, [usize; 4], &[f32])],
-        outputs: &[String],
+        outputs: &[&str],
     ) -> Result<Vec<Tensor>, OrtError> {
         let run_err = |reason: String| OrtError::Run {
             model: self.label.clone(),
@@ -284,7 +280,7 @@ impl OrtModel {
             .iter()
             .map(|name| {
                 let value = got
-                    .get(name.as_str())
+                    .get(*name)
                     .ok_or_else(|| run_err(format!("no output named `{name}`")))?;
                 let (shape, data) = value
                     .try_extract_tensor::<f32>()

@@ -52,10 +52,11 @@ pub fn calibrate(
     )?;
     let input = spec.segmentation.image.input.as_str();
     let shape = input_shape(spec);
+    let names: Vec<&str> = tensors.iter().map(String::as_str).collect();
     let mut seen = vec![Range::EMPTY; tensors.len()];
     let mut elements = HashMap::new();
     for x in inputs {
-        let values = session.run_outputs(&[(input, shape, x)], &tensors)?;
+        let values = session.run_outputs(&[(input, shape, x)], &names)?;
         for ((r, v), t) in seen.iter_mut().zip(&values).zip(&tensors) {
             r.observe(&v.data);
             elements.insert(t.clone(), v.data.len());
@@ -69,7 +70,7 @@ pub fn calibrate(
     }
     let mut histograms: Vec<Histogram> = seen.iter().map(|r| Histogram::new(*r)).collect();
     for x in inputs {
-        let values = session.run_outputs(&[(input, shape, x)], &tensors)?;
+        let values = session.run_outputs(&[(input, shape, x)], &names)?;
         for (h, v) in histograms.iter_mut().zip(&values) {
             h.observe(&v.data);
         }

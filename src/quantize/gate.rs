@@ -128,6 +128,12 @@ impl Gate {
         self.within(f.iou, f.mean_abs_diff)
     }
 
+    /// Whether FP32 agrees with itself within these limits on an image with this noise
+    /// floor: whether the image is judged on its own.
+    pub fn admits(&self, floor: &NoiseFloor) -> bool {
+        self.within(floor.iou, floor.mean_abs_diff)
+    }
+
     fn within(&self, iou: f64, mean_abs_diff: f64) -> bool {
         iou >= self.min_iou && mean_abs_diff <= self.max_mean_abs_diff
     }
@@ -151,9 +157,7 @@ impl Gate {
             all.add(t);
             let mut f = t.figures(im.name);
             f.fp32_noise_floor = im.noise_floor;
-            f.judged = im
-                .noise_floor
-                .is_none_or(|n| self.within(n.iou, n.mean_abs_diff));
+            f.judged = im.noise_floor.is_none_or(|n| self.admits(&n));
             figures.push(f);
         }
         let overall = all.figures("all");

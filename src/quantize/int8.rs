@@ -10,16 +10,17 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 
 use super::calibrate::calibrate;
-use super::gate::{Gate, GateReport};
-use super::images::{load_dir, model_input, NamedImage};
+use super::gate::Gate;
+use super::images::{load_dir, NamedImage};
 use super::judge::{io_err, judge, Judge, Stage, WorkDir};
 use super::model::OnnxModel;
 use super::opset::raise_for_qdq;
-use super::qdq::{name_nodes, quantizable_convs, rewrite};
+use super::qdq::{name_nodes, rewrite};
 use super::ranges::Method;
 use super::search::search;
 use super::variant::{variant_dir, Calibration, NewVariant, VariantManifest};
 use super::QuantizeError;
+use crate::replica::cpu::model_input;
 use crate::spec::{ModelPrecision, PipelineSpec};
 
 /// What an INT8 build is asked for.
@@ -43,8 +44,6 @@ pub struct Int8Options {
 pub struct Int8Built {
     pub dir: PathBuf,
     pub manifest: VariantManifest,
-    /// The chosen model on the calibration images (the search's own view).
-    pub calibration_report: GateReport,
 }
 
 /// A hash of an image's pixels: a validation image must not be a calibration image.
@@ -129,11 +128,14 @@ pub fn build_int8(
         work: &work.0,
     };
     let reference_cal = judge_with.reference(&calibration)?;
+    let stable: Vec<bool> = (0..calibration.len())
+        .map(|i| reference_cal.stable(&options.gate, i))
+        .collect();
     let unstable: Vec<&str> = calibration
         .iter()
-        .enumerate()
-        .filter(|(i, _)| !reference_cal.stable(&options.gate, *i))
-        .map(|(_, im)| im.name.as_str())
+        .zip(&stable)
+        .filter(|(_, &s)| !s)
+        .map(|(im, _)| im.name.as_str())
         .collect();
     if !unstable.is_empty() {
         say(format!(
@@ -160,20 +162,22 @@ pub fn build_int8(
             (full, full_rewrite, Vec::new(), full_report)
         } else {
             // The ranking's images: those FP32 is stable on (all, if it is on none).
-            let stable: Vec<Vec<f32>> = inputs
+            let on_stable: Vec<Vec<f32>> = inputs
                 .iter()
-                .enumerate()
-                .filter(|(i, _)| reference_cal.stable(&options.gate, *i))
-                .map(|(_, x)| x.clone())
+                .zip(&stable)
+                .filter(|(_, &s)| s)
+                .map(|(x, _)| x.clone())
                 .collect();
-            let pool = if stable.is_empty() { &inputs } else { &stable };
+            let pool = if on_stable.is_empty() {
+                &inputs
+            } else {
+                &on_stable
+            };
             let sample = &pool[..pool.len().min(options.sensitivity_images.max(1))];
-            let candidates = quantizable_convs(&base)?;
             let chosen = search(
                 &judge_with,
                 &base,
                 &calibrated,
-                &candidates,
                 &options.gate,
                 &calibration,
                 sample,
@@ -227,7 +231,7 @@ pub fn build_int8(
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
         gate: report,
-        calibration_figures: Some(calibration_report.clone()),
+        calibration_figures: Some(calibration_report),
     }
     .write(&dir)
     .map_err(io_err(&dir))?;
@@ -239,9 +243,5 @@ pub fn build_int8(
         manifest.kept_fp32.len(),
         started.elapsed().as_secs_f64()
     ));
-    Ok(Int8Built {
-        dir,
-        manifest,
-        calibration_report,
-    })
+    Ok(Int8Built { dir, manifest })
 }

@@ -149,30 +149,7 @@ impl Judge<'_> {
             })
             .collect()
     }
-}
 
-/// The segmentation model's input shape for one image.
-pub fn input_shape(spec: &PipelineSpec) -> [usize; 4] {
-    let image = &spec.segmentation.image;
-    [1, 3, image.height as usize, image.width as usize]
-}
-
-/// FP32's alphas of a set of images, and its noise floor on each.
-pub struct Reference {
-    pub alphas: Vec<GrayImage>,
-    pub floors: Vec<NoiseFloor>,
-}
-
-impl Reference {
-    /// Whether FP32 agrees with itself on image `i` within `gate`.
-    pub fn stable(&self, gate: &Gate, i: usize) -> bool {
-        self.floors
-            .get(i)
-            .is_some_and(|f| f.iou >= gate.min_iou && f.mean_abs_diff <= gate.max_mean_abs_diff)
-    }
-}
-
-impl Judge<'_> {
     /// FP32's alphas of `images`, and of each image moved by one level.
     pub fn reference(&self, images: &[NamedImage]) -> Result<Reference, QuantizeError> {
         let alphas = self.alphas_of(self.spec, images)?;
@@ -191,9 +168,7 @@ impl Judge<'_> {
             .collect();
         Ok(Reference { alphas, floors })
     }
-}
 
-impl Judge<'_> {
     /// The gate's verdict on `model` over `images`, images the build has not chosen on:
     /// the report when it passes, `GateFailed` with it otherwise.
     pub fn verdict(
@@ -211,6 +186,25 @@ impl Judge<'_> {
                 report: Box::new(report),
             })
         }
+    }
+}
+
+/// The segmentation model's input shape for one image.
+pub fn input_shape(spec: &PipelineSpec) -> [usize; 4] {
+    let image = &spec.segmentation.image;
+    [1, 3, image.height as usize, image.width as usize]
+}
+
+/// FP32's alphas of a set of images, and its noise floor on each.
+pub struct Reference {
+    pub alphas: Vec<GrayImage>,
+    pub floors: Vec<NoiseFloor>,
+}
+
+impl Reference {
+    /// Whether FP32 agrees with itself on image `i` within `gate`.
+    pub fn stable(&self, gate: &Gate, i: usize) -> bool {
+        self.floors.get(i).is_some_and(|f| gate.admits(f))
     }
 }
 

@@ -110,6 +110,11 @@ impl Node {
         self.0.string(NODE_DOMAIN)
     }
 
+    /// Whether it is one of ONNX's own operators (not a runtime's contrib domain).
+    pub fn is_onnx(&self) -> bool {
+        is_onnx_domain(&self.domain())
+    }
+
     pub fn inputs(&self) -> Vec<String> {
         self.0.strings(NODE_INPUT)
     }
@@ -339,6 +344,11 @@ impl Initializer {
     }
 }
 
+/// ONNX's own operator set: "" or its full name.
+fn is_onnx_domain(domain: &str) -> bool {
+    matches!(domain, "" | "ai.onnx")
+}
+
 /// The names a graph uses, and new ones that clash with none of them.
 #[derive(Debug, Clone, Default)]
 pub struct Names(pub HashSet<String>);
@@ -455,7 +465,7 @@ impl OnnxModel {
     /// The version of ONNX's own operator set the model imports.
     pub fn opset(&self) -> Result<u64, ModelError> {
         for o in self.rest.messages(MODEL_OPSET_IMPORT)? {
-            if matches!(o.string(OPSET_DOMAIN).as_str(), "" | "ai.onnx") {
+            if is_onnx_domain(&o.string(OPSET_DOMAIN)) {
                 return Ok(o.varint(OPSET_VERSION));
             }
         }
@@ -470,7 +480,7 @@ impl OnnxModel {
         self.rest.clear(MODEL_OPSET_IMPORT);
         let mut found = false;
         for o in &mut imports {
-            if matches!(o.string(OPSET_DOMAIN).as_str(), "" | "ai.onnx") {
+            if is_onnx_domain(&o.string(OPSET_DOMAIN)) {
                 o.set_varint(OPSET_VERSION, version);
                 found = true;
             }
@@ -554,17 +564,6 @@ impl OnnxModel {
                 if !input.is_empty() {
                     map.entry(input).or_default().push(i);
                 }
-            }
-        }
-        map
-    }
-
-    /// For each tensor, the node (by index) that writes it.
-    pub fn producers(&self) -> HashMap<String, usize> {
-        let mut map = HashMap::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            for output in n.outputs() {
-                map.insert(output, i);
             }
         }
         map

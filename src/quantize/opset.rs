@@ -40,7 +40,7 @@ pub fn raise_for_qdq(model: &mut OnnxModel) -> Result<Raised, ModelError> {
     let mut added = Vec::new();
     let mut rewritten = 0;
     for node in &mut model.nodes {
-        if !matches!(node.domain().as_str(), "" | "ai.onnx") {
+        if !node.is_onnx() {
             continue;
         }
         match node.op_type().as_str() {

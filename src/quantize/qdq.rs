@@ -23,10 +23,6 @@ const PASS_THROUGH: &[&str] = &["MaxPool", "Resize"];
 /// Operators ONNX Runtime runs in 8 bits when every input and the output are quantized.
 const ELEMENTWISE: &[&str] = &["Concat", "Add"];
 
-fn is_onnx(node: &Node) -> bool {
-    matches!(node.domain().as_str(), "" | "ai.onnx")
-}
-
 /// Gives every unnamed node the name `<op>_<index>`, so that nodes can be named in a
 /// report, in a manifest and from one build to the next.
 pub fn name_nodes(model: &mut OnnxModel) {
@@ -45,7 +41,7 @@ pub fn quantizable_convs(model: &OnnxModel) -> Result<Vec<String>, ModelError> {
     let inits = model.initializer_index();
     let mut out = Vec::new();
     for node in &model.nodes {
-        if node.op_type() != "Conv" || !is_onnx(node) {
+        if node.op_type() != "Conv" || !node.is_onnx() {
             continue;
         }
         let inputs = node.inputs();
@@ -72,7 +68,7 @@ pub fn measured_tensors(model: &OnnxModel) -> Result<Vec<String>, ModelError> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     for node in &model.nodes {
-        if !is_onnx(node) {
+        if !node.is_onnx() {
             continue;
         }
         let op = node.op_type();
@@ -133,7 +129,7 @@ pub fn rewrite(
     let mut quantized: Vec<usize> = Vec::new();
     let mut dropped: HashSet<usize> = HashSet::new();
     for (i, node) in m.nodes.iter().enumerate() {
-        if node.op_type() != "Conv" || !is_onnx(node) {
+        if node.op_type() != "Conv" || !node.is_onnx() {
             continue;
         }
         let name = node.name();
@@ -151,7 +147,7 @@ pub fn rewrite(
         }
         if let Some([r]) = consumers.get(&y).map(Vec::as_slice) {
             let relu = &m.nodes[*r];
-            if relu.op_type() == "Relu" && is_onnx(relu) {
+            if relu.op_type() == "Relu" && relu.is_onnx() {
                 let relu_out = relu.outputs()[0].clone();
                 dropped.insert(*r);
                 m.nodes[c].set_output(0, &relu_out);
@@ -175,7 +171,7 @@ pub fn rewrite(
     loop {
         let mut grew = false;
         for (i, node) in m.nodes.iter().enumerate() {
-            if dropped.contains(&i) || !is_onnx(node) {
+            if dropped.contains(&i) || !node.is_onnx() {
                 continue;
             }
             let op = node.op_type();

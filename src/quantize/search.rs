@@ -30,7 +30,7 @@ use super::gate::{Gate, GateReport};
 use super::images::NamedImage;
 use super::judge::{judge, mean_abs_diff, Judge, Reference};
 use super::model::OnnxModel;
-use super::qdq::{rewrite, Rewrite};
+use super::qdq::{quantizable_convs, rewrite, Rewrite};
 use super::variant::KeptNode;
 use super::QuantizeError;
 
@@ -108,14 +108,13 @@ pub struct Chosen {
     pub calibration_report: GateReport,
 }
 
-/// The fewest convolutions kept in FP32, in ranking order, whose alpha on the
-/// calibration images is within `gate` overall. `say` hears progress.
+/// The fewest of `base`'s convolutions kept in FP32, in ranking order, whose alpha on
+/// the calibration images is within `gate` overall. `say` hears progress.
 #[allow(clippy::too_many_arguments)]
 pub fn search(
     judge_with: &Judge<'_>,
     base: &OnnxModel,
     calibrated: &Calibrated,
-    candidates: &[String],
     gate: &Gate,
     calibration: &[NamedImage],
     sample: &[Vec<f32>],
@@ -123,7 +122,8 @@ pub fn search(
     say: &mut dyn FnMut(String),
 ) -> Result<Chosen, QuantizeError> {
     let started = Instant::now();
-    let ranked = rank(judge_with, base, calibrated, candidates, sample)?;
+    let candidates = quantizable_convs(base)?;
+    let ranked = rank(judge_with, base, calibrated, &candidates, sample)?;
     let total_cost: f64 = ranked.iter().map(|s| s.cost).sum();
     say(format!(
         "int8: {} convolutions ranked on {} images in {:.0} s; first to keep: {}",

@@ -162,6 +162,14 @@ pub enum Target {
 }
 
 impl Target {
+    /// `cpu` or `gpu`, for logs and `celer inspect`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cpu => "cpu",
+            Target::Gpu => "gpu",
+        }
+    }
+
     fn preferred(self) -> ModelPrecision {
         match self {
             Target::Cpu => ModelPrecision::Int8,

@@ -180,6 +180,14 @@ fn input_len(spec: &ImageInputSpec) -> usize {
     nchw(spec, 3).iter().product()
 }
 
+/// The `[1, 3, h, w]` values a model with input `spec` reads for `image`, prepared as a
+/// replica prepares them (calibration measures what serving will feed).
+pub fn model_input(image: &Rgb8<impl Bytes>, spec: &ImageInputSpec) -> Vec<f32> {
+    let mut out = vec![0f32; input_len(spec)];
+    prepare_into(Lanes::ONE, &mut Vec::new(), image, spec, &mut out);
+    out
+}
+
 /// Resize (into `resized`, its rows across `lanes`) + normalise `image` for `spec` into
 /// `out`, which holds `input_len(spec)` values: one image's slot of a model input.
 fn prepare_into(
