@@ -195,6 +195,12 @@ impl OrtModel {
                 .with_intra_threads(threads.max(1))
                 .map_err(|e| load_err(e.to_string()))?
                 .with_intra_op_spinning(alone)
+                .map_err(|e| load_err(e.to_string()))?
+                // Spinning is for the gaps between a run's operators: once the run
+                // returns, the pool's threads sleep at once instead of spinning on
+                // cores the request's own stages after the model (and the next request,
+                // perhaps another session's) need.
+                .with_config_entry("session.force_spinning_stop", if alone { "1" } else { "0" })
                 .map_err(|e| load_err(e.to_string()))?,
             OpThreads::Shared if SHARED_POOL.get().is_some_and(|&n| n > 0) => builder,
             OpThreads::Shared => {
