@@ -16,6 +16,7 @@ use crate::bench::http::{
 use crate::bench::local::Layout;
 use crate::bench::report::{self, stage_percentiles, PointReport};
 use crate::host::cpus::CpuBudget;
+use crate::quantize::variant::Target;
 use crate::spec::{OutputKind, PipelineSpec};
 
 #[derive(Debug, Subcommand)]
@@ -141,9 +142,14 @@ pub struct LocalArgs {
     /// decode, encode, the device and the models.
     #[arg(long)]
     gpu: Option<u32>,
-    /// With --gpu: where the engines are (default: the model folder's engines/).
+    /// Where the engines and the `celer build --precision` variants are (default: the
+    /// model folder's engines/).
     #[arg(long)]
     engines_dir: Option<PathBuf>,
+    /// Run the FP32 models even where a variant passed its quality gate (by default the
+    /// CPU runs the INT8 variant, as `celer serve` does).
+    #[arg(long, env = "CELER_FP32", default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
+    fp32: bool,
 }
 
 /// Which protocol `celer bench http` speaks.
@@ -468,8 +474,22 @@ fn model_only(
 }
 
 fn local(args: LocalArgs) -> anyhow::Result<()> {
-    let spec = super::load_pipeline(&args.runtime.model_dir)?;
+    let declared = super::load_pipeline(&args.runtime.model_dir)?;
     let (replicas, threads) = args.runtime.replicas().on_cpu();
+    // What `celer serve` would run: on the CPU the INT8 variant, on a GPU the FP16 one,
+    // where one passed its gate.
+    let target = if args.gpu.is_some() {
+        Target::Gpu
+    } else {
+        Target::Cpu
+    };
+    let (spec, _) = super::devices::with_variants(
+        &declared,
+        &args.runtime.model_dir,
+        args.engines_dir.clone(),
+        args.fp32,
+        target,
+    );
     if args.model_only {
         return model_only(&spec, &args, replicas, threads);
     }

@@ -30,16 +30,18 @@ pub struct ServingDevices {
     pub precisions: Vec<(Device, ModelPrecision)>,
 }
 
-/// `spec` as `target` runs it: each model stage swapped for its usable variant (none
-/// with `--fp32`), the choice logged.
-fn with_variants(
+/// `spec` as `target` runs it: each model stage swapped for its usable variant under
+/// `engines_dir` (default: the model folder's engines/; none with `--fp32`), the choice
+/// logged.
+pub fn with_variants(
     spec: &PipelineSpec,
     model_dir: &std::path::Path,
-    device: &Devices,
+    engines_dir: Option<std::path::PathBuf>,
+    fp32: bool,
     target: Target,
 ) -> (PipelineSpec, ModelPrecision) {
-    let engines = EngineStore::new(model_dir, device.engines_dir.clone()).engines;
-    let (chosen, choices) = choose(spec, &engines, target, device.fp32);
+    let engines = EngineStore::new(model_dir, engines_dir).engines;
+    let (chosen, choices) = choose(spec, &engines, target, fp32);
     for choice in &choices {
         tracing::info!(
             on = target.name(),
@@ -95,7 +97,13 @@ pub fn device_setups(
             solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
-        let (cpu_spec, precision) = with_variants(spec, model_dir, device, Target::Cpu);
+        let (cpu_spec, precision) = with_variants(
+            spec,
+            model_dir,
+            device.engines_dir.clone(),
+            device.fp32,
+            Target::Cpu,
+        );
         return Ok(ServingDevices {
             setups: vec![cpu_device_setup(&cpu_spec, count, threads, solo_threads)],
             pixels: pixels::heap(),
@@ -103,7 +111,13 @@ pub fn device_setups(
         });
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
-    let (gpu_spec, gpu_precision) = with_variants(spec, model_dir, device, Target::Gpu);
+    let (gpu_spec, gpu_precision) = with_variants(
+        spec,
+        model_dir,
+        device.engines_dir.clone(),
+        device.fp32,
+        Target::Gpu,
+    );
     let plans = gpu_plans(
         &gpu_spec,
         model_dir,
@@ -113,7 +127,13 @@ pub fn device_setups(
         device.build_engines,
     )?;
     let interim = plans.iter().any(|plan| plan.models.builds()).then(|| {
-        let (cpu_spec, precision) = with_variants(spec, model_dir, device, Target::Cpu);
+        let (cpu_spec, precision) = with_variants(
+            spec,
+            model_dir,
+            device.engines_dir.clone(),
+            device.fp32,
+            Target::Cpu,
+        );
         (interim_cpu(&cpu_spec, replicas), precision)
     });
     let (replicas, threads) = replicas.on_gpus(plans.len());
