@@ -66,6 +66,15 @@ pub fn device_setups(
     device: &Devices,
     max_pixels: u64,
 ) -> anyhow::Result<ServingDevices> {
+    let variants = |target| {
+        with_variants(
+            spec,
+            model_dir,
+            device.engines_dir.clone(),
+            device.fp32,
+            target,
+        )
+    };
     // The probe checks for libcuda before any CUDA call, so this never panics on a
     // machine without a GPU.
     let probe = crate::cuda::probe();
@@ -97,13 +106,7 @@ pub fn device_setups(
             solo_threads,
             "the CPU runs the pipeline with ONNX Runtime"
         );
-        let (cpu_spec, precision) = with_variants(
-            spec,
-            model_dir,
-            device.engines_dir.clone(),
-            device.fp32,
-            Target::Cpu,
-        );
+        let (cpu_spec, precision) = variants(Target::Cpu);
         return Ok(ServingDevices {
             setups: vec![cpu_device_setup(&cpu_spec, count, threads, solo_threads)],
             pixels: pixels::heap(),
@@ -111,13 +114,7 @@ pub fn device_setups(
         });
     }
     tracing::info!(cuda = %probe.summary(), "GPUs found");
-    let (gpu_spec, gpu_precision) = with_variants(
-        spec,
-        model_dir,
-        device.engines_dir.clone(),
-        device.fp32,
-        Target::Gpu,
-    );
+    let (gpu_spec, gpu_precision) = variants(Target::Gpu);
     let plans = gpu_plans(
         &gpu_spec,
         model_dir,
@@ -127,13 +124,7 @@ pub fn device_setups(
         device.build_engines,
     )?;
     let interim = plans.iter().any(|plan| plan.models.builds()).then(|| {
-        let (cpu_spec, precision) = with_variants(
-            spec,
-            model_dir,
-            device.engines_dir.clone(),
-            device.fp32,
-            Target::Cpu,
-        );
+        let (cpu_spec, precision) = variants(Target::Cpu);
         (interim_cpu(&cpu_spec, replicas), precision)
     });
     let (replicas, threads) = replicas.on_gpus(plans.len());
