@@ -127,6 +127,12 @@ fn print_precisions(spec: &PipelineSpec, engines: &Path) {
                     m.kept_fp32.len()
                 );
             }
+            if let Some(split) = m.split_convs.as_ref().filter(|s| !s.is_empty()) {
+                println!(
+                    "  split        {} (one output channel: depthwise + channel sum)",
+                    split.join(", ")
+                );
+            }
             for k in &m.kept_fp32 {
                 println!(
                     "  kept in fp32 {} (alone quantized: mean |output difference| {:.4}; {:.2} % of the cost)",

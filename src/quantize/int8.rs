@@ -1,5 +1,6 @@
 //! `celer build --precision int8` for the CPU: the segmentation model calibrated on the
-//! user's images (`calibrate`), rewritten to QDQ (`qdq`), searched for the convolutions to
+//! user's images (`calibrate`) after its one-output-channel convolutions are split
+//! (`one_channel`), rewritten to QDQ (`qdq`), searched for the convolutions to
 //! keep in FP32 when the fully quantized model is below the gate (`search`), judged on
 //! held-out images (`gate`), and written with its manifest only if it passes.
 
@@ -14,6 +15,7 @@ use super::gate::Gate;
 use super::images::{load_dir, NamedImage};
 use super::judge::{io_err, judge, Judge, Stage, WorkDir};
 use super::model::OnnxModel;
+use super::one_channel::split_one_channel_convs;
 use super::opset::raise_for_qdq;
 use super::qdq::{name_nodes, rewrite};
 use super::ranges::Method;
@@ -100,6 +102,14 @@ pub fn build_int8(
         say(format!(
             "int8: operator set {} -> {} ({} nodes rewritten)",
             raised.from, raised.to, raised.rewritten
+        ));
+    }
+    let split = split_one_channel_convs(&mut base)?;
+    if !split.is_empty() {
+        say(format!(
+            "int8: {} one-output-channel convolutions split into depthwise + channel sum: {}",
+            split.len(),
+            split.join(", ")
         ));
     }
     let image = &spec.segmentation.image;
@@ -230,6 +240,7 @@ pub fn build_int8(
         opset: (raised.from, raised.to),
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
+        split_convs: Some(split),
         gate: report,
         calibration_figures: Some(calibration_report),
     }

@@ -1,7 +1,8 @@
 //! Reduced-precision variants of a pipeline's models, made offline by `celer build
 //! --precision`: the ONNX file edited in place of the wire format (`proto`, `model`), its
 //! operator set raised where QDQ needs it (`opset`), INT8 calibrated on the user's images
-//! (`ranges`, `images`) and rewritten to QDQ (`qdq`) with the nodes that cost the most
+//! (`ranges`, `images`) and rewritten to QDQ (`qdq`), its one-output-channel convolutions
+//! split first for the CPU's kernels (`one_channel`), with the nodes that cost the most
 //! quality kept in FP32 (`int8`), FP16 converted (`fp16`), each held to the quality gate
 //! on held-out images (`gate`) and recorded in a manifest beside it (`variant`). Nothing
 //! here runs on the request path: serving only reads the manifest and the file.
@@ -13,6 +14,7 @@ pub mod images;
 pub mod int8;
 pub mod judge;
 pub mod model;
+pub mod one_channel;
 pub mod opset;
 pub mod proto;
 pub mod qdq;

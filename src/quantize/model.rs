@@ -34,6 +34,7 @@ const ATTR_T: u32 = 5;
 const ATTR_INTS: u32 = 8;
 const ATTR_TYPE: u32 = 20;
 const ATTR_TYPE_INT: u64 = 2;
+const ATTR_TYPE_INTS: u64 = 7;
 // TensorProto
 const TENSOR_DIMS: u32 = 1;
 const TENSOR_DATA_TYPE: u32 = 2;
@@ -94,6 +95,35 @@ impl Node {
             .push_varint(ATTR_I, value as u64)
             .push_varint(ATTR_TYPE, ATTR_TYPE_INT);
         self.0.push_message(NODE_ATTRIBUTE, &a);
+        self
+    }
+
+    /// With an integer list attribute `name = values`.
+    pub fn with_ints(mut self, name: &str, values: &[i64]) -> Self {
+        let mut a = Message::default();
+        a.push_string(ATTR_NAME, name)
+            .push_packed_ints(ATTR_INTS, values)
+            .push_varint(ATTR_TYPE, ATTR_TYPE_INTS);
+        self.0.push_message(NODE_ATTRIBUTE, &a);
+        self
+    }
+
+    /// With `other`'s attributes, but those named in `except`.
+    pub fn with_attributes_of(mut self, other: &Node, except: &[&str]) -> Self {
+        for field in &other.0.fields {
+            if field.number != NODE_ATTRIBUTE {
+                continue;
+            }
+            let excepted = match &field.value {
+                super::proto::Value::Bytes(b) => {
+                    Message::decode(b).is_ok_and(|a| except.contains(&a.string(ATTR_NAME).as_str()))
+                }
+                _ => false,
+            };
+            if !excepted {
+                self.0.fields.push(field.clone());
+            }
+        }
         self
     }
 

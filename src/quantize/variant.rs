@@ -62,6 +62,11 @@ pub struct VariantManifest {
     /// INT8: the convolutions that run in 8 bits, and those the search kept in FP32.
     pub quantized_nodes: usize,
     pub kept_fp32: Vec<KeptNode>,
+    /// INT8: the one-output-channel convolutions split into depthwise + channel sum
+    /// (`quantize::one_channel`). Absent in variants made before the split, which a build
+    /// makes again rather than keeps (they still serve).
+    #[serde(default)]
+    pub split_convs: Option<Vec<String>>,
     /// The gate's figures on the validation images; absent, the variant is not served.
     pub gate: Option<GateReport>,
     /// The same figures on the calibration images, for the record (the search judged
@@ -105,6 +110,7 @@ pub struct NewVariant<'a> {
     pub opset: (u64, u64),
     pub quantized_nodes: usize,
     pub kept_fp32: Vec<KeptNode>,
+    pub split_convs: Option<Vec<String>>,
     pub gate: GateReport,
     pub calibration_figures: Option<GateReport>,
 }
@@ -135,6 +141,7 @@ impl NewVariant<'_> {
             opset_to: self.opset.1,
             quantized_nodes: self.quantized_nodes,
             kept_fp32: self.kept_fp32,
+            split_convs: self.split_convs,
             gate: Some(self.gate),
             calibration_figures: self.calibration_figures,
             celer_version: env!("CARGO_PKG_VERSION").into(),
@@ -291,6 +298,9 @@ pub fn current(
     let dir = variant_dir(engines_dir, &model_name(source), precision);
     let manifest = VariantManifest::read(&dir).ok()??;
     usable(&manifest, precision, source, &dir).ok()?;
+    if precision == ModelPrecision::Int8 && manifest.split_convs.is_none() {
+        return None;
+    }
     Some(manifest)
 }
 
