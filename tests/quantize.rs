@@ -133,6 +133,13 @@ fn an_int8_variant_of_the_fixture_passes_its_gate_and_records_how() {
     assert_eq!(m.source_file, "prob.onnx");
     assert_eq!((m.opset_from, m.opset_to), (17, 17));
     assert_eq!(m.quantized_nodes, 1, "the fixture's one convolution");
+    assert_eq!(
+        m.rewrites,
+        Some(vec![
+            "Conv_0: three input channels, padded to four".to_string()
+        ]),
+        "the fixture's convolution reads the image"
+    );
     let cal = m.calibration.as_ref().expect("calibration recorded");
     assert_eq!(cal.images.len(), 4);
     assert_eq!(cal.method.to_string(), "minmax");
@@ -163,6 +170,22 @@ fn an_int8_variant_of_the_fixture_passes_its_gate_and_records_how() {
     assert!(again.status.success(), "{text}");
     assert!(text.contains("current"), "{text}");
     assert_eq!(manifest(&model, ModelPrecision::Int8), m);
+
+    // A variant made before the split (its manifest has no record of it) is made again.
+    let dir = variant(&model, ModelPrecision::Int8);
+    let mut older = m.clone();
+    older.rewrites = None;
+    older.write(&dir).expect("manifest written");
+    let again = int8_build(
+        &model,
+        &calibration,
+        &validation,
+        &["--calibration-method", "minmax"],
+    );
+    let text = common::printed(&again);
+    assert!(again.status.success(), "{text}");
+    assert!(!text.contains("current"), "{text}");
+    assert_eq!(manifest(&model, ModelPrecision::Int8).rewrites, m.rewrites);
 
     // `celer inspect` shows the precision each device runs and the gate's table.
     let out = celer(&["inspect", model.to_str().expect("utf-8")]);

@@ -127,11 +127,8 @@ fn print_precisions(spec: &PipelineSpec, engines: &Path) {
                     m.kept_fp32.len()
                 );
             }
-            if let Some(split) = m.split_convs.as_ref().filter(|s| !s.is_empty()) {
-                println!(
-                    "  split        {} (one output channel: depthwise + channel sum)",
-                    split.join(", ")
-                );
+            for r in m.rewrites.iter().flatten() {
+                println!("  rewritten    {r}");
             }
             for k in &m.kept_fp32 {
                 println!(

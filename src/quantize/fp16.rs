@@ -235,7 +235,7 @@ pub fn build_fp16(
         opset: (opset, opset),
         quantized_nodes: 0,
         kept_fp32: Vec::new(),
-        split_convs: None,
+        rewrites: None,
         gate: verdict,
         calibration_figures: None,
     }

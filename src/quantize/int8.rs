@@ -1,7 +1,8 @@
 //! `celer build --precision int8` for the CPU: the segmentation model calibrated on the
 //! user's images (`calibrate`) after its one-output-channel convolutions are split
 //! (`one_channel`), rewritten to QDQ (`qdq`), searched for the convolutions to
-//! keep in FP32 when the fully quantized model is below the gate (`search`), judged on
+//! keep in FP32 when the fully quantized model is below the gate (`search`), its
+//! three-channel convolutions padded (`pad_channels`), judged on
 //! held-out images (`gate`), and written with its manifest only if it passes.
 
 use std::collections::{HashMap, HashSet};
@@ -17,6 +18,7 @@ use super::judge::{io_err, judge, Judge, Stage, WorkDir};
 use super::model::OnnxModel;
 use super::one_channel::split_one_channel_convs;
 use super::opset::raise_for_qdq;
+use super::pad_channels::pad_three_channel_convs;
 use super::qdq::{name_nodes, rewrite};
 use super::ranges::Method;
 use super::search::search;
@@ -167,7 +169,7 @@ pub fn build_int8(
         full_report.overall.mean_abs_diff
     ));
 
-    let (chosen, chosen_rewrite, kept, calibration_report) =
+    let (mut chosen, chosen_rewrite, kept, calibration_report) =
         if options.gate.passes(&full_report.overall) || !options.search {
             (full, full_rewrite, Vec::new(), full_report)
         } else {
@@ -221,6 +223,25 @@ pub fn build_int8(
         ));
     }
 
+    // Exact, so after the search: it judged the same arithmetic.
+    let padded = pad_three_channel_convs(&mut chosen)?;
+    if !padded.is_empty() {
+        say(format!(
+            "int8: {} three-channel convolutions padded to four channels: {}",
+            padded.len(),
+            padded.join(", ")
+        ));
+    }
+    let rewrites: Vec<String> = split
+        .iter()
+        .map(|n| format!("{n}: one output channel, split into depthwise + channel sum"))
+        .chain(
+            padded
+                .iter()
+                .map(|n| format!("{n}: three input channels, padded to four")),
+        )
+        .collect();
+
     // The verdict, on images the build has not looked at.
     let report = judge_with.verdict(&options.gate, &validation, &chosen)?;
     say(format!(
@@ -240,7 +261,7 @@ pub fn build_int8(
         opset: (raised.from, raised.to),
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
-        split_convs: Some(split),
+        rewrites: Some(rewrites),
         gate: report,
         calibration_figures: Some(calibration_report),
     }

@@ -2,7 +2,8 @@
 //! --precision`: the ONNX file edited in place of the wire format (`proto`, `model`), its
 //! operator set raised where QDQ needs it (`opset`), INT8 calibrated on the user's images
 //! (`ranges`, `images`) and rewritten to QDQ (`qdq`), its one-output-channel convolutions
-//! split first for the CPU's kernels (`one_channel`), with the nodes that cost the most
+//! split first and three-channel ones padded after (`one_channel`, `pad_channels`: exact
+//! rewrites for the CPU's kernels), with the nodes that cost the most
 //! quality kept in FP32 (`int8`), FP16 converted (`fp16`), each held to the quality gate
 //! on held-out images (`gate`) and recorded in a manifest beside it (`variant`). Nothing
 //! here runs on the request path: serving only reads the manifest and the file.
@@ -16,6 +17,7 @@ pub mod judge;
 pub mod model;
 pub mod one_channel;
 pub mod opset;
+pub mod pad_channels;
 pub mod proto;
 pub mod qdq;
 pub mod ranges;

@@ -355,6 +355,15 @@ impl Initializer {
         Ok(Some(Self::f16(&self.name(), &self.dims()?, &data)))
     }
 
+    /// Its values, if it is an int8 tensor stored as raw data (as celer writes them).
+    pub fn int8s(&self) -> Option<Vec<i8>> {
+        if self.data_type() != DataType::Int8 as u64 || self.0.varint(TENSOR_DATA_LOCATION) != 0 {
+            return None;
+        }
+        let raw = self.0.bytes(TENSOR_RAW_DATA).last()?;
+        Some(bytemuck::cast_slice(raw).to_vec())
+    }
+
     /// Its values, if it is a float32 tensor stored in the file.
     pub fn floats(&self) -> Result<Option<Vec<f32>>, WireError> {
         if self.data_type() != DataType::Float as u64 || self.0.varint(TENSOR_DATA_LOCATION) != 0 {

@@ -62,11 +62,11 @@ pub struct VariantManifest {
     /// INT8: the convolutions that run in 8 bits, and those the search kept in FP32.
     pub quantized_nodes: usize,
     pub kept_fp32: Vec<KeptNode>,
-    /// INT8: the one-output-channel convolutions split into depthwise + channel sum
-    /// (`quantize::one_channel`). Absent in variants made before the split, which a build
-    /// makes again rather than keeps (they still serve).
+    /// INT8: the exact graph rewrites made for the CPU's kernels, one line per node
+    /// (`quantize::one_channel`, `quantize::pad_channels`). Absent in variants made before
+    /// them, which a build makes again rather than keeps (they still serve).
     #[serde(default)]
-    pub split_convs: Option<Vec<String>>,
+    pub rewrites: Option<Vec<String>>,
     /// The gate's figures on the validation images; absent, the variant is not served.
     pub gate: Option<GateReport>,
     /// The same figures on the calibration images, for the record (the search judged
@@ -110,7 +110,7 @@ pub struct NewVariant<'a> {
     pub opset: (u64, u64),
     pub quantized_nodes: usize,
     pub kept_fp32: Vec<KeptNode>,
-    pub split_convs: Option<Vec<String>>,
+    pub rewrites: Option<Vec<String>>,
     pub gate: GateReport,
     pub calibration_figures: Option<GateReport>,
 }
@@ -141,7 +141,7 @@ impl NewVariant<'_> {
             opset_to: self.opset.1,
             quantized_nodes: self.quantized_nodes,
             kept_fp32: self.kept_fp32,
-            split_convs: self.split_convs,
+            rewrites: self.rewrites,
             gate: Some(self.gate),
             calibration_figures: self.calibration_figures,
             celer_version: env!("CARGO_PKG_VERSION").into(),
@@ -298,7 +298,7 @@ pub fn current(
     let dir = variant_dir(engines_dir, &model_name(source), precision);
     let manifest = VariantManifest::read(&dir).ok()??;
     usable(&manifest, precision, source, &dir).ok()?;
-    if precision == ModelPrecision::Int8 && manifest.split_convs.is_none() {
+    if precision == ModelPrecision::Int8 && manifest.rewrites.is_none() {
         return None;
     }
     Some(manifest)
