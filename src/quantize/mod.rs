@@ -51,3 +51,36 @@ pub enum QuantizeError {
     #[error("the variant is below the quality gate on the validation images; not written\n{}", report.table())]
     GateFailed { report: Box<gate::GateReport> },
 }
+
+/// What the exact rewrites' tests share: a model of the `prob.onnx` fixture's interface
+/// (`image` 1x3x64x64 in, one output) run by ONNX Runtime as saved.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::model::OnnxModel;
+    use crate::ort::session::{OpThreads, OrtModel};
+
+    /// The output of `before` and of `after` on one fixed image.
+    pub fn outputs_before_and_after(before: &OnnxModel, after: &OnnxModel) -> (Vec<f32>, Vec<f32>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let x: Vec<f32> = (0..3 * 64 * 64)
+            .map(|i| ((i * 37 % 101) as f32) / 100.0)
+            .collect();
+        let run = |m: &OnnxModel, file: &str| {
+            let path = dir.path().join(file);
+            m.save(&path).expect("save");
+            let mut session = OrtModel::load_uncached(
+                &path,
+                OpThreads::Own {
+                    threads: 1,
+                    alone: true,
+                },
+            )
+            .expect("ONNX Runtime loads the model");
+            session
+                .run(&[("image", [1, 3, 64, 64], &x)], &m.output_names()[0])
+                .expect("run")
+                .data
+        };
+        (run(before, "before.onnx"), run(after, "after.onnx"))
+    }
+}

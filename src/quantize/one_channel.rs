@@ -126,7 +126,7 @@ fn splittable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ort::session::{OpThreads, OrtModel};
+    use crate::quantize::test_support::outputs_before_and_after;
 
     fn prob() -> OnnxModel {
         OnnxModel::load(
@@ -149,24 +149,6 @@ mod tests {
             Initializer::f32("side_b", &[1], &[0.25]),
         ];
         m
-    }
-
-    fn run(m: &OnnxModel, x: &[f32], dir: &std::path::Path, file: &str) -> Vec<f32> {
-        let path = dir.join(file);
-        m.save(&path).expect("save");
-        let mut session = OrtModel::load_uncached(
-            &path,
-            OpThreads::Own {
-                threads: 1,
-                alone: true,
-            },
-        )
-        .expect("ONNX Runtime loads the model");
-        let out = m.output_names()[0].clone();
-        session
-            .run(&[("image", [1, 3, 64, 64], x)], &out)
-            .expect("run")
-            .data
     }
 
     #[test]
@@ -195,12 +177,7 @@ mod tests {
         let names: Vec<String> = after.initializers.iter().map(Initializer::name).collect();
         assert!(!names.contains(&"side_w".to_string()), "{names:?}");
 
-        let dir = tempfile::tempdir().expect("tempdir");
-        let x: Vec<f32> = (0..3 * 64 * 64)
-            .map(|i| ((i * 37 % 101) as f32) / 100.0)
-            .collect();
-        let want = run(&before, &x, dir.path(), "before.onnx");
-        let got = run(&after, &x, dir.path(), "after.onnx");
+        let (want, got) = outputs_before_and_after(&before, &after);
         assert_eq!(want.len(), got.len());
         let worst = want
             .iter()

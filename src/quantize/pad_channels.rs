@@ -118,9 +118,9 @@ pub fn pad_three_channel_convs(model: &mut OnnxModel) -> Result<Vec<String>, Mod
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ort::session::{OpThreads, OrtModel};
     use crate::quantize::qdq::{measured_tensors, name_nodes, rewrite};
     use crate::quantize::ranges::Range;
+    use crate::quantize::test_support::outputs_before_and_after;
     use std::collections::HashSet;
 
     /// The fixture (a 1x1 convolution of the image's three channels, then a sigmoid) in
@@ -147,23 +147,6 @@ mod tests {
             })
             .collect();
         rewrite(&m, &ranges, &HashSet::new()).expect("rewrite").0
-    }
-
-    fn run(m: &OnnxModel, x: &[f32], dir: &std::path::Path, file: &str) -> Vec<f32> {
-        let path = dir.join(file);
-        m.save(&path).expect("save");
-        let mut session = OrtModel::load_uncached(
-            &path,
-            OpThreads::Own {
-                threads: 1,
-                alone: true,
-            },
-        )
-        .expect("ONNX Runtime loads the model");
-        session
-            .run(&[("image", [1, 3, 64, 64], x)], "mask")
-            .expect("run")
-            .data
     }
 
     #[test]
@@ -193,12 +176,7 @@ mod tests {
             "the fourth channel's weight"
         );
 
-        let dir = tempfile::tempdir().expect("tempdir");
-        let x: Vec<f32> = (0..3 * 64 * 64)
-            .map(|i| ((i * 37 % 101) as f32) / 100.0)
-            .collect();
-        let want = run(&before, &x, dir.path(), "before.onnx");
-        let got = run(&after, &x, dir.path(), "after.onnx");
+        let (want, got) = outputs_before_and_after(&before, &after);
         assert_eq!(want, got);
         assert!(want.iter().any(|&v| (v - want[0]).abs() > 0.05));
 
