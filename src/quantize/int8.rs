@@ -59,6 +59,17 @@ fn pixels_hash(im: &NamedImage) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// Tells `say` which nodes an exact rewrite changed, if any.
+fn say_rewritten(say: &mut dyn FnMut(String), nodes: &[String], what: &str) {
+    if !nodes.is_empty() {
+        say(format!(
+            "int8: {} {what}: {}",
+            nodes.len(),
+            nodes.join(", ")
+        ));
+    }
+}
+
 /// Calibrates `spec`'s segmentation model on `options.calibration`, rewrites it to QDQ
 /// (searching for convolutions to keep in FP32 when needed), judges it on
 /// `options.validation`, and writes it under `engines_dir` if it passes. `say` hears
@@ -107,13 +118,11 @@ pub fn build_int8(
         ));
     }
     let split = split_one_channel_convs(&mut base)?;
-    if !split.is_empty() {
-        say(format!(
-            "int8: {} one-output-channel convolutions split into depthwise + channel sum: {}",
-            split.len(),
-            split.join(", ")
-        ));
-    }
+    say_rewritten(
+        say,
+        &split,
+        "one-output-channel convolutions split into depthwise + channel sum",
+    );
     let image = &spec.segmentation.image;
     let inputs: Vec<Vec<f32>> = calibration
         .iter()
@@ -225,13 +234,11 @@ pub fn build_int8(
 
     // Exact, so after the search: it judged the same arithmetic.
     let padded = pad_three_channel_convs(&mut chosen)?;
-    if !padded.is_empty() {
-        say(format!(
-            "int8: {} three-channel convolutions padded to four channels: {}",
-            padded.len(),
-            padded.join(", ")
-        ));
-    }
+    say_rewritten(
+        say,
+        &padded,
+        "three-channel convolutions padded to four channels",
+    );
     let rewrites: Vec<String> = split
         .iter()
         .map(|n| format!("{n}: one output channel, split into depthwise + channel sum"))

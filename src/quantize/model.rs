@@ -110,20 +110,12 @@ impl Node {
 
     /// With `other`'s attributes, but those named in `except`.
     pub fn with_attributes_of(mut self, other: &Node, except: &[&str]) -> Self {
-        for field in &other.0.fields {
-            if field.number != NODE_ATTRIBUTE {
-                continue;
-            }
-            let excepted = match &field.value {
-                super::proto::Value::Bytes(b) => {
-                    Message::decode(b).is_ok_and(|a| except.contains(&a.string(ATTR_NAME).as_str()))
-                }
-                _ => false,
-            };
-            if !excepted {
-                self.0.fields.push(field.clone());
-            }
-        }
+        let copied = other
+            .0
+            .fields
+            .iter()
+            .filter(|f| f.number == NODE_ATTRIBUTE && !attribute_named(f, except));
+        self.0.fields.extend(copied.cloned());
         self
     }
 
@@ -252,16 +244,20 @@ impl Node {
     /// Removes attribute `name`; whether it was there.
     pub fn remove_attribute(&mut self, name: &str) -> bool {
         let before = self.0.fields.len();
-        self.0.fields.retain(|f| {
-            !(f.number == NODE_ATTRIBUTE
-                && match &f.value {
-                    super::proto::Value::Bytes(b) => {
-                        Message::decode(b).is_ok_and(|a| a.string(ATTR_NAME) == name)
-                    }
-                    _ => false,
-                })
-        });
+        self.0
+            .fields
+            .retain(|f| !(f.number == NODE_ATTRIBUTE && attribute_named(f, &[name])));
         self.0.fields.len() != before
+    }
+}
+
+/// Whether a node's attribute field names one of `names`.
+fn attribute_named(field: &super::proto::Field, names: &[&str]) -> bool {
+    match &field.value {
+        super::proto::Value::Bytes(b) => {
+            Message::decode(b).is_ok_and(|a| names.contains(&a.string(ATTR_NAME).as_str()))
+        }
+        _ => false,
     }
 }
 

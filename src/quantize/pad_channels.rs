@@ -27,7 +27,8 @@ pub fn pad_three_channel_convs(model: &mut OnnxModel) -> Result<Vec<String>, Mod
     let consumers = model.consumers();
     let index = model.initializer_index();
     let mut names = model.names();
-    let mut before: HashMap<usize, Vec<Node>> = HashMap::new();
+    // By the index of the convolution they go before: its Pad and DequantizeLinear.
+    let mut before: HashMap<usize, [Node; 2]> = HashMap::new();
     let mut widened: Vec<(usize, Initializer)> = Vec::new();
     let mut added: Vec<Initializer> = Vec::new();
     let mut padded = Vec::new();
@@ -80,7 +81,7 @@ pub fn pad_three_channel_convs(model: &mut OnnxModel) -> Result<Vec<String>, Mod
         let x_dq4 = names.fresh(&format!("{x_q4}_dequantized"));
         before.insert(
             c,
-            vec![
+            [
                 Node::new(
                     "Pad",
                     &names.fresh(&format!("{}_pad_channels", conv.name())),
@@ -95,7 +96,7 @@ pub fn pad_three_channel_convs(model: &mut OnnxModel) -> Result<Vec<String>, Mod
                 ),
             ],
         );
-        padded.push((c, conv.name(), x_dq4));
+        padded.push(conv.name());
     }
     for (at, w) in widened {
         model.initializers[at] = w;
@@ -103,16 +104,15 @@ pub fn pad_three_channel_convs(model: &mut OnnxModel) -> Result<Vec<String>, Mod
     model.initializers.extend(added);
     let mut nodes = Vec::with_capacity(model.nodes.len() + 2 * padded.len());
     for (i, mut node) in std::mem::take(&mut model.nodes).into_iter().enumerate() {
-        if let Some(pad) = before.remove(&i) {
-            nodes.extend(pad);
-        }
-        if let Some((_, _, x)) = padded.iter().find(|(c, _, _)| *c == i) {
-            node.set_input(0, x);
+        if let Some([pad, dq]) = before.remove(&i) {
+            node.set_input(0, &dq.outputs()[0]);
+            nodes.push(pad);
+            nodes.push(dq);
         }
         nodes.push(node);
     }
     model.nodes = nodes;
-    Ok(padded.into_iter().map(|(_, name, _)| name).collect())
+    Ok(padded)
 }
 
 #[cfg(test)]
