@@ -74,6 +74,7 @@ mod tests {
             work: Size::default(),
             cost: Duration::from_millis(1),
             measured: true,
+            worst: Duration::from_millis(1),
             priority: 5,
             enqueued: Instant::now(),
             deadline: Instant::now() + Duration::from_secs(60),

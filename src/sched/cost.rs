@@ -175,11 +175,40 @@ impl Fit {
     }
 }
 
+/// How many of a device's newest runs its overrun is the slowest of.
+const OVERRUN_RUNS: usize = 128;
+
+/// The newest runs' times against the prices they were queued at. A price is a mean, and
+/// a deadline kept on the mean is missed by every run slower than it: on the CPU, two
+/// U2NetP replicas sharing the cores with the decodes and encodes of mixed traffic ran
+/// from 0.6x to 4x their prices. The slowest ratio of the window is the margin deadlines
+/// are kept with (the second slowest still let admitted requests expire: see
+/// docs/decisions.md); a stalled run then makes the device refuse more for its next 32
+/// runs, at once and with a `Retry-After`, rather than answer late.
+#[derive(Debug, Default)]
+struct Overruns {
+    ratios: std::collections::VecDeque<f64>,
+}
+
+impl Overruns {
+    /// Records a run and returns the window's slowest ratio, at least 1.
+    fn observe(&mut self, ratio: f64) -> f64 {
+        if self.ratios.len() == OVERRUN_RUNS {
+            self.ratios.pop_front();
+        }
+        self.ratios.push_back(ratio);
+        self.ratios.iter().copied().fold(1.0, f64::max)
+    }
+}
+
 /// One device's cost model: fitted on its replicas' threads, read lock-free by the router
 /// (the fit publishes its prices into atomics after each run).
 #[derive(Debug, Default)]
 pub(crate) struct CostModel {
     fit: Mutex<Fit>,
+    overruns: Mutex<Overruns>,
+    /// `Overruns`' worst ratio as f64 bits; 0 (read as 1) until a priced run is recorded.
+    overrun: AtomicU64,
     /// `Prices` as f64 bits; `measured` is 0 until the first run (or seed).
     fixed_s: AtomicU64,
     per_pixel_s: AtomicU64,
@@ -246,6 +275,33 @@ impl CostModel {
     pub fn covers(&self, work: Work) -> bool {
         self.measured.load(Ordering::Acquire) != 0
             && work.pixels as f64 <= 2.0 * f64::from_bits(self.most_pixels.load(Ordering::Acquire))
+    }
+
+    /// Records how long a run priced at `priced` took (`took`), measured prices only: a
+    /// guess's error is the prior's, not the device's.
+    pub fn observe_overrun(&self, priced: Duration, took: Duration) {
+        if priced.is_zero() {
+            return;
+        }
+        let ratio = took.as_secs_f64() / priced.as_secs_f64();
+        if !ratio.is_finite() {
+            return;
+        }
+        let worst = self
+            .overruns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(ratio);
+        self.overrun.store(worst.to_bits(), Ordering::Release);
+    }
+
+    /// The slowest of the newest runs against its price, at least 1: a deadline is kept
+    /// by a run priced at `price x overrun`.
+    pub fn overrun(&self) -> f64 {
+        match self.overrun.load(Ordering::Acquire) {
+            0 => 1.0,
+            bits => f64::from_bits(bits),
+        }
     }
 
     /// The fitted prices, once a run has been measured.
@@ -390,6 +446,28 @@ mod tests {
         let p = model.prices().expect("measured");
         let extra = p.predict_s(with) - p.predict_s(LARGE);
         assert!((extra - composite.as_secs_f64()).abs() < 1e-6, "{p:?}");
+    }
+
+    #[test]
+    fn the_overrun_is_the_slowest_of_the_newest_runs_and_never_below_one() {
+        let model = CostModel::default();
+        assert_eq!(model.overrun(), 1.0, "nothing recorded");
+        model.observe_overrun(ms(100.0), ms(80.0));
+        assert_eq!(model.overrun(), 1.0, "a run faster than its price");
+        model.observe_overrun(ms(100.0), ms(130.0));
+        assert!((model.overrun() - 1.3).abs() < 1e-9, "{}", model.overrun());
+        model.observe_overrun(Duration::ZERO, ms(50.0));
+        assert!(
+            (model.overrun() - 1.3).abs() < 1e-9,
+            "an unpriced run is not recorded"
+        );
+        // The slow run leaves the window after `OVERRUN_RUNS` newer ones.
+        for _ in 0..OVERRUN_RUNS - 1 {
+            model.observe_overrun(ms(100.0), ms(110.0));
+        }
+        assert!((model.overrun() - 1.3).abs() < 1e-9);
+        model.observe_overrun(ms(100.0), ms(110.0));
+        assert!((model.overrun() - 1.1).abs() < 1e-9, "{}", model.overrun());
     }
 
     #[test]

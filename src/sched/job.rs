@@ -19,6 +19,9 @@ pub(crate) struct Job<E: Executor> {
     pub cost: Duration,
     /// Whether `cost` is measured; the prior's guess refuses nothing for its deadline.
     pub measured: bool,
+    /// What its run may take at worst: `cost` times the device's recent overrun. The
+    /// deadline is kept on it.
+    pub worst: Duration,
     pub priority: u8,
     pub enqueued: Instant,
     pub deadline: Instant,

@@ -415,6 +415,24 @@ impl<E: Executor> Scheduler<E> {
         self.admit().map(drop)
     }
 
+    /// Refuses at once (`DeadlineUnreachable`) a request that the device expected to
+    /// finish it first would finish after `terms.deadline`, before any work is done for
+    /// it: a request whose size is known from its header is priced before it is decoded,
+    /// so that a refusal costs no decode. Scheduling by cost only; anything else is
+    /// left to `submit_admitted`, which places the request.
+    pub fn check_deadline(&self, terms: &Terms) -> Result<(), SubmitError> {
+        if self.shared.scheduling != Scheduling::Cost {
+            return Ok(());
+        }
+        match self.shared.place(None, terms) {
+            Err(e @ SubmitError::DeadlineUnreachable { .. }) => {
+                self.shared.count_rejection(&e);
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The expected wait before a replica starts a request admitted now (see
     /// `Shared::expected_wait`). `None` until a service time has been measured.
     pub fn estimated_wait(&self) -> Option<Duration> {
@@ -842,6 +860,7 @@ impl<E: Executor> Shared<E> {
                 enqueued: now,
                 cost,
                 measured,
+                worst: cost,
                 deadline: terms.deadline,
             });
             (cost, measured, self.wait_on(device, ahead) + cost)
@@ -930,9 +949,15 @@ impl<E: Executor> Shared<E> {
                 (cost, measured, Duration::ZERO)
             }
         };
+        // Kept with the device's overrun: admitted on the expected completion, a request
+        // would miss its deadline whenever the runs ahead of it, or its own, are slower
+        // than their prices.
+        let overrun = self.devices[device].state.cost.overrun();
+        let worst = cost.mul_f64(overrun);
         // Refused only on measured prices: its own, and those of the work ahead of it.
         if by_cost && measured && !self.guessing(device) {
             let left = terms.deadline.saturating_duration_since(now);
+            let done = done.mul_f64(overrun);
             if done > left {
                 return Err(SubmitError::DeadlineUnreachable {
                     expected_ms: ms(done),
@@ -945,6 +970,7 @@ impl<E: Executor> Shared<E> {
             device,
             cost,
             measured,
+            worst,
         })
     }
 
@@ -966,6 +992,7 @@ impl<E: Executor> Shared<E> {
             work: terms.work,
             cost: placement.cost,
             measured: placement.measured,
+            worst: placement.worst,
             priority: terms.priority.level(),
             enqueued: Instant::now(),
             deadline: terms.deadline,
@@ -1052,6 +1079,8 @@ struct Placement {
     cost: Duration,
     /// Whether `cost` is measured on this device, not borrowed or the prior.
     measured: bool,
+    /// `cost` times the device's overrun: what the run may take at worst.
+    worst: Duration,
 }
 
 fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {

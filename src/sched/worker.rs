@@ -219,6 +219,7 @@ impl<E: Executor> Replica<E> {
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 let per_request = compute / n as u32;
+
                 state.record_success(per_request);
                 for (job, output) in batch.iter().zip(&outputs) {
                     // A batch's model stage is the batch's: each request's share of it.
@@ -227,6 +228,9 @@ impl<E: Executor> Replica<E> {
                         ..p
                     });
                     state.cost.observe(job.work, per_request, parts);
+                    if job.measured {
+                        state.cost.observe_overrun(job.cost, per_request);
+                    }
                 }
                 for (job, output) in batch.into_iter().zip(outputs) {
                     let _ = job.reply.send(Ok(Done {
