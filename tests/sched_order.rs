@@ -288,6 +288,50 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
     );
 }
 
+/// A PNG of `width` x `height` cut inside its pixel data: its header says its size, its
+/// decode is a 400.
+fn cut_invocation(width: u32, height: u32, attributes: &str) -> Request<Body> {
+    let mut png = png(width, height);
+    png.truncate(png.len() - 20);
+    Request::post("/invocations")
+        .header(header::CONTENT_TYPE, "image/png")
+        .header("X-Amzn-SageMaker-Custom-Attributes", attributes)
+        .body(Body::from(png))
+        .expect("request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_cannot_be_met_is_refused_from_the_header_before_decoding() {
+    let served = serve(Scheduling::Cost);
+    served.gate.set_open(true);
+    served
+        .state
+        .scheduler
+        .seed_service_time(0, Duration::from_secs(1));
+    // Priced from its header's size, the request is refused before its pixels are read:
+    // the cut in them is never found.
+    let refused = served.ask(cut_invocation(300, 200, "deadline-ms=50")).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json(refused).await["code"], "deadline_unreachable");
+    // With time enough it is decoded, and the cut is a 400.
+    let decoded = served
+        .ask(cut_invocation(300, 200, "deadline-ms=5000"))
+        .await;
+    assert_eq!(decoded.status(), StatusCode::BAD_REQUEST);
+
+    // By count nothing is refused for its price: the decode answers.
+    let by_count = serve(Scheduling::Count);
+    by_count.gate.set_open(true);
+    by_count
+        .state
+        .scheduler
+        .seed_service_time(0, Duration::from_secs(1));
+    let decoded = by_count
+        .ask(cut_invocation(300, 200, "deadline-ms=50"))
+        .await;
+    assert_eq!(decoded.status(), StatusCode::BAD_REQUEST);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_priority_or_deadline_out_of_range_is_a_400() {
     let served = serve(Scheduling::Cost);
@@ -312,23 +356,28 @@ async fn a_priority_or_deadline_out_of_range_is_a_400() {
     assert!(served.gate.ran().is_empty(), "nothing refused ran");
 }
 
-/// Shortest first is aged one for one, so small requests cannot starve a large one: a
-/// small request passes a large one queued before it only if it came within the
-/// difference of their prices; one that came later runs after it. Priced by the prior here
-/// (nothing measured yet): 2000x2000 at 0.5 s, 48x32 at 0.1 s, a difference of 0.4 s.
+/// Shortest first is aged, so small requests cannot starve a large one: a small request
+/// passes a large one queued before it only if it came within 16 times the difference of
+/// their prices; one that came later runs after it. Priced by the prior here (nothing
+/// measured yet): 1000x1000 at 0.2 s, 48x32 at 0.1 s, a difference of 0.1 s, so 1.6 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_request_is_passed_only_by_small_ones_that_came_within_its_price() {
+async fn a_large_request_is_passed_only_by_small_ones_that_came_within_its_stretch() {
     let served = serve(Scheduling::Cost);
     let mut answers = served
-        .hold_then_queue(vec![invocation(2000, 2000, ""), invocation(48, 32, "")])
+        .hold_then_queue(vec![invocation(1000, 1000, ""), invocation(48, 32, "")])
         .await;
-    // Later than the difference of the prices: no longer ahead of the large one. (A sleep
-    // is at least as long as asked, so the order does not depend on the machine's speed.)
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Later than the difference of the prices (where aging one for one would have put
+    // it behind), within 16 times it: still ahead of the large one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     answers.push(served.send(invocation(47, 32, "")));
     served.until_queued(3).await;
+    // Later than 16 times the difference: behind it. (A sleep is at least as long as
+    // asked, so the order does not depend on the machine's speed.)
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    answers.push(served.send(invocation(46, 32, "")));
+    served.until_queued(4).await;
     assert_eq!(
         served.release_all_ok(answers).await,
-        vec![vec![40], vec![48], vec![2000], vec![47]]
+        vec![vec![40], vec![48], vec![47], vec![1000], vec![46]]
     );
 }

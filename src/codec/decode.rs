@@ -98,6 +98,17 @@ pub fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), 
     Ok(())
 }
 
+/// The image's width and height from its header alone, without decoding its pixels
+/// (`None` where the header does not say them: the decode then says why). Upright or
+/// not, the pixel count is the same.
+pub fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?
+        .into_dimensions()
+        .ok()
+}
+
 /// Decodes `bytes` to RGB8, upright, on the heap.
 pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<RgbImage, DecodeError> {
     decode_into(bytes, limits, &pixels::Heap).map(pixels::into_image)
@@ -374,6 +385,18 @@ mod tests {
             .write_image(img.as_raw(), width, height, image::ExtendedColorType::Rgb8)
             .unwrap();
         out
+    }
+
+    #[test]
+    fn dimensions_come_from_the_header_without_the_pixels() {
+        let png = png_of(300, 200);
+        assert_eq!(dimensions(&png), Some((300, 200)));
+        // Cut inside its pixel data: the header still says the size; the decode fails.
+        let cut = &png[..png.len() - 20];
+        assert_eq!(dimensions(cut), Some((300, 200)));
+        assert!(decode(cut, &DecodeLimits::default()).is_err());
+        assert_eq!(dimensions(b"not an image"), None);
+        assert_eq!(dimensions(&[]), None);
     }
 
     #[test]

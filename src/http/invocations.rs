@@ -47,6 +47,10 @@ pub async fn invocations(
     let wanted = wanted(&headers, state.default_output)?;
     let output = wanted.kind;
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
+    let planes = codec::planes_of(output);
+    if kind == BodyKind::Image {
+        refuse_unreachable_before_decoding(&state, &bytes, planes, &terms)?;
+    }
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
     let source = blocking(move || match kind {
@@ -73,7 +77,6 @@ pub async fn invocations(
             blocking(move || timed_decode(&encoded, &limits, pixels.as_ref())).await?
         }
     };
-    let planes = codec::planes_of(output);
     let served = run_image(&state, admission, image, decode_time, planes, terms).await?;
 
     let mut inference = served.inference;
@@ -133,6 +136,22 @@ impl Served {
         inference.encoded(timings);
         Ok((answer, inference, dimensions))
     }
+}
+
+/// A request that could not finish by its deadline is refused from its header's size,
+/// before its decode: under a client's retries, refusals that each decoded a 12 MP photo
+/// (27 ms of a core) took the cores from the runs, which slowed, and so refused more.
+pub(super) fn refuse_unreachable_before_decoding(
+    state: &AppState,
+    bytes: &[u8],
+    planes: Planes,
+    terms: &Terms,
+) -> Result<(), ApiError> {
+    if let Some((width, height)) = decode::dimensions(bytes) {
+        let work = Work::of_image(width, height, planes.cutout);
+        state.scheduler.check_deadline(&terms.with_work(work))?;
+    }
+    Ok(())
 }
 
 /// The part of the request path every protocol shares: an admitted, decoded image
