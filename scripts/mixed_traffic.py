@@ -73,6 +73,7 @@ def round_of(scheduling, args, work):
     with open(work / f"server-{scheduling}.log", "a") as log:
         # A 12 MP cut-out's PNG (9 MB) is over real-time hosting's 6 MB response limit.
         extra = ["--max-response-bytes", "0"] if args.output == "cutout" else []
+        extra += ["--max-queue-wait", args.max_queue_wait]
         server = start(scheduling, port, log, extra)
         try:
             out = work / f"{scheduling}.json"
@@ -82,7 +83,7 @@ def round_of(scheduling, args, work):
                  "--concurrency", str(args.clients), "--duration-s", str(args.duration_s),
                  "--warmup-s", str(args.warmup_s), "--custom-attributes", f"output={args.output}",
                  "--deadline-ms", str(args.deadline_ms), "--label", scheduling,
-                 "--json", str(out)],
+                 "--json", str(out), *(["--honor-retry-after"] if args.honor_retry_after else [])],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )
             if bench.returncode != 0:
@@ -106,6 +107,12 @@ def main():
     parser.add_argument("--clients", type=int, default=4,
                         help="closed-loop clients (enough to keep the cores busy)")
     parser.add_argument("--deadline-ms", type=int, default=10000)
+    parser.add_argument("--honor-retry-after", action="store_true",
+                        help="a refused client waits the server's Retry-After before its next "
+                             "request (by default it sends the next at once)")
+    parser.add_argument("--max-queue-wait", default="2x",
+                        help="both servers' queue budget (`celer serve --max-queue-wait`): "
+                             "more clients than it admits are refused and retry at once")
     parser.add_argument("--output", choices=["alpha", "cutout"], default="alpha",
                         help="what each request asks for (cutout: the server without a "
                              "response limit)")
@@ -130,7 +137,8 @@ def main():
         return statistics.median(x[size]["latency_ms"][key] for x in runs[scheduling])
 
     print(f"\n{os.cpu_count()} cores, {args.clients} clients, output={args.output}, "
-          f"deadline-ms={args.deadline_ms}, "
+          f"deadline-ms={args.deadline_ms}, max-queue-wait={args.max_queue_wait}, "
+          f"honor-retry-after={args.honor_retry_after}, "
           f"{args.duration_s:.0f} s a round, medians of {args.rounds} rounds (server logs in {work})")
     print("| scheduling | 320x320 p50 / p99 ms | 4032x3024 p50 / p99 ms | req/s | answered 200 "
           "| of them late | other answers |")

@@ -148,6 +148,8 @@ pub struct LoadTarget {
     /// A success slower than this is late (the client's deadline, `--deadline-ms`):
     /// counted per input.
     pub late_after: Option<Duration>,
+    /// A closed-loop client waits out a refusal's `Retry-After` before its next request.
+    pub honor_retry_after: bool,
     pub accept: Option<String>,
     pub custom_attributes: Option<String>,
     /// A client of its own, where the shared one cannot speak to it (gRPC: HTTP/2
@@ -430,8 +432,13 @@ pub async fn run_point(
                 tasks.spawn(async move {
                     while let Some(measured) = admit(Instant::now()) {
                         let i = next_input.fetch_add(1, Ordering::Relaxed) as usize;
-                        one_request(&client, &target, i, measured, &recorder).await;
+                        let retry_after =
+                            one_request(&client, &target, i, measured, &recorder).await;
                         completed.fetch_add(1, Ordering::SeqCst);
+                        if let (true, Some(wait)) = (target.honor_retry_after, retry_after) {
+                            let until = (Instant::now() + wait).min(measure_until);
+                            tokio::time::sleep_until(until.into()).await;
+                        }
                     }
                 });
             }
@@ -663,13 +670,14 @@ pub async fn run_turns(
         .collect()
 }
 
+/// Sends one request and records its answer; a refusal's `Retry-After`, if it had one.
 async fn one_request(
     client: &reqwest::Client,
     target: &LoadTarget,
     index: usize,
     measured: bool,
     recorder: &Mutex<Recorder>,
-) {
+) -> Option<Duration> {
     let payload = &target.inputs[index % target.inputs.len()];
     let client = target.client.as_ref().unwrap_or(client);
     let grpc = payload.content_type == GRPC;
@@ -690,9 +698,17 @@ async fn one_request(
         request = request.header("X-Amzn-SageMaker-Custom-Attributes", attrs);
     }
     let started = Instant::now();
+    let mut retry_after = None;
     let outcome = match request.send().await {
         Ok(response) => {
             let status = response.status();
+            if !status.is_success() {
+                retry_after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+            }
             // A refused gRPC call answers with its status in the head (trailers only); an
             // answered one with a message, its status in the trailers.
             let grpc_status = response
@@ -722,7 +738,7 @@ async fn one_request(
     let mut r = recorder.lock().unwrap_or_else(|p| p.into_inner());
     r.answered(Instant::now(), outcome.is_ok());
     if !measured {
-        return;
+        return retry_after;
     }
     r.busy += Duration::from_micros(elapsed_us);
     r.last_done = r.last_done.max(Instant::now());
@@ -739,6 +755,7 @@ async fn one_request(
             r.stages_ms.entry(stage).or_default().push(ms);
         }
     }
+    retry_after
 }
 
 /// What a refusal is counted as: its status, and the `code` of a JSON error body
@@ -876,6 +893,7 @@ mod turns_tests {
                     ))],
                     input_names: vec!["x".into()],
                     late_after: None,
+                    honor_retry_after: false,
                     accept: None,
                     custom_attributes: None,
                     client: None,
@@ -969,6 +987,7 @@ mod mixed_tests {
                 .collect(),
             input_names: names.iter().map(|n| n.to_string()).collect(),
             late_after: Some(slow / 2),
+            honor_retry_after: false,
             accept: None,
             custom_attributes: None,
             client: None,
@@ -1022,5 +1041,64 @@ mod mixed_tests {
             small.errors.is_empty() && large.errors.is_empty(),
             "{point:?}"
         );
+    }
+}
+
+/// A closed-loop client and a server that refuses every request with `Retry-After: 1`.
+#[cfg(test)]
+mod retry_after_tests {
+    use super::*;
+
+    async fn refusing() -> String {
+        use axum::http::{header, StatusCode};
+        let app = axum::Router::new().route(
+            "/invocations",
+            axum::routing::post(|| async {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    r#"{"error": "at capacity", "code": "overloaded"}"#,
+                )
+            }),
+        );
+        listen(app).await
+    }
+
+    async fn requests_sent(honor_retry_after: bool) -> u64 {
+        let target = Arc::new(LoadTarget {
+            url: refusing().await,
+            inputs: vec![Payload::invocations((
+                Bytes::from_static(b"x"),
+                "image/jpeg",
+            ))],
+            input_names: vec!["x".to_string()],
+            late_after: None,
+            honor_retry_after,
+            accept: None,
+            custom_attributes: None,
+            client: None,
+        });
+        let window = Window {
+            warmup: Duration::ZERO,
+            duration: Duration::from_millis(1500),
+            max_requests: None,
+        };
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let mode = LoadMode::Closed { concurrency: 1 };
+        let point = run_point(&client, target, mode, window, None, &ProgressBar::hidden()).await;
+        assert_eq!(point.ok, 0, "{point:?}");
+        assert_eq!(
+            point.errors,
+            BTreeMap::from([("503 overloaded".to_string(), point.requests)])
+        );
+        point.requests
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_honoring_retry_after_waits_it_out_and_one_not_does_not() {
+        // Waiting a second after each refusal, one client sends at most two requests
+        // in the 1.5 s window; sending the next at once, many more.
+        assert!(requests_sent(true).await <= 2);
+        assert!(requests_sent(false).await > 10);
     }
 }

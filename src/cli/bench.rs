@@ -66,6 +66,10 @@ pub struct HttpArgs {
     /// than it is counted late.
     #[arg(long)]
     deadline_ms: Option<u64>,
+    /// A closed-loop client refused with a `Retry-After` waits that long before its next
+    /// request, as an SDK's retry would (by default it sends the next at once: a flood).
+    #[arg(long)]
+    honor_retry_after: bool,
     /// Closed-loop concurrencies to sweep, e.g. 1,2,4,8.
     #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
@@ -356,6 +360,7 @@ fn load_target(
         inputs: payloads,
         input_names: inputs.iter().map(|(name, _)| name.clone()).collect(),
         late_after: deadline.map(Duration::from_millis),
+        honor_retry_after: args.honor_retry_after,
         accept: args.accept.clone(),
         custom_attributes,
         client,
