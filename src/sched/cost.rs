@@ -182,9 +182,9 @@ const OVERRUN_RUNS: usize = 128;
 /// a deadline kept on the mean is missed by every run slower than it: on the CPU, two
 /// U2NetP replicas sharing the cores with the decodes and encodes of mixed traffic ran
 /// from 0.6x to 4x their prices. The slowest ratio of the window is the margin deadlines
-/// are kept with (the second slowest still let admitted requests expire: see
-/// docs/decisions.md); a stalled run then makes the device refuse more for its next 32
-/// runs, at once and with a `Retry-After`, rather than answer late.
+/// are kept with (the second slowest, or the slowest of 32, still let admitted requests
+/// expire: see docs/decisions.md); a stalled run then makes the device refuse more for
+/// its next 128 runs, at once and with a `Retry-After`, rather than answer late.
 #[derive(Debug, Default)]
 struct Overruns {
     ratios: std::collections::VecDeque<f64>,
