@@ -110,8 +110,12 @@ impl Entry {
     /// that arrives after `t + STRETCH x c` can go before it: a long job waits at most for
     /// what arrived within `STRETCH` of its own run times after it, never for ever (and
     /// never past its deadline: `pick` runs a job the others would make late first).
+    /// A job priced by a guess (the prior, an extrapolation) is aged one for one: the
+    /// stretch would multiply the guess's error, and a 12 MP photo priced by a 320x320
+    /// run at 5 s was passed for 80 s, until its deadline put it first.
     fn key(&self) -> Instant {
-        self.enqueued + self.cost * STRETCH
+        let stretch = if self.measured { STRETCH } else { 1 };
+        self.enqueued + self.cost * stretch
     }
 
     /// The last moment it can start and still finish by its deadline, if its run takes
@@ -419,6 +423,20 @@ mod tests {
         let (_, ran_before_long) = stream_until_picked(&at, long);
         assert!(ran_before_long.iter().all(|&t| t < at.t(limit)));
         assert!(ran_before_long.len() > 100, "the short jobs went first");
+    }
+
+    #[test]
+    fn a_job_priced_by_a_guess_is_aged_one_for_one() {
+        // Both priced by the prior, as at a cold start.
+        let at = At(Instant::now());
+        let guessed = |enqueued, cost| Entry {
+            measured: false,
+            ..at.entry(5, enqueued, cost, FAR)
+        };
+        let before = [guessed(0, 2000), guessed(1899, 100)];
+        assert_eq!(pick(&before, |e| *e, at.t(1900)), Some(Pick::Run(1)));
+        let after = [guessed(0, 2000), guessed(1901, 100)];
+        assert_eq!(pick(&after, |e| *e, at.t(1901)), Some(Pick::Run(0)));
     }
 
     #[test]
