@@ -149,7 +149,7 @@ pub(crate) enum Pick {
 /// The next job under `Order::Cost`: any job that can no longer finish in time is refused
 /// first; then, among the jobs of the most urgent priority (the smallest number), the one
 /// with the earliest aged key, unless running it first would make another of them miss
-/// its deadline (were that one's run as slow as it may be): then the one of those that
+/// its deadline (were both runs as slow as they may be): then the one of those that
 /// must start soonest.
 pub(crate) fn pick<T>(queued: &[T], entry: impl Fn(&T) -> Entry, now: Instant) -> Option<Pick> {
     let entries = || queued.iter().map(&entry).enumerate();
@@ -160,7 +160,8 @@ pub(crate) fn pick<T>(queued: &[T], entry: impl Fn(&T) -> Entry, now: Instant) -
     let (first, first_entry) = entries()
         .filter(|(_, e)| e.priority == top)
         .min_by_key(|(_, e)| e.key())?;
-    let after_first = now + first_entry.cost;
+    // The first's run may take its worst too: a late start is missed as a slow run is.
+    let after_first = now + first_entry.worst;
     let at_risk = entries()
         .filter(|&(i, e)| i != first && e.priority == top)
         .filter(|(_, e)| e.latest_start().is_some_and(|s| s < after_first))
@@ -478,6 +479,21 @@ mod tests {
         assert_eq!(pick(&priced, |e| *e, at.t(300)), Some(Pick::Run(1)));
         // Past the worst run's start it is still run, not refused, while its price fits.
         assert_eq!(pick(&[slow], |e| *e, at.t(900)), Some(Pick::Run(0)));
+    }
+
+    #[test]
+    fn a_job_goes_first_if_the_shorter_ones_slowest_run_would_make_it_late() {
+        let at = At(Instant::now());
+        // The long job must start by 1000 ms. At 500 the 300 ms job, run first, ends at
+        // 800 on its price, at 1100 if it takes what its device's runs lately took (2x).
+        let short = Entry {
+            worst: ms(600),
+            ..at.entry(5, 400, 300, FAR)
+        };
+        let entries = [at.entry(5, 0, 2000, 3000), short];
+        assert_eq!(pick(&entries, |e| *e, at.t(500)), Some(Pick::Run(0)));
+        let priced = [at.entry(5, 0, 2000, 3000), at.entry(5, 400, 300, FAR)];
+        assert_eq!(pick(&priced, |e| *e, at.t(500)), Some(Pick::Run(1)));
     }
 
     #[test]
