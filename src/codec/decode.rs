@@ -98,11 +98,18 @@ pub fn check_size(width: u32, height: u32, limits: &DecodeLimits) -> Result<(), 
     Ok(())
 }
 
+/// How much of an image `dimensions` reads: its headers (a JPEG's EXIF and ICC segments
+/// are at most 64 KiB each), not its pixels.
+const HEADER_BYTES: usize = 256 << 10;
+
 /// The image's width and height from its header alone, without decoding its pixels
-/// (`None` where the header does not say them: the decode then says why). Upright or
-/// not, the pixel count is the same.
+/// (`None` where the header does not say them within its first `HEADER_BYTES`: the decode
+/// then says why, or prices it). Upright or not, the pixel count is the same. Only the
+/// prefix is handed to the decoder: the JPEG decoder copies whatever it is given before
+/// it reads a header, which for a 12 MP photo was its whole body, on the request path.
 pub fn dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
-    ImageReader::new(Cursor::new(bytes))
+    let header = &bytes[..bytes.len().min(HEADER_BYTES)];
+    ImageReader::new(Cursor::new(header))
         .with_guessed_format()
         .ok()?
         .into_dimensions()
@@ -395,6 +402,17 @@ mod tests {
         let cut = &png[..png.len() - 20];
         assert_eq!(dimensions(cut), Some((300, 200)));
         assert!(decode(cut, &DecodeLimits::default()).is_err());
+        // A JPEG longer than the header prefix: its size is still read from the prefix.
+        let noise = RgbImage::from_fn(1200, 900, |x, y| {
+            let v = (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)) as u8;
+            Rgb([v, v.rotate_left(3), v.rotate_left(5)])
+        });
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 95)
+            .encode_image(&noise)
+            .unwrap();
+        assert!(jpeg.len() > HEADER_BYTES, "{} bytes", jpeg.len());
+        assert_eq!(dimensions(&jpeg), Some((1200, 900)));
         assert_eq!(dimensions(b"not an image"), None);
         assert_eq!(dimensions(&[]), None);
     }

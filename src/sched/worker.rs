@@ -219,7 +219,6 @@ impl<E: Executor> Replica<E> {
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 let per_request = compute / n as u32;
-
                 state.record_success(per_request);
                 for (job, output) in batch.iter().zip(&outputs) {
                     // A batch's model stage is the batch's: each request's share of it.
