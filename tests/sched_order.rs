@@ -377,3 +377,34 @@ async fn a_large_request_priced_by_a_guess_is_passed_only_by_small_ones_within_i
         vec![vec![40], vec![48], vec![2000], vec![47]]
     );
 }
+
+/// Each protocol's answers teach the server how long an answer of their kind takes after
+/// its run; that time is kept off later requests' deadlines (`Terms::answer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_timed_by_kind_once_made() {
+    use celer::codec::ImageFormat;
+    use celer::http::answer_time::AnswerKind;
+    use celer::sched::Work;
+    let served = serve(Scheduling::Cost);
+    served.gate.set_open(true);
+    let alpha = AnswerKind::Image {
+        output: OutputKind::Alpha,
+        format: ImageFormat::Png,
+    };
+    let work = Work::of_image(300, 200, false);
+    let kept = |kind| served.state.answers.allowance(kind, work).kept();
+    assert_eq!(
+        kept(alpha),
+        Duration::ZERO,
+        "nothing is kept before an answer"
+    );
+    for _ in 0..3 {
+        let answered = served.ask(invocation(300, 200, "")).await;
+        assert_eq!(answered.status(), StatusCode::OK);
+    }
+    assert!(kept(alpha) > Duration::ZERO);
+    assert_eq!(kept(AnswerKind::V2Rest), Duration::ZERO);
+    let answered = served.ask(v2_infer(300, 200, serde_json::json!({}))).await;
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert!(kept(AnswerKind::V2Rest) > Duration::ZERO);
+}

@@ -810,3 +810,67 @@ fn a_queue_budget_is_not_spent_on_the_priors_guess() {
     }
     router.shutdown();
 }
+
+/// The time a request's answer takes after its run (`Terms::answer`, its encode) is the
+/// request's too: by cost, a request whose run would end in time but whose answer would
+/// not is refused at once, and the expected completion it is told counts the answer; by
+/// count nothing is refused for its price.
+#[test]
+fn the_answers_time_after_the_run_is_kept_off_the_deadline() {
+    use celer::sched::Terms;
+    let gate = Gate::closed();
+    let start_with = |scheduling| {
+        let router = start(
+            vec![gated("only", 1, OFF, &gate)],
+            SchedulerConfig {
+                queue_capacity: 8,
+                scheduling,
+                ..SchedulerConfig::default()
+            },
+        );
+        // Prices of 100 s, so that the milliseconds this test takes are lost in them.
+        router.seed_service_time(0, Duration::from_secs(100));
+        router
+    };
+    let within = |s: u64| Terms::by(Instant::now() + Duration::from_secs(s));
+    let router = start_with(Scheduling::Cost);
+    // A 100 s run and a 50 s answer do not end within 120 s...
+    let terms = within(120).with_answer(Duration::from_secs(50));
+    match router.submit_admitted(router.admit().expect("a slot"), 0, terms) {
+        Err(SubmitError::DeadlineUnreachable {
+            expected_ms,
+            deadline_ms,
+            ..
+        }) => {
+            assert_eq!(expected_ms, 150_000);
+            assert!((119_000..=120_000).contains(&deadline_ms), "{deadline_ms}");
+        }
+        other => panic!("expected DeadlineUnreachable, got {:?}", other.map(|_| ())),
+    }
+    // With no time for the answer, 120 s is enough; behind that run (100 s), a run and
+    // an answer end within 260 s.
+    let admitted = [
+        within(120),
+        within(260).with_answer(Duration::from_secs(50)),
+    ]
+    .map(|terms| {
+        router
+            .submit_admitted(router.admit().expect("a slot"), 1, terms)
+            .expect("admitted")
+    });
+    gate.set_open(true);
+    for t in admitted {
+        assert!(answer(t).is_ok());
+    }
+    router.shutdown();
+
+    gate.set_open(false);
+    let router = start_with(Scheduling::Count);
+    let terms = within(120).with_answer(Duration::from_secs(50));
+    let ticket = router
+        .submit_admitted(router.admit().expect("a slot"), 2, terms)
+        .expect("by count, admitted");
+    gate.set_open(true);
+    assert!(answer(ticket).is_ok());
+    router.shutdown();
+}

@@ -14,7 +14,7 @@ use crate::pixels::GrayPixels;
 use crate::spec::OutputKind;
 
 /// How an image answer is encoded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ImageFormat {
     #[default]
     Png,

@@ -35,6 +35,11 @@ pub struct Inference {
 }
 
 impl Inference {
+    /// When the replica's run ended.
+    pub fn run_ended(&self) -> Instant {
+        self.started + self.compute
+    }
+
     /// The answer is encoded: the stages' times, encode's included, and when it ended.
     pub fn encoded(&mut self, stages: StageTimings) {
         self.stages = stages;

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::access;
+use super::answer_time::{Allowance, AnswerKind};
 use super::error::ApiError;
 use super::negotiate::{body_kind, wanted, BodyKind};
 use super::urgency;
@@ -49,7 +50,11 @@ pub async fn invocations(
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let planes = codec::planes_of(output);
     if kind == BodyKind::Image {
-        refuse_unreachable_before_decoding(&state, &bytes, planes, &terms)?;
+        let answer = AnswerKind::Image {
+            output,
+            format: wanted.format,
+        };
+        refuse_unreachable_before_decoding(&state, &bytes, planes, &terms, answer)?;
     }
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
@@ -77,13 +82,20 @@ pub async fn invocations(
             blocking(move || timed_decode(&encoded, &limits, pixels.as_ref())).await?
         }
     };
-    let served = run_image(&state, admission, image, decode_time, planes, terms).await?;
+    let answer = AnswerKind::Image {
+        output,
+        format: wanted.format,
+    };
+    let served = run_image(&state, admission, image, decode_time, planes, terms, answer).await?;
 
-    let mut inference = served.inference;
+    let Served {
+        output: out,
+        mut inference,
+        answer,
+    } = served;
     let queued = inference.queued;
-    let dimensions = served.output.planes.dimensions();
+    let dimensions = out.planes.dimensions();
     let (rendered, timings) = blocking(move || {
-        let out = served.output;
         let mut timings = out.timings;
         codec::render_as(&out.planes, output, wanted.format, &mut timings)
             .map(|r| (r, timings))
@@ -91,6 +103,7 @@ pub async fn invocations(
     })
     .await?;
     inference.encoded(timings);
+    answer.answered(inference.run_ended());
     state
         .hosting
         .check_response(rendered.body.len(), wanted, dimensions)?;
@@ -114,6 +127,8 @@ pub async fn invocations(
 pub(super) struct Served {
     pub output: MatteOutput,
     pub inference: access::Inference,
+    /// The time kept for the answer after the run; told how long it took once made.
+    pub answer: Allowance,
 }
 
 impl Served {
@@ -124,7 +139,7 @@ impl Served {
         self,
         encode: impl FnOnce(&MattePlanes) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<(T, access::Inference, (u32, u32)), ApiError> {
-        let (mut inference, out) = (self.inference, self.output);
+        let (mut inference, out, allowance) = (self.inference, self.output, self.answer);
         let (answer, timings, dimensions) = blocking(move || {
             let mut timings = out.timings;
             let t = Instant::now();
@@ -134,6 +149,7 @@ impl Served {
         })
         .await?;
         inference.encoded(timings);
+        allowance.answered(inference.run_ended());
         Ok((answer, inference, dimensions))
     }
 }
@@ -146,10 +162,13 @@ pub(super) fn refuse_unreachable_before_decoding(
     bytes: &[u8],
     planes: Planes,
     terms: &Terms,
+    answer: AnswerKind,
 ) -> Result<(), ApiError> {
     if let Some((width, height)) = decode::dimensions(bytes) {
         let work = Work::of_image(width, height, planes.cutout);
-        state.scheduler.check_deadline(&terms.with_work(work))?;
+        let answer = state.answers.allowance(answer, work).kept();
+        let terms = terms.with_work(work).with_answer(answer);
+        state.scheduler.check_deadline(&terms)?;
     }
     Ok(())
 }
@@ -157,7 +176,9 @@ pub(super) fn refuse_unreachable_before_decoding(
 /// The part of the request path every protocol shares: an admitted, decoded image
 /// through the router to a replica and back, under the request's terms (its deadline
 /// and priority; its work, the image's pixels and whether it is composited, is priced
-/// here). The admission comes from `admit_and_read`, so that overload is answered at once.
+/// here, and the time its answer, made as `answer`, takes after the run is kept off its
+/// deadline). The admission comes from `admit_and_read`, so that overload is answered
+/// at once.
 pub(super) async fn run_image(
     state: &AppState,
     admission: Admission,
@@ -165,6 +186,7 @@ pub(super) async fn run_image(
     decode_time: Duration,
     planes: Planes,
     terms: Terms,
+    answer: AnswerKind,
 ) -> Result<Served, ApiError> {
     // Called as soon as the image is decoded.
     let decoded_at = Instant::now();
@@ -173,10 +195,10 @@ pub(super) async fn run_image(
         ..StageTimings::default()
     };
     let work = Work::of_image(image.width(), image.height(), planes.cutout);
+    let allowance = state.answers.allowance(answer, work);
+    let terms = terms.with_work(work).with_answer(allowance.kept());
     let job = MatteJob::new(Arc::new(image), timings, planes);
-    let ticket = state
-        .scheduler
-        .submit_admitted(admission, job, terms.with_work(work))?;
+    let ticket = state.scheduler.submit_admitted(admission, job, terms)?;
     let done = ticket.wait().await?;
     let inference = access::Inference {
         device: state
@@ -195,6 +217,7 @@ pub(super) async fn run_image(
     Ok(Served {
         output: done.output,
         inference,
+        answer: allowance,
     })
 }
 

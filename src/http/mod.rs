@@ -4,6 +4,7 @@
 //! runs on the executor.
 
 pub mod access;
+pub mod answer_time;
 pub mod body;
 pub mod error;
 mod fetch;
@@ -61,6 +62,8 @@ pub struct AppState {
     /// GPUs' engines build (`--ready-while-building`), not only once every device has
     /// loaded.
     pub ready_while_building: bool,
+    /// How long answers take to make after their runs, by kind: kept off the deadline.
+    pub answers: answer_time::AnswerTimes,
     /// Set at SIGTERM: requests are still answered, readiness says 503 so that load
     /// balancers stop sending them.
     draining: AtomicBool,
@@ -138,6 +141,7 @@ impl AppState {
             pixels: front.pixels,
             tracer: front.tracer,
             ready_while_building: front.ready_while_building,
+            answers: answer_time::AnswerTimes::default(),
             draining: AtomicBool::new(false),
         }
     }

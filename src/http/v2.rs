@@ -19,6 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::answer_time::AnswerKind;
 use super::error::ApiError;
 use super::invocations::{admit_and_read, base64_payload, blocking, run_image, timed_decode};
 use super::urgency;
@@ -336,6 +337,7 @@ pub async fn infer(
         parsed.decode_time,
         planes,
         terms,
+        AnswerKind::V2Rest,
     )
     .await?;
     let model = state.model.name.clone();

@@ -844,6 +844,16 @@ impl<E: Executor> Shared<E> {
         }
     }
 
+    /// The deadline a request's run is kept by on its device. By cost, the run's own
+    /// (`Terms::run_deadline`): a run that ends later answers late, after its encode. By
+    /// count, the request's, as a count-based router has it.
+    fn kept_deadline(&self, terms: &Terms) -> Instant {
+        match self.scheduling {
+            Scheduling::Cost => terms.run_deadline(),
+            Scheduling::Count => terms.deadline,
+        }
+    }
+
     /// The device for the next request under the routing policy, and the request's
     /// price there. By cost, a request the chosen device would finish after its
     /// deadline is refused here, at once.
@@ -861,7 +871,7 @@ impl<E: Executor> Shared<E> {
                 cost,
                 measured,
                 worst: cost,
-                deadline: terms.deadline,
+                deadline: terms.run_deadline(),
             });
             (cost, measured, self.wait_on(device, ahead) + cost)
         };
@@ -957,7 +967,8 @@ impl<E: Executor> Shared<E> {
         // Refused only on measured prices: its own, and those of the work ahead of it.
         if by_cost && measured && !self.guessing(device) {
             let left = terms.deadline.saturating_duration_since(now);
-            let done = done.mul_f64(overrun);
+            // Its answer's encode, after the run, is the request's time too.
+            let done = done.mul_f64(overrun) + terms.answer;
             if done > left {
                 return Err(SubmitError::DeadlineUnreachable {
                     expected_ms: ms(done),
@@ -995,7 +1006,7 @@ impl<E: Executor> Shared<E> {
             worst: placement.worst,
             priority: terms.priority.level(),
             enqueued: Instant::now(),
-            deadline: terms.deadline,
+            deadline: self.kept_deadline(terms),
             server_deadline: terms.server_deadline,
             reply,
             _outstanding: Outstanding::new(&slot.state),

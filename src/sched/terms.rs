@@ -4,7 +4,7 @@
 //! parameters; here they are only values.
 
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::cost::Work;
 
@@ -61,10 +61,15 @@ impl std::str::FromStr for Priority {
 #[error("priority `{0}`: expected a level from 1 (runs first) to 9, or 0 for the default (5)")]
 pub struct PriorityError(String);
 
-/// A request's terms: when its answer is no longer wanted, how urgent it is, and its work.
+/// A request's terms: when its answer is no longer wanted, how urgent it is, its work,
+/// and how long its answer takes to make once its run has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terms {
     pub deadline: Instant,
+    /// What the answer is expected to take after the run, at worst (its encode, on the
+    /// server's blocking pool): the run must end this much before `deadline`, or the
+    /// answer is late though the run was in time.
+    pub answer: Duration,
     /// The server's own deadline, no sooner than `deadline`: a run past it is a stuck
     /// device's sign (a run past only the client's is a late answer, not a fault).
     pub server_deadline: Instant,
@@ -77,6 +82,7 @@ impl Terms {
     pub fn by(deadline: Instant) -> Self {
         Self {
             deadline,
+            answer: Duration::ZERO,
             server_deadline: deadline,
             priority: Priority::DEFAULT,
             work: Work::default(),
@@ -89,6 +95,19 @@ impl Terms {
             server_deadline: server.max(self.deadline),
             ..self
         }
+    }
+
+    /// The terms with `answer` kept for the answer after the run (`Terms::answer`).
+    pub fn with_answer(self, answer: Duration) -> Self {
+        Self { answer, ..self }
+    }
+
+    /// When the run must end for the answer to be in time: the deadline the scheduler
+    /// admits, orders and refuses by.
+    pub fn run_deadline(&self) -> Instant {
+        self.deadline
+            .checked_sub(self.answer)
+            .unwrap_or(self.deadline)
     }
 
     pub fn with_work(self, work: Work) -> Self {

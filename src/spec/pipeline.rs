@@ -143,7 +143,7 @@ pub enum MattingSpec {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputKind {
     /// RGBA PNG: the source pixels with alpha.

@@ -12,6 +12,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::codec::decode::DecodeLimits;
 use crate::codec::ImageFormat;
 use crate::http::access::Inference;
+use crate::http::answer_time::AnswerKind;
 use crate::http::error::ApiError;
 use crate::http::invocations::{blocking, run_image, timed_decode};
 use crate::http::urgency;
@@ -91,6 +92,7 @@ pub async fn model_infer(
         parsed.decode_time,
         planes,
         terms,
+        AnswerKind::V2Grpc,
     )
     .await?;
     let model = state.model.name.clone();
