@@ -290,14 +290,42 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
 
 /// A PNG of `width` x `height` cut inside its pixel data: its header says its size, its
 /// decode is a 400.
-fn cut_invocation(width: u32, height: u32, attributes: &str) -> Request<Body> {
+fn cut_png(width: u32, height: u32) -> Vec<u8> {
     let mut png = png(width, height);
     png.truncate(png.len() - 20);
+    png
+}
+
+fn cut_invocation(width: u32, height: u32, attributes: &str) -> Request<Body> {
     Request::post("/invocations")
         .header(header::CONTENT_TYPE, "image/png")
         .header("X-Amzn-SageMaker-Custom-Attributes", attributes)
-        .body(Body::from(png))
+        .body(Body::from(cut_png(width, height)))
         .expect("request")
+}
+
+/// The cut PNG in base64, in /invocations' JSON body and in a v2 request (its deadline in
+/// the v2 parameters, microseconds).
+fn cut_in_json(width: u32, height: u32, deadline_ms: u64) -> [Request<Body>; 2] {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(cut_png(width, height));
+    let invocation = Request::post("/invocations")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            "X-Amzn-SageMaker-Custom-Attributes",
+            format!("deadline-ms={deadline_ms}"),
+        )
+        .body(Body::from(serde_json::json!({ "image": b64 }).to_string()))
+        .expect("request");
+    let v2 = serde_json::json!({
+        "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64]}],
+        "outputs": [{"name": "alpha"}],
+        "parameters": {"timeout": deadline_ms * 1000},
+    });
+    let v2 = Request::post("/v2/models/celer/infer")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(v2.to_string()))
+        .expect("request");
+    [invocation, v2]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,6 +346,21 @@ async fn a_deadline_that_cannot_be_met_is_refused_from_the_header_before_decodin
         .ask(cut_invocation(300, 200, "deadline-ms=5000"))
         .await;
     assert_eq!(decoded.status(), StatusCode::BAD_REQUEST);
+    // So is an image in JSON, in /invocations' body or a v2 request, once its base64 is
+    // undone.
+    for request in cut_in_json(300, 200, 50) {
+        let refused = served.ask(request).await;
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = json(refused).await;
+        let code = body["code"]
+            .as_str()
+            .or(body["error"].as_str())
+            .unwrap_or_default();
+        assert!(code.contains("deadline_unreachable"), "{body}");
+    }
+    for request in cut_in_json(300, 200, 5000) {
+        assert_eq!(served.ask(request).await.status(), StatusCode::BAD_REQUEST);
+    }
 
     // By count nothing is refused for its price: the decode answers.
     let by_count = serve(Scheduling::Count);

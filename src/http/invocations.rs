@@ -49,19 +49,23 @@ pub async fn invocations(
     let output = wanted.kind;
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let planes = codec::planes_of(output);
+    let answer = AnswerKind::Image {
+        output,
+        format: wanted.format,
+    };
     if kind == BodyKind::Image {
-        let answer = AnswerKind::Image {
-            output,
-            format: wanted.format,
-        };
         refuse_unreachable_before_decoding(&state, &bytes, planes, &terms, answer)?;
     }
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
+    let checking = state.clone();
     let source = blocking(move || match kind {
         BodyKind::Image => timed_decode(&bytes, &limits, pixels.as_ref()).map(Source::Decoded),
         BodyKind::Json => match json_image(&bytes)? {
             JsonImage::Inline(encoded) => {
+                // Its base64 undone here, off the executor: refused before its decode
+                // as an image body is.
+                refuse_unreachable_before_decoding(&checking, &encoded, planes, &terms, answer)?;
                 timed_decode(&encoded, &limits, pixels.as_ref()).map(Source::Decoded)
             }
             JsonImage::Url(url) => Ok(Source::Url(url)),
@@ -78,13 +82,10 @@ pub async fn invocations(
                 )
             })?;
             let encoded = fetcher.fetch(&url).await?;
+            refuse_unreachable_before_decoding(&state, &encoded, planes, &terms, answer)?;
             let pixels = state.pixels.clone();
             blocking(move || timed_decode(&encoded, &limits, pixels.as_ref())).await?
         }
-    };
-    let answer = AnswerKind::Image {
-        output,
-        format: wanted.format,
     };
     let served = run_image(&state, admission, image, decode_time, planes, terms, answer).await?;
 

@@ -21,7 +21,10 @@ use serde_json::{json, Value};
 
 use super::answer_time::AnswerKind;
 use super::error::ApiError;
-use super::invocations::{admit_and_read, base64_payload, blocking, run_image, timed_decode};
+use super::invocations::{
+    admit_and_read, base64_payload, blocking, refuse_unreachable_before_decoding, run_image,
+    timed_decode,
+};
 use super::urgency;
 use super::AppState;
 use crate::codec::decode::{self, DecodeLimits};
@@ -326,10 +329,26 @@ pub async fn infer(
     let (admission, bytes) = admit_and_read(&state, &headers, body).await?;
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
-    let parsed =
-        blocking(move || parse_infer(bytes, json_length, &limits, pixels.as_ref())).await?;
+    let server = state.limits.deadline;
+    let checking = state.clone();
+    let parsed = blocking(move || {
+        // Refused for its deadline from the image's header, before its decode, as an
+        // image body to /invocations is.
+        let before_decode = |encoded: &[u8], planes: Planes, asked: urgency::Asked| {
+            let terms = asked.terms(arrived, server)?;
+            refuse_unreachable_before_decoding(
+                &checking,
+                encoded,
+                planes,
+                &terms,
+                AnswerKind::V2Rest,
+            )
+        };
+        parse_infer(bytes, json_length, &limits, pixels.as_ref(), &before_decode)
+    })
+    .await?;
     let planes = OutputTensor::planes(parsed.asked.iter().map(|a| a.tensor));
-    let terms = parsed.urgency.terms(arrived, state.limits.deadline)?;
+    let terms = parsed.urgency.terms(arrived, server)?;
     let served = run_image(
         &state,
         admission,
@@ -407,13 +426,20 @@ pub(in crate::http) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::bad_request("bad_inference_request", message)
 }
 
+/// What a request's parse asks before an encoded image is decoded: whether to go on, from
+/// the image's bytes (its header says its size), the planes its outputs need and the
+/// client's priority and deadline.
+type BeforeDecode<'a> = &'a dyn Fn(&[u8], Planes, urgency::Asked) -> Result<(), ApiError>;
+
 /// The JSON header and the binary tensors after it (the binary-data extension), the
-/// image decoded (or copied from its raw tensor) within `limits`.
+/// image decoded (or copied from its raw tensor) within `limits`, once `before_decode`
+/// has let an encoded one through.
 fn parse_infer(
     body: Bytes,
     json_length: Option<usize>,
     limits: &DecodeLimits,
     pixels: &dyn HostAlloc,
+    before_decode: BeforeDecode<'_>,
 ) -> Result<Parsed, ApiError> {
     let json_length = json_length.unwrap_or(body.len());
     if json_length > body.len() {
@@ -446,23 +472,8 @@ fn parse_infer(
         Some(n) => Some(binary.split_to(n)),
         None => None,
     };
-    let (image, decode_time) = match (input.name.as_str(), input.datatype.as_str()) {
-        (INPUT_ENCODED, "BYTES") => {
-            let encoded = encoded_image(input, raw)?;
-            timed_decode(&encoded, limits, pixels)?
-        }
-        (INPUT_RGB, "UINT8") => {
-            let t = Instant::now();
-            (rgb_image(input, raw, limits, pixels)?, t.elapsed())
-        }
-        (name, datatype) => {
-            return Err(bad(format!(
-                "input `{name}` of {datatype}: this model takes `{INPUT_ENCODED}` as BYTES or `{INPUT_RGB}` as UINT8"
-            )))
-        }
-    };
     let binary_default = request.parameters.binary_data_output.unwrap_or(false);
-    let asked = if request.outputs.is_empty() {
+    let asked: Vec<Asked> = if request.outputs.is_empty() {
         OutputTensor::ALL
             .into_iter()
             .map(|tensor| Asked {
@@ -494,12 +505,33 @@ fn parse_infer(
             })
             .collect::<Result<_, _>>()?
     };
+    let urgency = request.parameters.urgency();
+    let (image, decode_time) = match (input.name.as_str(), input.datatype.as_str()) {
+        (INPUT_ENCODED, "BYTES") => {
+            let encoded = encoded_image(input, raw)?;
+            before_decode(
+                &encoded,
+                OutputTensor::planes(asked.iter().map(|a| a.tensor)),
+                urgency,
+            )?;
+            timed_decode(&encoded, limits, pixels)?
+        }
+        (INPUT_RGB, "UINT8") => {
+            let t = Instant::now();
+            (rgb_image(input, raw, limits, pixels)?, t.elapsed())
+        }
+        (name, datatype) => {
+            return Err(bad(format!(
+                "input `{name}` of {datatype}: this model takes `{INPUT_ENCODED}` as BYTES or `{INPUT_RGB}` as UINT8"
+            )))
+        }
+    };
     Ok(Parsed {
         image,
         decode_time,
         id: request.id,
         asked,
-        urgency: request.parameters.urgency(),
+        urgency,
     })
 }
 
@@ -784,7 +816,13 @@ mod tests {
 
     /// An `infer` body parsed under the default limits, its pixels on the heap.
     fn parse(body: Bytes, json_length: Option<usize>) -> Result<Parsed, ApiError> {
-        parse_infer(body, json_length, &limits(), &crate::pixels::Heap)
+        parse_infer(
+            body,
+            json_length,
+            &limits(),
+            &crate::pixels::Heap,
+            &|_, _, _| Ok(()),
+        )
     }
 
     fn png(w: u32, h: u32) -> Vec<u8> {

@@ -5,6 +5,7 @@
 //! [1]`, an encoded image) or `image_rgb` (`UINT8 [H, W, 3]`); `alpha`, `trimap` (`UINT8
 //! [H, W]`) and `cutout` (`BYTES [1]`, PNG, or WebP with the string parameter `format`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -14,14 +15,16 @@ use crate::codec::ImageFormat;
 use crate::http::access::Inference;
 use crate::http::answer_time::AnswerKind;
 use crate::http::error::ApiError;
-use crate::http::invocations::{blocking, run_image, timed_decode};
+use crate::http::invocations::{
+    blocking, refuse_unreachable_before_decoding, run_image, timed_decode,
+};
 use crate::http::urgency;
 use crate::http::v2::{
     bad, bytes_element, model_named, rgb_pixels, rgb_shape, OutputTensor, INPUT_ENCODED, INPUT_RGB,
     MODEL_VERSION,
 };
 use crate::http::AppState;
-use crate::matte::{MattePlanes, MissingPlane};
+use crate::matte::{MattePlanes, MissingPlane, Planes};
 use crate::oip::inference::infer_parameter::ParameterChoice;
 use crate::oip::inference::model_infer_request::InferInputTensor;
 use crate::oip::inference::model_infer_response::InferOutputTensor;
@@ -51,7 +54,7 @@ struct Parsed {
 /// `timeout`, microseconds, or `deadline_ms` parameter), at its `priority` parameter.
 /// What `Inference` says of the request goes to the access line and the metrics.
 pub async fn model_infer(
-    state: &AppState,
+    state: &Arc<AppState>,
     message: ModelInferRequest,
     arrived: Instant,
     client_within: Option<Duration>,
@@ -83,7 +86,22 @@ pub async fn model_infer(
     let admission = state.scheduler.admit()?;
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
-    let parsed = blocking(move || parse(message, &limits, pixels.as_ref())).await?;
+    let checking = state.clone();
+    let parsed = blocking(move || {
+        // Refused for its deadline from the image's header, before its decode, as an
+        // image body to /invocations is.
+        let before_decode = |encoded: &[u8], planes: Planes| {
+            refuse_unreachable_before_decoding(
+                &checking,
+                encoded,
+                planes,
+                &terms,
+                AnswerKind::V2Grpc,
+            )
+        };
+        parse(message, &limits, pixels.as_ref(), &before_decode)
+    })
+    .await?;
     let planes = OutputTensor::planes(parsed.asked.iter().map(|a| a.tensor));
     let served = run_image(
         state,
@@ -151,10 +169,17 @@ fn elements(name: &str, shape: &[i64]) -> Result<u64, ApiError> {
     })
 }
 
+/// What a request's parse asks before an encoded image is decoded: whether to go on,
+/// from the image's bytes (its header says its size) and the planes its outputs need.
+type BeforeDecode<'a> = &'a dyn Fn(&[u8], Planes) -> Result<(), ApiError>;
+
+/// The request's image decoded (or copied from its raw tensor) within `limits`, once
+/// `before_decode` has let an encoded one through, and the outputs it asks for.
 fn parse(
     mut message: ModelInferRequest,
     limits: &DecodeLimits,
     pixels: &dyn HostAlloc,
+    before_decode: BeforeDecode<'_>,
 ) -> Result<Parsed, ApiError> {
     let input: InferInputTensor = match std::mem::take(&mut message.inputs).try_into() {
         Ok::<[InferInputTensor; 1], _>([input]) => input,
@@ -184,58 +209,7 @@ fn parse(
         }
         (_, contents) => contents.unwrap_or_default(),
     };
-    let (image, decode_time) = match (input.name.as_str(), input.datatype.as_str()) {
-        (INPUT_ENCODED, "BYTES") => {
-            if elements(&input.name, &input.shape)? != 1 {
-                return Err(bad(format!(
-                    "input `{INPUT_ENCODED}` holds one image: shape [1], got {:?}",
-                    input.shape
-                )));
-            }
-            let encoded: &[u8] = match (&raw, &contents.bytes_contents[..]) {
-                (Some(raw), _) => bytes_element(raw)?,
-                (None, [one]) => one,
-                (None, many) => {
-                    return Err(bad(format!(
-                        "input `{INPUT_ENCODED}` holds one image; its contents hold {}",
-                        many.len()
-                    )))
-                }
-            };
-            timed_decode(encoded, limits, pixels)?
-        }
-        (INPUT_RGB, "UINT8") => {
-            let t = Instant::now();
-            let size = rgb_shape(&input.shape, limits)?;
-            let image = match &raw {
-                Some(raw) => rgb_pixels(&input.shape, size, raw, pixels)?,
-                None => {
-                    let typed = &contents.uint_contents;
-                    // Checked before copying: the count, then each value.
-                    if typed.len() != size.2 {
-                        return Err(bad(format!(
-                            "input `{INPUT_RGB}` of shape {:?} needs {} values; got {}",
-                            input.shape,
-                            size.2,
-                            typed.len()
-                        )));
-                    }
-                    let bytes = typed
-                        .iter()
-                        .map(|&v| u8::try_from(v).map_err(|_| bad(format!("UINT8 data holds {v}"))))
-                        .collect::<Result<Vec<u8>, _>>()?;
-                    rgb_pixels(&input.shape, size, &bytes, pixels)?
-                }
-            };
-            (image, t.elapsed())
-        }
-        (name, datatype) => {
-            return Err(bad(format!(
-                "input `{name}` of {datatype}: this model takes `{INPUT_ENCODED}` as BYTES or `{INPUT_RGB}` as UINT8"
-            )))
-        }
-    };
-    let asked = if message.outputs.is_empty() {
+    let asked: Vec<Asked> = if message.outputs.is_empty() {
         OutputTensor::ALL
             .into_iter()
             .map(|tensor| Asked {
@@ -269,6 +243,58 @@ fn parse(
                 })
             })
             .collect::<Result<_, _>>()?
+    };
+    let (image, decode_time) = match (input.name.as_str(), input.datatype.as_str()) {
+        (INPUT_ENCODED, "BYTES") => {
+            if elements(&input.name, &input.shape)? != 1 {
+                return Err(bad(format!(
+                    "input `{INPUT_ENCODED}` holds one image: shape [1], got {:?}",
+                    input.shape
+                )));
+            }
+            let encoded: &[u8] = match (&raw, &contents.bytes_contents[..]) {
+                (Some(raw), _) => bytes_element(raw)?,
+                (None, [one]) => one,
+                (None, many) => {
+                    return Err(bad(format!(
+                        "input `{INPUT_ENCODED}` holds one image; its contents hold {}",
+                        many.len()
+                    )))
+                }
+            };
+            before_decode(encoded, OutputTensor::planes(asked.iter().map(|a| a.tensor)))?;
+            timed_decode(encoded, limits, pixels)?
+        }
+        (INPUT_RGB, "UINT8") => {
+            let t = Instant::now();
+            let size = rgb_shape(&input.shape, limits)?;
+            let image = match &raw {
+                Some(raw) => rgb_pixels(&input.shape, size, raw, pixels)?,
+                None => {
+                    let typed = &contents.uint_contents;
+                    // Checked before copying: the count, then each value.
+                    if typed.len() != size.2 {
+                        return Err(bad(format!(
+                            "input `{INPUT_RGB}` of shape {:?} needs {} values; got {}",
+                            input.shape,
+                            size.2,
+                            typed.len()
+                        )));
+                    }
+                    let bytes = typed
+                        .iter()
+                        .map(|&v| u8::try_from(v).map_err(|_| bad(format!("UINT8 data holds {v}"))))
+                        .collect::<Result<Vec<u8>, _>>()?;
+                    rgb_pixels(&input.shape, size, &bytes, pixels)?
+                }
+            };
+            (image, t.elapsed())
+        }
+        (name, datatype) => {
+            return Err(bad(format!(
+                "input `{name}` of {datatype}: this model takes `{INPUT_ENCODED}` as BYTES or `{INPUT_RGB}` as UINT8"
+            )))
+        }
     };
     Ok(Parsed {
         image,
@@ -351,6 +377,7 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::oip::inference::model_infer_request::InferRequestedOutputTensor;
     use crate::pixels::Heap;
 
     fn png(w: u32, h: u32) -> Vec<u8> {
@@ -380,7 +407,7 @@ mod tests {
     }
 
     fn parse_default(m: ModelInferRequest) -> Result<Parsed, ApiError> {
-        parse(m, &DecodeLimits::default(), &Heap)
+        parse(m, &DecodeLimits::default(), &Heap, &|_, _| Ok(()))
     }
 
     #[test]
@@ -405,6 +432,43 @@ mod tests {
         let parsed = parse_default(request(typed, vec![])).unwrap();
         assert_eq!(parsed.image.dimensions(), (16, 12));
         assert!(!parsed.raw);
+    }
+
+    #[test]
+    fn an_encoded_image_is_shown_to_the_check_before_its_decode() {
+        // Cut inside its pixels: its decode would fail, its header is whole.
+        let mut image = png(16, 12);
+        image.truncate(image.len() - 12);
+        let mut typed = input("image", "BYTES", vec![1]);
+        typed.contents = Some(InferTensorContents {
+            bytes_contents: vec![Bytes::from(image)],
+            ..InferTensorContents::default()
+        });
+        let mut m = request(typed, vec![]);
+        m.outputs = vec![InferRequestedOutputTensor {
+            name: "cutout".into(),
+            ..InferRequestedOutputTensor::default()
+        }];
+        let seen = std::sync::Mutex::new(None);
+        let refuse = |encoded: &[u8], planes: Planes| {
+            *seen.lock().unwrap() = Some((crate::codec::decode::dimensions(encoded), planes));
+            Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "deadline_unreachable",
+                "refused",
+            ))
+        };
+        let refused = parse(m.clone(), &DecodeLimits::default(), &Heap, &refuse);
+        assert_eq!(refused.err().unwrap().code, "deadline_unreachable");
+        let (dimensions, planes) = seen.lock().unwrap().take().expect("checked");
+        assert_eq!(dimensions, Some((16, 12)));
+        assert!(planes.cutout && !planes.alpha);
+        // Let through, the cut is found by the decode.
+        let decoded = parse_default(m);
+        assert_eq!(
+            decoded.err().unwrap().status,
+            axum::http::StatusCode::BAD_REQUEST
+        );
     }
 
     #[test]
