@@ -130,6 +130,17 @@ async fn json(response: axum::response::Response) -> serde_json::Value {
         .unwrap_or_else(|_| serde_json::json!({"raw": String::from_utf8_lossy(&bytes)}))
 }
 
+/// The answer's error is `deadline_unreachable`: SageMaker's `code`, or in the v2
+/// error's text.
+async fn assert_refused_for_its_deadline(refused: axum::response::Response) {
+    let body = json(refused).await;
+    let code = body["code"]
+        .as_str()
+        .or(body["error"].as_str())
+        .unwrap_or_default();
+    assert!(code.contains("deadline_unreachable"), "{body}");
+}
+
 impl Served {
     /// Sends `request` and waits for its answer.
     async fn ask(&self, request: Request<Body>) -> axum::response::Response {
@@ -255,12 +266,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once() {
             .and_then(|v| v.parse().ok())
             .expect("a Retry-After in seconds");
         assert!(retry_after >= 1);
-        let body = json(refused).await;
-        let code = body["code"]
-            .as_str()
-            .or(body["error"].as_str())
-            .unwrap_or_default();
-        assert!(code.contains("deadline_unreachable"), "{body}");
+        assert_refused_for_its_deadline(refused).await;
     }
     let met = served.ask(invocation(48, 32, "deadline-ms=5000")).await;
     assert_eq!(met.status(), StatusCode::OK);
@@ -351,12 +357,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_from_the_header_before_decodin
     for request in cut_in_json(300, 200, 50) {
         let refused = served.ask(request).await;
         assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let body = json(refused).await;
-        let code = body["code"]
-            .as_str()
-            .or(body["error"].as_str())
-            .unwrap_or_default();
-        assert!(code.contains("deadline_unreachable"), "{body}");
+        assert_refused_for_its_deadline(refused).await;
     }
     for request in cut_in_json(300, 200, 5000) {
         assert_eq!(served.ask(request).await.status(), StatusCode::BAD_REQUEST);
