@@ -14,8 +14,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// and a lower peak RSS, since freed blocks no longer sit in each thread's heap (figures
 /// in docs/decisions.md, "glibc's malloc: huge pages, mapped from 4 MiB"). What smaller
 /// blocks a burst left in the heaps goes back to the system when the server goes idle
-/// (`cli::set_heap_trim`). glibc reads its tunables only at exec, hence
-/// `exec_with_huge_pages`.
+/// (`cli::set_heap_trim`). glibc reads its tunables only at exec, and mimalloc its options
+/// at start-up, hence `exec_tuned`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 mod glibc_heap {
@@ -34,34 +34,51 @@ mod glibc_heap {
         fn malloc_trim(pad: usize) -> c_int;
     }
 
+    /// Rust's allocations (mimalloc): what a request freed stays mapped this long, in
+    /// milliseconds, for the next request to reuse, instead of mimalloc's default 1 s.
+    /// Under mixed traffic a 12 MP photo's buffers (36 MB for its pixels alone) were
+    /// unmapped between one large request and the next, and each was faulted in and
+    /// zeroed again: on this project's 2-core machines the kernel's page clearing took
+    /// 7.5 % of all CPU time, in bursts of 20-60 % that slowed runs 2-4x (figures in
+    /// docs/decisions.md, "Memory kept between requests"). An idle server still gives the
+    /// memory back, 10 s after its last request.
+    const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
+    const PURGE_DELAY_MS: &str = "10000";
+
     /// Runs this program again, same arguments and process, with `glibc.malloc.hugetlb=1`
-    /// added to `GLIBC_TUNABLES`, unless that already names the tunable (so
-    /// `glibc.malloc.hugetlb=0` opts out) or this is the re-executed process. Returns
-    /// only when it did not exec (nothing to do, or the exec failed: the program runs on
-    /// without huge pages).
-    pub fn exec_with_huge_pages() {
+    /// added to `GLIBC_TUNABLES` (unless that already names the tunable, so
+    /// `glibc.malloc.hugetlb=0` opts out) and `MIMALLOC_PURGE_DELAY` set (unless it is
+    /// already), unless both are set or this is the re-executed process. Returns only
+    /// when it did not exec (nothing to do, or the exec failed: the program runs on
+    /// without them).
+    pub fn exec_tuned() {
         let current = std::env::var(TUNABLES).unwrap_or_default();
-        if current.contains(HUGE_PAGES) || std::env::var_os(TUNED).is_some() {
+        let huge_pages = !current.contains(HUGE_PAGES);
+        let purge_delay = std::env::var_os(PURGE_DELAY).is_none();
+        if !(huge_pages || purge_delay) || std::env::var_os(TUNED).is_some() {
             return;
         }
         let Ok(exe) = std::env::current_exe() else {
             return;
-        };
-        let value = match current.as_str() {
-            "" => format!("{HUGE_PAGES}=1"),
-            other => format!("{other}:{HUGE_PAGES}=1"),
         };
         let mut args = std::env::args_os();
         let mut command = std::process::Command::new(exe);
         if let Some(arg0) = args.next() {
             command.arg0(arg0);
         }
-        let err = command
-            .args(args)
-            .env(TUNABLES, value)
-            .env(TUNED, "1")
-            .exec();
-        eprintln!("note: running without glibc's huge pages for malloc: {err}");
+        command.args(args).env(TUNED, "1");
+        if huge_pages {
+            let value = match current.as_str() {
+                "" => format!("{HUGE_PAGES}=1"),
+                other => format!("{other}:{HUGE_PAGES}=1"),
+            };
+            command.env(TUNABLES, value);
+        }
+        if purge_delay {
+            command.env(PURGE_DELAY, PURGE_DELAY_MS);
+        }
+        let err = command.exec();
+        eprintln!("note: running without glibc's huge pages or mimalloc's purge delay: {err}");
     }
 
     pub fn tune() {
@@ -80,7 +97,7 @@ mod glibc_heap {
 fn main() -> std::process::ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        glibc_heap::exec_with_huge_pages();
+        glibc_heap::exec_tuned();
         glibc_heap::tune();
     }
     let cli = celer::cli::Cli::parse();

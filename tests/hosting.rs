@@ -547,36 +547,67 @@ fn environ_of(pid: u32) -> String {
     String::from_utf8_lossy(&environ).replace('\0', "\n")
 }
 
-/// `celer serve` runs with glibc's transparent huge pages for malloc (it re-executes
-/// itself with the tunable, src/main.rs), keeps a caller's other tunables, and leaves an
-/// explicit `glibc.malloc.hugetlb=0` alone; each then serves a photo.
+/// `celer serve` runs with glibc's transparent huge pages for malloc and mimalloc's purge
+/// delay at 10 s (it re-executes itself with them, src/main.rs), keeps a caller's other
+/// tunables, and leaves an explicit `glibc.malloc.hugetlb=0` or purge delay alone; each
+/// then serves a photo.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
-fn serve_runs_with_glibc_huge_pages_unless_told_not_to() {
+fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
     let fixture = fixture_dir("prob-guided");
     let jpeg = common::jpeg_bytes(&common::bright_rectangle(96, 64), 90);
-    let cases: [(Option<&str>, &[&str], &str); 3] = [
-        (None, &["GLIBC_TUNABLES=glibc.malloc.hugetlb=1"], "-"),
+    // (GLIBC_TUNABLES given, MIMALLOC_PURGE_DELAY given, lines wanted, a line not wanted)
+    type Case<'a> = (Option<&'a str>, Option<&'a str>, &'a [&'a str], &'a str);
+    let cases: [Case; 4] = [
+        (
+            None,
+            None,
+            &[
+                "GLIBC_TUNABLES=glibc.malloc.hugetlb=1",
+                "MIMALLOC_PURGE_DELAY=10000",
+            ],
+            "-",
+        ),
         (
             Some("glibc.malloc.tcache_count=7"),
+            None,
             &[
                 "GLIBC_TUNABLES=glibc.malloc.tcache_count=7",
                 "glibc.malloc.hugetlb=1",
+                "MIMALLOC_PURGE_DELAY=10000",
             ],
             "-",
         ),
         (
             Some("glibc.malloc.hugetlb=0"),
-            &["GLIBC_TUNABLES=glibc.malloc.hugetlb=0"],
+            None,
+            &[
+                "GLIBC_TUNABLES=glibc.malloc.hugetlb=0",
+                "MIMALLOC_PURGE_DELAY=10000",
+            ],
             "glibc.malloc.hugetlb=1",
         ),
+        // Both set: nothing to add, so no second exec.
+        (
+            Some("glibc.malloc.hugetlb=0"),
+            Some("250"),
+            &[
+                "GLIBC_TUNABLES=glibc.malloc.hugetlb=0",
+                "MIMALLOC_PURGE_DELAY=250",
+            ],
+            "CELER_GLIBC_TUNED=1",
+        ),
     ];
-    for (given, want, not_want) in cases {
+    for (given, purge, want, not_want) in cases {
         let mut command = Server::command(&fixture, ["--replicas", "1"], &[]);
         command.env_remove("CELER_GLIBC_TUNED");
         match given {
             Some(value) => command.env("GLIBC_TUNABLES", value),
             None => command.env_remove("GLIBC_TUNABLES"),
+        };
+        match purge {
+            Some(value) => command.env("MIMALLOC_PURGE_DELAY", value),
+            None => command.env_remove("MIMALLOC_PURGE_DELAY"),
         };
         let server = Server::spawn(command, Duration::from_secs(60));
         let environ = environ_of(server.pid());
