@@ -8,8 +8,9 @@ of the sequence when its last is answered), each with the same client deadline
 cut-out's PNG is over real-time hosting's 6 MB response limit). The bench reports each
 input's percentiles, its answers slower than the deadline, and its refusals by code.
 The server is started with `--scheduling count` (the estimate by count and arrival
-order) and `--scheduling cost` in alternating rounds, on the same cores; the medians
-over the rounds and their ratio are printed.
+order) and `--scheduling cost` in alternating rounds, on the same cores, both with
+`--warmup-size` at the traffic's two sizes unless told otherwise (`--server-warmup`); the
+medians over the rounds and their ratio are printed.
 
     scripts/mixed_traffic.py [--rounds 3] [--duration-s 30] [--clients 4] [--deadline-ms 10000]
                              [--output alpha|cutout]
@@ -74,6 +75,8 @@ def round_of(scheduling, args, work):
         # A 12 MP cut-out's PNG (9 MB) is over real-time hosting's 6 MB response limit.
         extra = ["--max-response-bytes", "0"] if args.output == "cutout" else []
         extra += ["--max-queue-wait", args.max_queue_wait]
+        if args.server_warmup != "none":
+            extra += ["--warmup-size", args.server_warmup]
         server = start(scheduling, port, log, extra)
         try:
             out = work / f"{scheduling}.json"
@@ -113,6 +116,9 @@ def main():
     parser.add_argument("--max-queue-wait", default="2x",
                         help="both servers' queue budget (`celer serve --max-queue-wait`): "
                              "more clients than it admits are refused and retry at once")
+    parser.add_argument("--server-warmup", default=",".join(SIZES),
+                        help="both servers' `--warmup-size` (default: the traffic's two sizes, "
+                             "as a deployment prepared for its traffic sets it), or none")
     parser.add_argument("--output", choices=["alpha", "cutout"], default="alpha",
                         help="what each request asks for (cutout: the server without a "
                              "response limit)")
@@ -138,7 +144,7 @@ def main():
 
     print(f"\n{os.cpu_count()} cores, {args.clients} clients, output={args.output}, "
           f"deadline-ms={args.deadline_ms}, max-queue-wait={args.max_queue_wait}, "
-          f"honor-retry-after={args.honor_retry_after}, "
+          f"honor-retry-after={args.honor_retry_after}, server-warmup={args.server_warmup}, "
           f"{args.duration_s:.0f} s a round, medians of {args.rounds} rounds (server logs in {work})")
     print("| scheduling | 320x320 p50 / p99 ms | 4032x3024 p50 / p99 ms | req/s | answered 200 "
           "| of them late | other answers |")

@@ -629,6 +629,43 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
     }
 }
 
+/// `--warmup-size` on the CPU: each replica runs an image of the size at load, and the
+/// device is priced from the timed run before its first request (`/metrics` shows the
+/// cost model's price of a request's models); without it, nothing is priced until a
+/// request has run.
+#[test]
+fn cpu_replicas_warm_up_at_load_and_are_priced_before_the_first_request() {
+    let fixture = fixture_dir("prob-guided");
+    let price = |server: &Server| -> f64 {
+        let (status, body) = server.get("/metrics");
+        assert_eq!(status, 200);
+        let text = String::from_utf8_lossy(&body).into_owned();
+        text.lines()
+            .find_map(|line| line.strip_prefix("celer_device_cost_fixed_seconds{device=\"cpu\"} "))
+            .unwrap_or_else(|| panic!("no price of the CPU in {text}"))
+            .parse()
+            .expect("a number")
+    };
+    let warmed = Server::spawn(
+        Server::command(
+            &fixture,
+            ["--replicas", "2", "--warmup-size", "96x64,200x150"],
+            &[],
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(price(&warmed) > 0.0, "{}", warmed.log());
+    let cold = Server::spawn(
+        Server::command(&fixture, ["--replicas", "2"], &[]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(price(&cold), 0.0);
+    let jpeg = common::jpeg_bytes(&common::bright_rectangle(96, 64), 90);
+    let answer = cold.post("/invocations", &[("Content-Type", "image/jpeg")], &jpeg);
+    assert_eq!(answer.status, 200, "{}", cold.log());
+    assert!(price(&cold) > 0.0);
+}
+
 /// CloudWatch's view of a server: with `CELER_LOG_FORMAT=json` every log line is one JSON
 /// object, and each request has an access line under its id: SageMaker's
 /// `X-Amzn-SageMaker-Inference-Id` when sent, else one celer makes; either comes back in

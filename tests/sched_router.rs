@@ -874,3 +874,43 @@ fn the_answers_time_after_the_run_is_kept_off_the_deadline() {
     assert!(answer(ticket).is_ok());
     router.shutdown();
 }
+
+/// Prices change only with runs, so a device whose prices refuse every request would
+/// refuse them for good. Once it has run nothing for `reprobe_after`, one request they
+/// refuse goes to it anyway, alone; run faster than its price, it restarts the prices.
+#[test]
+fn a_device_refusing_on_prices_no_run_has_tested_for_a_while_probes_them() {
+    let gate = Gate::closed();
+    let reprobe_after = Duration::from_secs(2);
+    let router = start(
+        vec![gated("only", 1, OFF, &gate)],
+        SchedulerConfig {
+            reprobe_after,
+            ..SchedulerConfig::default()
+        },
+    );
+    // Priced at 100 s, then a run of a moment: still priced at tens of seconds.
+    router.seed_service_time(0, Duration::from_secs(100));
+    let first = router.submit(0, far()).expect("admitted");
+    gate.allow(1);
+    assert!(answer(first).is_ok());
+    let within_a_second = || Instant::now() + Duration::from_secs(1);
+    let refused = |result: Result<Ticket<GateExecutor>, SubmitError>| {
+        matches!(result, Err(SubmitError::DeadlineUnreachable { .. }))
+    };
+    // A run just ended: its prices stand.
+    assert!(refused(router.submit(1, within_a_second())));
+    std::thread::sleep(reprobe_after + Duration::from_millis(100));
+    // Nothing ran since: one request is sent as a probe, and only one.
+    let probe = router.submit(2, within_a_second()).expect("a probe");
+    gate.wait_entered(2);
+    assert!(refused(router.submit(3, within_a_second())));
+    gate.allow(1);
+    assert!(answer(probe).is_ok());
+    // It ran in a moment: the device is priced by it now.
+    let after = router.submit(4, within_a_second()).expect("admitted");
+    gate.allow(1);
+    assert!(answer(after).is_ok());
+    assert_eq!(gate.ran(), vec![vec![0], vec![2], vec![4]]);
+    router.shutdown();
+}

@@ -84,12 +84,13 @@ pub struct DeviceArgs {
     #[arg(long, env = "CELER_ENGINES_DIR")]
     pub engines_dir: Option<PathBuf>,
 
-    /// An image size, WIDTHxHEIGHT, that each GPU replica runs once at load, so that the
-    /// first requests of that size pay no first-run costs (their resize tables, the first
-    /// launches at their grid sizes); repeat it, or list sizes with commas, for several
-    /// (the last one's tables stay in place). The page-locked blocks for requests' pixels
-    /// are sized for the largest, at least 1920x1080. Every replica also runs a small
-    /// image at load.
+    /// An image size, WIDTHxHEIGHT, that each replica runs at load, so that the first
+    /// requests of that size pay no first-run costs (on a GPU its resize tables and the
+    /// first launches at its grid sizes; on the CPU the first page faults of its memory)
+    /// and, on the CPU, are priced from a timed run instead of the prior; repeat it, or
+    /// list sizes with commas, for several (the last one's tables stay in place). The
+    /// page-locked blocks for requests' pixels are sized for the largest, at least
+    /// 1920x1080. Every GPU replica also runs a small image at load.
     #[arg(long = "warmup-size", env = "CELER_WARMUP_SIZES", value_delimiter = ',', value_parser = image_size)]
     pub warmup_sizes: Vec<(u32, u32)>,
 

@@ -108,7 +108,13 @@ pub fn device_setups(
         );
         let (cpu_spec, precision) = variants(Target::Cpu);
         return Ok(ServingDevices {
-            setups: vec![cpu_device_setup(&cpu_spec, count, threads, solo_threads)],
+            setups: vec![cpu_device_setup(
+                &cpu_spec,
+                count,
+                threads,
+                solo_threads,
+                &device.warmup_sizes,
+            )],
             pixels: pixels::heap(),
             precisions: vec![(Device::Cpu, precision)],
         });
@@ -125,7 +131,10 @@ pub fn device_setups(
     )?;
     let interim = plans.iter().any(|plan| plan.models.builds()).then(|| {
         let (cpu_spec, precision) = variants(Target::Cpu);
-        (interim_cpu(&cpu_spec, replicas), precision)
+        (
+            interim_cpu(&cpu_spec, replicas, &device.warmup_sizes),
+            precision,
+        )
     });
     let (replicas, threads) = replicas.on_gpus(plans.len());
     let limits = GpuLimits {
@@ -175,7 +184,11 @@ pub fn device_setups(
 /// The CPU, serving with ONNX Runtime while a GPU's engines build (minutes): requests
 /// are answered from the start, move to each GPU as its engines load, and the CPU's
 /// replicas unload once every GPU has (`DeviceSetup::interim`).
-fn interim_cpu(spec: &PipelineSpec, replicas: &Replicas) -> DeviceSetup<BoxedMatteExecutor> {
+fn interim_cpu(
+    spec: &PipelineSpec,
+    replicas: &Replicas,
+    warmup: &[(u32, u32)],
+) -> DeviceSetup<BoxedMatteExecutor> {
     let (count, threads) = replicas.on_cpu();
     tracing::info!(
         replicas = count,
@@ -184,7 +197,7 @@ fn interim_cpu(spec: &PipelineSpec, replicas: &Replicas) -> DeviceSetup<BoxedMat
     );
     DeviceSetup {
         interim: true,
-        ..cpu_device_setup(spec, count, threads, replicas.solo(threads))
+        ..cpu_device_setup(spec, count, threads, replicas.solo(threads), warmup)
     }
 }
 

@@ -6,12 +6,12 @@
 //! it, and on two busy cores a 12 MP photo's request spent 55 to 180 ms (p1 to p99)
 //! outside its queue and run: its decode before, its alpha's PNG after.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::codec::ImageFormat;
-use crate::sched::cost::CostModel;
+use crate::sched::cost::{CostModel, RecentMax};
 use crate::sched::Work;
 use crate::spec::OutputKind;
 
@@ -33,13 +33,29 @@ pub enum AnswerKind {
 /// How many of a kind's newest answers its margin is read from.
 const MARGIN_ANSWERS: usize = 64;
 
+/// How long an answer's time over its price counts in its kind's margin. Answers come
+/// only from admitted requests, so a margin that refused every request would otherwise
+/// keep its slowest answer for good: after a stall of seconds, a server with a 1.5 s
+/// deadline would refuse everything from then on. The same time as a device's probe
+/// (`sched::REPROBE_AFTER`), after which a run measures the device again.
+const MARGIN_AGE: Duration = crate::sched::REPROBE_AFTER;
+
 /// One kind's answers: the fit of their times, and how much longer than their prices the
 /// newest took.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Kind {
     fit: CostModel,
-    /// Seconds over its price (none when under) of each of the newest answers.
-    excesses: Mutex<VecDeque<f64>>,
+    /// Seconds over its price (0 when under) of each of the newest answers.
+    excesses: Mutex<RecentMax>,
+}
+
+impl Default for Kind {
+    fn default() -> Self {
+        Self {
+            fit: CostModel::default(),
+            excesses: Mutex::new(RecentMax::new(MARGIN_ANSWERS, 0.0, Some(MARGIN_AGE))),
+        }
+    }
 }
 
 impl Kind {
@@ -51,17 +67,16 @@ impl Kind {
     /// refused as expected in 4.7 s against its 3 s.
     fn margin(&self) -> Duration {
         let excesses = self.excesses.lock().unwrap_or_else(|p| p.into_inner());
-        Duration::from_secs_f64(excesses.iter().copied().fold(0.0, f64::max))
+        Duration::from_secs_f64(excesses.largest(Instant::now()))
     }
 
     fn observe(&self, work: Work, priced: Option<Duration>, took: Duration) {
         if let Some(priced) = priced {
             let excess = took.saturating_sub(priced).as_secs_f64();
-            let mut excesses = self.excesses.lock().unwrap_or_else(|p| p.into_inner());
-            if excesses.len() == MARGIN_ANSWERS {
-                excesses.pop_front();
-            }
-            excesses.push_back(excess);
+            self.excesses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .observe(excess, Instant::now());
         }
         self.fit.observe(work, took, None);
     }

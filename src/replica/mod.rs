@@ -83,6 +83,16 @@ pub(crate) fn health_check_image() -> RgbImage {
     })
 }
 
+/// A `w` x `h` image for a warm-up: the health check's (a bright square on a dark ground)
+/// at that size, so that every stage has work.
+pub(crate) fn warmup_image(w: u32, h: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| {
+        let inside = (w / 4..w - w / 4).contains(&x) && (h / 4..h - h / 4).contains(&y);
+        let v = if inside { 220 } else { 30 };
+        image::Rgb([v, v, v])
+    })
+}
+
 /// A health check's job: its image, alpha only.
 pub(crate) fn health_check_job() -> MatteJob {
     MatteJob {

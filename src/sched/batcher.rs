@@ -75,6 +75,7 @@ mod tests {
             cost: Duration::from_millis(1),
             measured: true,
             worst: Duration::from_millis(1),
+            probe: false,
             priority: 5,
             enqueued: Instant::now(),
             deadline: Instant::now() + Duration::from_secs(60),

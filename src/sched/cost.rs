@@ -4,9 +4,10 @@
 //! guided filter, the cut-out's composite). Routing, admission, queue order, `Retry-After`
 //! and the wait gauges all price work with it; it never sees the pixels themselves.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a request asks of a device, as the cost model prices it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -185,19 +186,67 @@ const OVERRUN_RUNS: usize = 128;
 /// are kept with (the second slowest, or the slowest of 32, still let admitted requests
 /// expire: see docs/decisions.md); a stalled run then makes the device refuse more for
 /// its next 128 runs, at once and with a `Retry-After`, rather than answer late.
-#[derive(Debug, Default)]
-struct Overruns {
-    ratios: std::collections::VecDeque<f64>,
+#[derive(Debug)]
+struct Overruns(RecentMax);
+
+impl Default for Overruns {
+    fn default() -> Self {
+        Self(RecentMax::new(OVERRUN_RUNS, 1.0, None))
+    }
 }
 
 impl Overruns {
     /// Records a run and returns the window's slowest ratio, at least 1.
     fn observe(&mut self, ratio: f64) -> f64 {
-        if self.ratios.len() == OVERRUN_RUNS {
-            self.ratios.pop_front();
+        self.0.observe(ratio, Instant::now())
+    }
+}
+
+/// The largest of the newest values: a margin read off what was measured lately (a
+/// device's overruns, an answer kind's time over its price). At most `window` values are
+/// kept, and where `max_age` is given, none older than it counts; the largest is at least
+/// `floor`.
+#[derive(Debug)]
+pub(crate) struct RecentMax {
+    window: usize,
+    floor: f64,
+    max_age: Option<Duration>,
+    values: VecDeque<(Instant, f64)>,
+}
+
+impl RecentMax {
+    pub fn new(window: usize, floor: f64, max_age: Option<Duration>) -> Self {
+        Self {
+            window: window.max(1),
+            floor,
+            max_age,
+            values: VecDeque::new(),
         }
-        self.ratios.push_back(ratio);
-        self.ratios.iter().copied().fold(1.0, f64::max)
+    }
+
+    /// Records `value`, measured `at`, and returns the largest as of then.
+    pub fn observe(&mut self, value: f64, at: Instant) -> f64 {
+        if self.values.len() == self.window {
+            self.values.pop_front();
+        }
+        self.values.push_back((at, value));
+        self.largest(at)
+    }
+
+    /// The largest value recorded within `max_age` of `now`, at least `floor`.
+    pub fn largest(&self, now: Instant) -> f64 {
+        self.values
+            .iter()
+            .filter(|(at, _)| {
+                self.max_age
+                    .is_none_or(|age| now.saturating_duration_since(*at) <= age)
+            })
+            .map(|&(_, value)| value)
+            .fold(self.floor, f64::max)
+    }
+
+    pub fn clear(&mut self) {
+        self.values.clear();
     }
 }
 
@@ -275,6 +324,23 @@ impl CostModel {
     pub fn covers(&self, work: Work) -> bool {
         self.measured.load(Ordering::Acquire) != 0
             && work.pixels as f64 <= 2.0 * f64::from_bits(self.most_pixels.load(Ordering::Acquire))
+    }
+
+    /// A probe's run (`Scheduler::claim_probe`): sent although its price `priced`
+    /// refused it, it took `took`. Faster than priced, the prices were stale: the fit and
+    /// the overruns start again from the runs that follow, this one first, as at a cold
+    /// start. As slow or slower, they stand.
+    pub fn restart_if_overpriced(&self, priced: Duration, took: Duration) {
+        if took >= priced {
+            return;
+        }
+        *self.fit.lock().unwrap_or_else(|p| p.into_inner()) = Fit::default();
+        self.overruns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clear();
+        self.overrun.store(0, Ordering::Release);
     }
 
     /// Records how long a run priced at `priced` took (`took`), measured prices only: a
@@ -477,5 +543,45 @@ mod tests {
         let p = model.prices().expect("seeded");
         assert!((p.predict_s(LARGE) - 0.010).abs() < 1e-9);
         assert!((p.predict_s(SMALL) - 0.010).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_recent_max_keeps_a_window_of_values_and_forgets_old_ones() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut aged = RecentMax::new(3, 0.0, Some(Duration::from_secs(10)));
+        assert_eq!(aged.observe(5.0, at(0)), 5.0);
+        assert_eq!(aged.observe(2.0, at(1)), 5.0);
+        // Older than 10 s: no longer counted, though still in the window.
+        assert_eq!(aged.largest(at(11)), 2.0);
+        assert_eq!(aged.largest(at(12)), 0.0);
+        let mut windowed = RecentMax::new(3, 1.0, None);
+        windowed.observe(4.0, at(0));
+        for s in 1..=3 {
+            windowed.observe(0.5, at(s));
+        }
+        // The 4 has left the window of three; the floor stands in for the halves.
+        assert_eq!(windowed.largest(at(1000)), 1.0);
+    }
+
+    #[test]
+    fn a_probe_faster_than_its_price_restarts_the_prices_and_a_slower_one_keeps_them() {
+        let model = CostModel::default();
+        // A cold start: the first runs 10x what the device takes since.
+        for _ in 0..20 {
+            model.observe(SMALL, ms(1500.0), None);
+            model.observe_overrun(ms(300.0), ms(1500.0));
+        }
+        let stale = model.prices().expect("measured").predict(SMALL);
+        assert!(stale >= ms(1400.0), "{stale:?}");
+        // Confirmed: a probe that took its price changes nothing but its own weight.
+        model.restart_if_overpriced(stale, stale);
+        assert!(model.overrun() >= 5.0, "{}", model.overrun());
+        // Refuted: the probe's run alone prices the device.
+        model.restart_if_overpriced(stale, ms(150.0));
+        model.observe(SMALL, ms(150.0), None);
+        let fresh = model.prices().expect("measured").predict(SMALL);
+        assert!(fresh <= ms(151.0) && fresh >= ms(149.0), "{fresh:?}");
+        assert_eq!(model.overrun(), 1.0);
     }
 }

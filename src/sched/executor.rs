@@ -7,7 +7,9 @@ use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
-use super::cost::RunParts;
+use std::time::Duration;
+
+use super::cost::{RunParts, Work};
 
 /// Loads one replica's executor; called on that replica's own thread with its index.
 pub type LoadFn<E> = Arc<dyn Fn(usize) -> Result<E, ExecError> + Send + Sync>;
@@ -75,6 +77,15 @@ pub enum Recovery {
     AlreadyReopened,
 }
 
+/// A run an executor made on its own at load (`Executor::warm_up`), timed: the device's
+/// cost model learns from it as from a request's run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WarmRun {
+    pub work: Work,
+    pub took: Duration,
+    pub parts: Option<RunParts>,
+}
+
 pub trait Executor: Send + 'static {
     /// One request's input. Cloned once when a request fails over to another device.
     type Input: Clone + Send + Sync + 'static;
@@ -86,6 +97,13 @@ pub trait Executor: Send + 'static {
 
     /// A small inference whose success shows that an unhealthy device works again.
     fn health_check(&mut self) -> Result<(), ExecError>;
+
+    /// Runs at load, before the replica takes requests: what a first run pays (memory
+    /// faulted in, buffers sized) is paid before the first request, and the runs it
+    /// times are the device's first prices. Default: none.
+    fn warm_up(&mut self) -> Result<Vec<WarmRun>, ExecError> {
+        Ok(Vec::new())
+    }
 
     /// Told just before each `run_batch`: how many requests wait in this device's queue
     /// behind the batch. An executor that can give a lone run more of the device (the
@@ -119,6 +137,10 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn health_check(&mut self) -> Result<(), ExecError> {
         (**self).health_check()
+    }
+
+    fn warm_up(&mut self) -> Result<Vec<WarmRun>, ExecError> {
+        (**self).warm_up()
     }
 
     fn note_waiting(&mut self, waiting: usize) {

@@ -50,6 +50,7 @@ pub struct SchedMetrics {
     pub recoveries: Family<DeviceLabel, Counter>,
     pub replacements: Family<DeviceLabel, Counter>,
     pub stuck_runs: Family<DeviceLabel, Counter>,
+    pub probes: Family<DeviceLabel, Counter>,
     pub stuck: Family<DeviceLabel, Gauge>,
     pub exec_count: Family<DeviceLabel, Counter>,
     pub request_us: HistogramFamily<DeviceLabel>,
@@ -74,6 +75,7 @@ impl Default for SchedMetrics {
             recoveries: Family::default(),
             replacements: Family::default(),
             stuck_runs: Family::default(),
+            probes: Family::default(),
             stuck: Family::default(),
             exec_count: Family::default(),
             request_us: Family::new_with_constructor(latency_us),
@@ -132,6 +134,11 @@ impl SchedMetrics {
             "replica_stuck_runs",
             "Runs that went on past their request's deadline (the replica is routed around)",
             self.stuck_runs.clone(),
+        );
+        r.register(
+            "device_price_probes",
+            "Requests sent to a device although its prices refused them, after it had run nothing for a while, to measure them again",
+            self.probes.clone(),
         );
         r.register(
             "replicas_stuck",
@@ -201,6 +208,7 @@ impl SchedMetrics {
             recoveries: self.recoveries.get_or_create_owned(&label),
             replacements: self.replacements.get_or_create_owned(&label),
             stuck_runs: self.stuck_runs.get_or_create_owned(&label),
+            probes: self.probes.get_or_create_owned(&label),
             stuck: self.stuck.get_or_create_owned(&label),
             exec_count: self.exec_count.get_or_create_owned(&label),
             request_us: self.request_us.get_or_create_owned(&label),
@@ -227,6 +235,7 @@ pub(crate) struct DeviceMetrics {
     pub recoveries: Counter,
     pub replacements: Counter,
     pub stuck_runs: Counter,
+    pub probes: Counter,
     pub stuck: Gauge,
     pub exec_count: Counter,
     pub request_us: Histogram,

@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 pub use cost::{Prices, RunParts, Work};
 pub use device::{Device, DeviceSelection};
-pub use executor::{ExecError, Executor, LoadFn, Recovery};
+pub use executor::{ExecError, Executor, LoadFn, Recovery, WarmRun};
 pub use metrics::SchedMetrics;
 pub use scheduler::{
     estimated_completion, Admission, Answer, DeviceSetup, DeviceView, QueueBudget,
-    QueueBudgetError, Routing, Scheduler, SchedulerConfig, Scheduling, Ticket,
+    QueueBudgetError, Routing, Scheduler, SchedulerConfig, Scheduling, Ticket, REPROBE_AFTER,
 };
 pub use terms::{Priority, PriorityError, Terms};
 

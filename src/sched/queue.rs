@@ -99,7 +99,9 @@ impl Entry {
             priority: job.priority,
             enqueued: job.enqueued,
             cost: job.cost,
-            measured: job.measured,
+            // A probe's price is what it is sent to test: refused, as a guess is, only
+            // once its deadline has passed.
+            measured: job.measured && !job.probe,
             worst: job.worst,
             deadline: job.deadline,
         }

@@ -92,6 +92,15 @@ impl fmt::Display for Scheduling {
     }
 }
 
+/// The default `SchedulerConfig::reprobe_after`. Prices only change with runs, so a
+/// device whose prices refuse every request would refuse them for good: a cold start
+/// whose first runs paid for the process's first page faults priced U2NetP's model stage
+/// at 1.55 s where it takes 0.1, and a server with a 1.5 s deadline refused everything
+/// from then on. A probe after 10 s without a run bounds that to 10 s; where the prices
+/// were right, it costs one request that misses its deadline each 10 s the device
+/// refuses everything.
+pub const REPROBE_AFTER: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     pub routing: Routing,
@@ -108,6 +117,9 @@ pub struct SchedulerConfig {
     pub unhealthy_after_failures: u32,
     /// How often an unhealthy device is checked.
     pub health_check_interval: Duration,
+    /// How long a device whose prices refuse work may go without a run before a request
+    /// they refuse is sent to it anyway, to measure them again (`Scheduler::claim_probe`).
+    pub reprobe_after: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -120,6 +132,7 @@ impl Default for SchedulerConfig {
             max_queue_wait: QueueBudget::Off,
             unhealthy_after_failures: 3,
             health_check_interval: Duration::from_secs(1),
+            reprobe_after: REPROBE_AFTER,
         }
     }
 }
@@ -229,6 +242,7 @@ struct Shared<E: Executor> {
     cursor: AtomicUsize,
     stopped: AtomicBool,
     health_check_interval: Duration,
+    reprobe_after: Duration,
     metrics: SchedMetrics,
 }
 
@@ -316,6 +330,7 @@ impl<E: Executor> Scheduler<E> {
             cursor: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             health_check_interval: config.health_check_interval,
+            reprobe_after: config.reprobe_after,
             metrics,
         });
         let tick = (config.health_check_interval / 4)
@@ -844,6 +859,36 @@ impl<E: Executor> Shared<E> {
         }
     }
 
+    /// Whether a request that `device`'s prices refuse goes to it anyway, as a probe of
+    /// those prices: the device is idle, its newest run ended at least `reprobe_after`
+    /// ago, and no other probe was sent to it within that time (one wins the claim). A
+    /// probe that runs faster than its price restarts the device's cost model from its
+    /// run (`CostModel::restart_if_overpriced`); see `REPROBE_AFTER` for why.
+    fn claim_probe(&self, device: usize) -> bool {
+        let s = &self.devices[device].state;
+        let last_run = s.last_run_ns.load(Ordering::Acquire);
+        if last_run == 0 || s.outstanding.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let now = s.now_ns();
+        let after = u64::try_from(self.reprobe_after.as_nanos()).unwrap_or(u64::MAX);
+        let last_probe = s.last_probe_ns.load(Ordering::Acquire);
+        let claimed = now.saturating_sub(last_run) >= after
+            && now.saturating_sub(last_probe) >= after
+            && s.last_probe_ns
+                .compare_exchange(last_probe, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if claimed {
+            s.metrics.probes.inc();
+            tracing::info!(
+                device = %s.name,
+                idle_s = format!("{:.1}", (now - last_run) as f64 / 1e9),
+                "no run while the device's prices refused work: a request they refuse runs, to measure them again"
+            );
+        }
+        claimed
+    }
+
     /// The deadline a request's run is kept by on its device. By cost, the run's own
     /// (`Terms::run_deadline`): a run that ends later answers late, after its encode. By
     /// count, the request's, as a count-based router has it.
@@ -965,16 +1010,20 @@ impl<E: Executor> Shared<E> {
         let overrun = self.devices[device].state.cost.overrun();
         let worst = cost.mul_f64(overrun);
         // Refused only on measured prices: its own, and those of the work ahead of it.
+        let mut probe = false;
         if by_cost && measured && !self.guessing(device) {
             let left = terms.deadline.saturating_duration_since(now);
             // Its answer's encode, after the run, is the request's time too.
             let done = done.mul_f64(overrun) + terms.answer;
             if done > left {
-                return Err(SubmitError::DeadlineUnreachable {
-                    expected_ms: ms(done),
-                    deadline_ms: ms(left),
-                    retry_after_ms: ms(done - left).max(1),
-                });
+                if !self.claim_probe(device) {
+                    return Err(SubmitError::DeadlineUnreachable {
+                        expected_ms: ms(done),
+                        deadline_ms: ms(left),
+                        retry_after_ms: ms(done - left).max(1),
+                    });
+                }
+                probe = true;
             }
         }
         Ok(Placement {
@@ -982,6 +1031,7 @@ impl<E: Executor> Shared<E> {
             cost,
             measured,
             worst,
+            probe,
         })
     }
 
@@ -1004,6 +1054,7 @@ impl<E: Executor> Shared<E> {
             cost: placement.cost,
             measured: placement.measured,
             worst: placement.worst,
+            probe: placement.probe,
             priority: terms.priority.level(),
             enqueued: Instant::now(),
             deadline: self.kept_deadline(terms),
@@ -1092,6 +1143,8 @@ struct Placement {
     measured: bool,
     /// `cost` times the device's overrun: what the run may take at worst.
     worst: Duration,
+    /// Sent although its prices refused it, to measure them again (`claim_probe`).
+    probe: bool,
 }
 
 fn watchdog<E: Executor>(shared: Weak<Shared<E>>, tick: Duration) {

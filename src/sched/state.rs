@@ -45,6 +45,10 @@ pub(crate) struct DeviceState {
     /// Replicas running a batch that holds a job priced by the prior (`Job::measured`
     /// false): what is left of the runs is then a guess.
     pub running_guesses: AtomicUsize,
+    /// When the newest successful run ended (ns since `epoch`), 0 before the first.
+    pub last_run_ns: AtomicU64,
+    /// When the newest probe was sent (ns since `epoch`; `Scheduler::claim_probe`).
+    pub last_probe_ns: AtomicU64,
     pub loaded: AtomicUsize,
     /// Serves only until every other device has loaded (`DeviceSetup::interim`).
     pub interim: bool,
@@ -83,6 +87,8 @@ impl DeviceState {
             running_started_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             running_cost_ns: (0..replicas).map(|_| AtomicU64::new(0)).collect(),
             running_guesses: AtomicUsize::new(0),
+            last_run_ns: AtomicU64::new(0),
+            last_probe_ns: AtomicU64::new(0),
             loaded: AtomicUsize::new(0),
             interim,
             retired: AtomicBool::new(false),

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::batcher::gather;
-use super::executor::LoadFn;
+use super::executor::{LoadFn, WarmRun};
 use super::job::Job;
 use super::metrics::us;
 use super::queue::{DeviceQueue, Wait, Work};
@@ -36,11 +36,20 @@ pub(crate) fn spawn<E: Executor>(
         .spawn(move || {
             let index = config.index;
             let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| (config.load)(index)));
-            let exec = match loaded {
+            let mut exec = match loaded {
                 Ok(Ok(exec)) => exec,
                 Ok(Err(e)) => return load_failed(&state, index, e.to_string()),
                 Err(panic) => return load_failed(&state, index, panic_message(panic.as_ref())),
             };
+            let warmed = std::panic::catch_unwind(AssertUnwindSafe(|| exec.warm_up()));
+            match warmed {
+                Ok(Ok(runs)) => learn_from_warm_up(&state, &runs),
+                Ok(Err(e)) => return load_failed(&state, index, format!("warm-up: {e}")),
+                Err(panic) => {
+                    let why = panic_message(panic.as_ref());
+                    return load_failed(&state, index, format!("warm-up: {why}"));
+                }
+            }
             state.loaded.fetch_add(1, Ordering::AcqRel);
             tracing::debug!(device = %state.name, replica = index, "replica ready");
             Replica {
@@ -54,6 +63,20 @@ pub(crate) fn spawn<E: Executor>(
             }
             .serve(&jobs);
         })
+}
+
+/// The warm-up's runs priced as requests' runs are: the device's first prices come from
+/// warm runs, not from the first requests, which pay for what a first run does.
+fn learn_from_warm_up(state: &DeviceState, runs: &[WarmRun]) {
+    for run in runs {
+        state.record_success(run.took);
+        state.cost.observe(run.work, run.took, run.parts);
+    }
+    if !runs.is_empty() {
+        state
+            .last_run_ns
+            .store(state.now_ns().max(1), Ordering::Release);
+    }
 }
 
 fn load_failed(state: &DeviceState, replica: usize, error: String) {
@@ -220,7 +243,13 @@ impl<E: Executor> Replica<E> {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 let per_request = compute / n as u32;
                 state.record_success(per_request);
+                state
+                    .last_run_ns
+                    .store(state.now_ns().max(1), Ordering::Release);
                 for (job, output) in batch.iter().zip(&outputs) {
+                    if job.probe {
+                        state.cost.restart_if_overpriced(job.cost, per_request);
+                    }
                     // A batch's model stage is the batch's: each request's share of it.
                     let parts = self.exec.parts(output).map(|p| super::RunParts {
                         fixed: p.fixed / n as u32,

@@ -135,6 +135,7 @@ pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
         options.replicas,
         options.threads,
         options.solo_threads,
+        &[],
     )];
     let router = Scheduler::start(
         devices,

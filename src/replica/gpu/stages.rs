@@ -120,7 +120,7 @@ impl GpuStages {
     /// One request of each of `sizes` with every plane, at load (`GpuServing::warmup`).
     pub fn warm_up_at(&mut self, sizes: &[(u32, u32)]) -> Result<(), GpuError> {
         for &(w, h) in sizes {
-            let image = Arc::new(pixels::from_image(warmup_image(w, h)));
+            let image = Arc::new(pixels::from_image(crate::replica::warmup_image(w, h)));
             self.run(&image, Planes::ALL, &mut StageTimings::default())?;
         }
         Ok(())
@@ -276,14 +276,4 @@ impl GpuStages {
             cutout: down.cutout,
         })
     }
-}
-
-/// A `w` x `h` image for a warm-up: the health check's (a bright square on a dark ground)
-/// at that size, so that every stage has work.
-fn warmup_image(w: u32, h: u32) -> image::RgbImage {
-    image::RgbImage::from_fn(w, h, |x, y| {
-        let inside = (w / 4..w - w / 4).contains(&x) && (h / 4..h - h / 4).contains(&y);
-        let v = if inside { 220 } else { 30 };
-        image::Rgb([v, v, v])
-    })
 }
