@@ -901,8 +901,14 @@ fn a_device_refusing_on_prices_no_run_has_tested_for_a_while_probes_them() {
     // A run just ended: its prices stand.
     assert!(refused(router.submit(1, within_a_second())));
     std::thread::sleep(reprobe_after + Duration::from_millis(100));
-    // Nothing ran since: one request is sent as a probe, and only one.
-    let probe = router.submit(2, within_a_second()).expect("a probe");
+    // Nothing ran since: one request is sent as a probe, and only one. The check made
+    // before a request is decoded lets it through without taking the probe from it.
+    let terms = celer::sched::Terms::by(within_a_second());
+    assert!(router.check_deadline(&terms).is_ok());
+    assert!(router.check_deadline(&terms).is_ok());
+    let probe = router
+        .submit_admitted(router.admit().expect("a slot"), 2, terms)
+        .expect("a probe");
     gate.wait_entered(2);
     assert!(refused(router.submit(3, within_a_second())));
     gate.allow(1);

@@ -157,6 +157,7 @@ mod tests {
             running: 0,
             service_s: None,
             prices: None,
+            overrun: 1.0,
             expected_wait_s: None,
         }
     }

@@ -179,26 +179,60 @@ impl Fit {
 /// How many of a device's newest runs its overrun is the slowest of.
 const OVERRUN_RUNS: usize = 128;
 
+/// How long a run's overrun counts, however few runs came after it. Where the margin
+/// refuses the large requests and only small ones run, 128 runs can take a minute: after
+/// a cold start whose first runs were slow, a server with a 1.5 s deadline refused every
+/// 12 MP photo for 38 s while it answered 320x320 ones. Under full load 128 runs take
+/// about 15 s on the 2-core machines, so the window of runs still binds first there.
+const OVERRUN_AGE: Duration = Duration::from_secs(20);
+
 /// The newest runs' times against the prices they were queued at. A price is a mean, and
 /// a deadline kept on the mean is missed by every run slower than it: on the CPU, two
 /// U2NetP replicas sharing the cores with the decodes and encodes of mixed traffic ran
 /// from 0.6x to 4x their prices. The slowest ratio of the window is the margin deadlines
 /// are kept with (the second slowest, or the slowest of 32, still let admitted requests
 /// expire: see docs/decisions.md); a stalled run then makes the device refuse more for
-/// its next 128 runs, at once and with a `Retry-After`, rather than answer late.
+/// its next 128 runs (or 20 s, `OVERRUN_AGE`), at once and with a `Retry-After`, rather
+/// than answer late.
 #[derive(Debug)]
-struct Overruns(RecentMax);
+struct Overruns {
+    window: RecentMax,
+    /// The least margin while the window holds fewer than `PRIOR_RUNS` runs.
+    prior: f64,
+}
+
+/// The margin a device's deadlines are kept with before its window holds this many runs.
+const PRIOR_RUNS: usize = 16;
+
+/// That margin. With none, a server's first requests were admitted on their bare prices
+/// and some expired (one to five in the first two seconds of each 1.5 s-deadline run,
+/// its replicas warmed up), while the margin measured over the next 40 s of the same
+/// traffic was 1.8 to 2.6.
+const PRIOR_OVERRUN: f64 = 2.0;
 
 impl Default for Overruns {
     fn default() -> Self {
-        Self(RecentMax::new(OVERRUN_RUNS, 1.0, None))
+        Self {
+            window: RecentMax::new(OVERRUN_RUNS, 1.0, Some(OVERRUN_AGE)),
+            prior: PRIOR_OVERRUN,
+        }
     }
 }
 
 impl Overruns {
-    /// Records a run and returns the window's slowest ratio, at least 1.
-    fn observe(&mut self, ratio: f64) -> f64 {
-        self.0.observe(ratio, Instant::now())
+    fn observe(&mut self, ratio: f64) {
+        self.window.observe(ratio, Instant::now());
+    }
+
+    /// The window's slowest ratio as of `now`, at least 1, and at least the prior while
+    /// the window holds few runs.
+    fn slowest(&self, now: Instant) -> f64 {
+        let slowest = self.window.largest(now);
+        if self.window.recent(now) < PRIOR_RUNS {
+            slowest.max(self.prior)
+        } else {
+            slowest
+        }
     }
 }
 
@@ -235,14 +269,21 @@ impl RecentMax {
 
     /// The largest value recorded within `max_age` of `now`, at least `floor`.
     pub fn largest(&self, now: Instant) -> f64 {
-        self.values
-            .iter()
-            .filter(|(at, _)| {
-                self.max_age
-                    .is_none_or(|age| now.saturating_duration_since(*at) <= age)
-            })
+        self.within(now)
             .map(|&(_, value)| value)
             .fold(self.floor, f64::max)
+    }
+
+    /// How many values recorded within `max_age` of `now` the window holds.
+    pub fn recent(&self, now: Instant) -> usize {
+        self.within(now).count()
+    }
+
+    fn within(&self, now: Instant) -> impl Iterator<Item = &(Instant, f64)> {
+        self.values.iter().filter(move |(at, _)| {
+            self.max_age
+                .is_none_or(|age| now.saturating_duration_since(*at) <= age)
+        })
     }
 
     pub fn clear(&mut self) {
@@ -256,8 +297,6 @@ impl RecentMax {
 pub(crate) struct CostModel {
     fit: Mutex<Fit>,
     overruns: Mutex<Overruns>,
-    /// `Overruns`' worst ratio as f64 bits; 0 (read as 1) until a priced run is recorded.
-    overrun: AtomicU64,
     /// `Prices` as f64 bits; `measured` is 0 until the first run (or seed).
     fixed_s: AtomicU64,
     per_pixel_s: AtomicU64,
@@ -281,7 +320,8 @@ impl CostModel {
     }
 
     /// Prices the device as if one run of `work` had taken `per_request`, all of it fixed
-    /// (a warm-up, a test's seed): the runs that follow weigh in as usual.
+    /// (a test's seed, a simulation's known speed): the runs that follow weigh in as
+    /// usual.
     pub fn seed(&self, per_request: Duration) {
         let (prices, mean) = {
             let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
@@ -289,10 +329,15 @@ impl CostModel {
             fit.observe(Work::default(), per_request, None);
             (fit.prices(), fit.mean_run_s())
         };
-        // A seed prices every size alike, by decree: nothing it prices is extrapolated.
+        // A seed prices every size alike, by decree: nothing it prices is extrapolated,
+        // and its runs are kept with no margin but what they are measured to need.
         if let (Some(p), Some(mean)) = (prices, mean) {
             self.publish(p, mean, f64::INFINITY);
         }
+        self.overruns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .prior = 1.0;
     }
 
     fn publish(&self, p: Prices, mean_run_s: f64, most_pixels: f64) {
@@ -326,21 +371,24 @@ impl CostModel {
             && work.pixels as f64 <= 2.0 * f64::from_bits(self.most_pixels.load(Ordering::Acquire))
     }
 
-    /// A probe's run (`Scheduler::claim_probe`): sent although its price `priced`
-    /// refused it, it took `took`. Faster than priced, the prices were stale: the fit and
-    /// the overruns start again from the runs that follow, this one first, as at a cold
-    /// start. As slow or slower, they stand.
-    pub fn restart_if_overpriced(&self, priced: Duration, took: Duration) {
-        if took >= priced {
+    /// A probe's run (`Shared::may_probe` in the scheduler): sent although its price
+    /// `priced` times the overrun (`worst`) refused it, it took `took`. Faster than
+    /// priced, the prices were stale: the fit and the overruns start again from the runs
+    /// that follow, this one first, as at a cold start. Within its price but faster than
+    /// its worst, the margin was stale (a stall's overrun, kept for the next 128 runs,
+    /// which it refused): the overruns start again. As slow as its worst, they stand.
+    pub fn restart_if_overpriced(&self, priced: Duration, worst: Duration, took: Duration) {
+        if took >= priced.max(worst) {
             return;
         }
-        *self.fit.lock().unwrap_or_else(|p| p.into_inner()) = Fit::default();
+        if took < priced {
+            *self.fit.lock().unwrap_or_else(|p| p.into_inner()) = Fit::default();
+        }
         self.overruns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .0
+            .window
             .clear();
-        self.overrun.store(0, Ordering::Release);
     }
 
     /// Records how long a run priced at `priced` took (`took`), measured prices only: a
@@ -353,21 +401,19 @@ impl CostModel {
         if !ratio.is_finite() {
             return;
         }
-        let worst = self
-            .overruns
+        self.overruns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(ratio);
-        self.overrun.store(worst.to_bits(), Ordering::Release);
     }
 
     /// The slowest of the newest runs against its price, at least 1: a deadline is kept
     /// by a run priced at `price x overrun`.
     pub fn overrun(&self) -> f64 {
-        match self.overrun.load(Ordering::Acquire) {
-            0 => 1.0,
-            bits => f64::from_bits(bits),
-        }
+        self.overruns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .slowest(Instant::now())
     }
 
     /// The fitted prices, once a run has been measured.
@@ -517,9 +563,17 @@ mod tests {
     #[test]
     fn the_overrun_is_the_slowest_of_the_newest_runs_and_never_below_one() {
         let model = CostModel::default();
-        assert_eq!(model.overrun(), 1.0, "nothing recorded");
+        assert_eq!(
+            model.overrun(),
+            PRIOR_OVERRUN,
+            "nothing recorded: the prior"
+        );
+        for _ in 0..PRIOR_RUNS - 1 {
+            model.observe_overrun(ms(100.0), ms(80.0));
+        }
+        assert_eq!(model.overrun(), PRIOR_OVERRUN, "too few runs: the prior");
         model.observe_overrun(ms(100.0), ms(80.0));
-        assert_eq!(model.overrun(), 1.0, "a run faster than its price");
+        assert_eq!(model.overrun(), 1.0, "runs faster than their price");
         model.observe_overrun(ms(100.0), ms(130.0));
         assert!((model.overrun() - 1.3).abs() < 1e-9, "{}", model.overrun());
         model.observe_overrun(Duration::ZERO, ms(50.0));
@@ -543,6 +597,8 @@ mod tests {
         let p = model.prices().expect("seeded");
         assert!((p.predict_s(LARGE) - 0.010).abs() < 1e-9);
         assert!((p.predict_s(SMALL) - 0.010).abs() < 1e-9);
+        // By decree: no prior margin either.
+        assert_eq!(model.overrun(), 1.0);
     }
 
     #[test]
@@ -574,14 +630,21 @@ mod tests {
         }
         let stale = model.prices().expect("measured").predict(SMALL);
         assert!(stale >= ms(1400.0), "{stale:?}");
-        // Confirmed: a probe that took its price changes nothing but its own weight.
-        model.restart_if_overpriced(stale, stale);
+        // Confirmed: a probe that took its worst changes nothing but its own weight.
+        let worst = stale.mul_f64(model.overrun());
+        model.restart_if_overpriced(stale, worst, worst);
         assert!(model.overrun() >= 5.0, "{}", model.overrun());
+        // Within its price, but not near its worst: only the margin was stale, and starts
+        // again from its prior.
+        model.restart_if_overpriced(stale, worst, stale);
+        assert_eq!(model.overrun(), PRIOR_OVERRUN);
+        assert_eq!(model.prices().expect("measured").predict(SMALL), stale);
+        model.observe_overrun(ms(300.0), ms(1500.0));
         // Refuted: the probe's run alone prices the device.
-        model.restart_if_overpriced(stale, ms(150.0));
+        model.restart_if_overpriced(stale, worst, ms(150.0));
         model.observe(SMALL, ms(150.0), None);
         let fresh = model.prices().expect("measured").predict(SMALL);
         assert!(fresh <= ms(151.0) && fresh >= ms(149.0), "{fresh:?}");
-        assert_eq!(model.overrun(), 1.0);
+        assert_eq!(model.overrun(), PRIOR_OVERRUN);
     }
 }

@@ -22,8 +22,9 @@ pub(crate) struct Job<E: Executor> {
     /// What its run may take at worst: `cost` times the device's recent overrun. The
     /// deadline is kept on it.
     pub worst: Duration,
-    /// Sent although its price refused it, to measure the device's prices again: a
-    /// faster run than priced restarts them.
+    /// Sent although its price refused it, to measure the device's prices again: a run
+    /// faster than priced, or than its worst, restarts them or their margin
+    /// (`CostModel::restart_if_overpriced`).
     pub probe: bool,
     pub priority: u8,
     pub enqueued: Instant,

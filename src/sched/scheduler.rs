@@ -118,7 +118,7 @@ pub struct SchedulerConfig {
     /// How often an unhealthy device is checked.
     pub health_check_interval: Duration,
     /// How long a device whose prices refuse work may go without a run before a request
-    /// they refuse is sent to it anyway, to measure them again (`Scheduler::claim_probe`).
+    /// they refuse is sent to it anyway, to measure them again (`Shared::may_probe`).
     pub reprobe_after: Duration,
 }
 
@@ -217,6 +217,8 @@ pub struct DeviceView {
     pub service_s: Option<f64>,
     /// The cost model's prices; `None` before the first run.
     pub prices: Option<Prices>,
+    /// The margin deadlines are kept with: the slowest recent run against its price.
+    pub overrun: f64,
     /// The expected wait before one of its replicas starts a request placed on it now;
     /// `None` before a service time is measured.
     pub expected_wait_s: Option<f64>,
@@ -439,7 +441,9 @@ impl<E: Executor> Scheduler<E> {
         if self.shared.scheduling != Scheduling::Cost {
             return Ok(());
         }
-        match self.shared.place(None, terms) {
+        // A probe is only claimed by the placement itself: claimed here, the request would
+        // be refused there, and the device would wait another `reprobe_after` for a run.
+        match self.shared.place(None, terms, Probe::Peek) {
             Err(e @ SubmitError::DeadlineUnreachable { .. }) => {
                 self.shared.count_rejection(&e);
                 Err(e)
@@ -459,7 +463,9 @@ impl<E: Executor> Scheduler<E> {
     /// admitting one: the router's decision alone (round robin advances its turn).
     pub fn choose(&self, work: Work) -> Result<usize, SubmitError> {
         let terms = Terms::by(Instant::now() + Duration::from_secs(3600)).with_work(work);
-        self.shared.place(None, &terms).map(|p| p.device)
+        self.shared
+            .place(None, &terms, Probe::Peek)
+            .map(|p| p.device)
     }
 
     /// Whether the devices have loaded: `Ready` once every replica of the devices that
@@ -534,6 +540,7 @@ impl<E: Executor> Scheduler<E> {
                     running: s.running.load(Ordering::Acquire),
                     service_s: s.service_s(),
                     prices: s.cost.prices(),
+                    overrun: s.cost.overrun(),
                     expected_wait_s: self.shared.device_wait(index).map(|w| w.as_secs_f64()),
                 }
             })
@@ -790,7 +797,7 @@ impl<E: Executor> Shared<E> {
         exclude: Option<usize>,
     ) -> Result<Placed<E::Output>, SubmitError> {
         let attempt = |input| {
-            self.place(exclude, terms)
+            self.place(exclude, terms, Probe::Claim)
                 .map_err(Unsent::Refused)
                 .and_then(|placement| self.send_to(placement, input, terms))
         };
@@ -863,8 +870,9 @@ impl<E: Executor> Shared<E> {
     /// those prices: the device is idle, its newest run ended at least `reprobe_after`
     /// ago, and no other probe was sent to it within that time (one wins the claim). A
     /// probe that runs faster than its price restarts the device's cost model from its
-    /// run (`CostModel::restart_if_overpriced`); see `REPROBE_AFTER` for why.
-    fn claim_probe(&self, device: usize) -> bool {
+    /// run, and one faster than its price with the margin restarts the margin
+    /// (`CostModel::restart_if_overpriced`); see `REPROBE_AFTER` for why.
+    fn may_probe(&self, device: usize, probe: Probe) -> bool {
         let s = &self.devices[device].state;
         let last_run = s.last_run_ns.load(Ordering::Acquire);
         if last_run == 0 || s.outstanding.load(Ordering::Acquire) != 0 {
@@ -873,8 +881,11 @@ impl<E: Executor> Shared<E> {
         let now = s.now_ns();
         let after = u64::try_from(self.reprobe_after.as_nanos()).unwrap_or(u64::MAX);
         let last_probe = s.last_probe_ns.load(Ordering::Acquire);
-        let claimed = now.saturating_sub(last_run) >= after
-            && now.saturating_sub(last_probe) >= after
+        let due = now.saturating_sub(last_run) >= after && now.saturating_sub(last_probe) >= after;
+        if probe == Probe::Peek {
+            return due;
+        }
+        let claimed = due
             && s.last_probe_ns
                 .compare_exchange(last_probe, now, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok();
@@ -902,7 +913,12 @@ impl<E: Executor> Shared<E> {
     /// The device for the next request under the routing policy, and the request's
     /// price there. By cost, a request the chosen device would finish after its
     /// deadline is refused here, at once.
-    fn place(&self, exclude: Option<usize>, terms: &Terms) -> Result<Placement, SubmitError> {
+    fn place(
+        &self,
+        exclude: Option<usize>,
+        terms: &Terms,
+        probe: Probe,
+    ) -> Result<Placement, SubmitError> {
         let n = self.devices.len();
         let now = Instant::now();
         let by_cost = self.scheduling == Scheduling::Cost;
@@ -1010,20 +1026,20 @@ impl<E: Executor> Shared<E> {
         let overrun = self.devices[device].state.cost.overrun();
         let worst = cost.mul_f64(overrun);
         // Refused only on measured prices: its own, and those of the work ahead of it.
-        let mut probe = false;
+        let mut probing = false;
         if by_cost && measured && !self.guessing(device) {
             let left = terms.deadline.saturating_duration_since(now);
             // Its answer's encode, after the run, is the request's time too.
             let done = done.mul_f64(overrun) + terms.answer;
             if done > left {
-                if !self.claim_probe(device) {
+                if !self.may_probe(device, probe) {
                     return Err(SubmitError::DeadlineUnreachable {
                         expected_ms: ms(done),
                         deadline_ms: ms(left),
                         retry_after_ms: ms(done - left).max(1),
                     });
                 }
-                probe = true;
+                probing = true;
             }
         }
         Ok(Placement {
@@ -1031,7 +1047,7 @@ impl<E: Executor> Shared<E> {
             cost,
             measured,
             worst,
-            probe,
+            probe: probing,
         })
     }
 
@@ -1134,6 +1150,15 @@ enum Unsent<I> {
     Retired(I),
 }
 
+/// What a placement does with a probe a device is due (`Shared::may_probe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Sends the request as the probe: one request wins it.
+    Claim,
+    /// Only says whether the request would be sent (a check before the placement).
+    Peek,
+}
+
 /// Where the router put a request, and its price there.
 #[derive(Debug, Clone, Copy)]
 struct Placement {
@@ -1143,7 +1168,7 @@ struct Placement {
     measured: bool,
     /// `cost` times the device's overrun: what the run may take at worst.
     worst: Duration,
-    /// Sent although its prices refused it, to measure them again (`claim_probe`).
+    /// Sent although its prices refused it, to measure them again (`Shared::may_probe`).
     probe: bool,
 }
 

@@ -47,7 +47,7 @@ pub(crate) struct DeviceState {
     pub running_guesses: AtomicUsize,
     /// When the newest successful run ended (ns since `epoch`), 0 before the first.
     pub last_run_ns: AtomicU64,
-    /// When the newest probe was sent (ns since `epoch`; `Scheduler::claim_probe`).
+    /// When the newest probe was sent (ns since `epoch`; `Shared::may_probe` in the scheduler).
     pub last_probe_ns: AtomicU64,
     pub loaded: AtomicUsize,
     /// Serves only until every other device has loaded (`DeviceSetup::interim`).

@@ -248,7 +248,9 @@ impl<E: Executor> Replica<E> {
                     .store(state.now_ns().max(1), Ordering::Release);
                 for (job, output) in batch.iter().zip(&outputs) {
                     if job.probe {
-                        state.cost.restart_if_overpriced(job.cost, per_request);
+                        state
+                            .cost
+                            .restart_if_overpriced(job.cost, job.worst, per_request);
                     }
                     // A batch's model stage is the batch's: each request's share of it.
                     let parts = self.exec.parts(output).map(|p| super::RunParts {

@@ -303,6 +303,12 @@ fn write_load(e: &mut Exposition, scheduler: &MatteScheduler) {
             .map(|(l, p)| (&l[..], p.map_or(0.0, |p| p.per_pixel_s * 1e6))),
     );
     e.family(
+        "celer_device_cost_overrun_ratio",
+        "The margin a deadline is kept with on the device: the slowest of its recent runs against its price (at least 1)",
+        Kind::Gauge,
+        labels.iter().zip(&devices).map(|(l, d)| (&l[..], d.overrun)),
+    );
+    e.family(
         "celer_device_capacity_in_use_ratio",
         "Requests queued and running on the device over its replicas plus its queue places",
         Kind::Gauge,
