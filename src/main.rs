@@ -38,12 +38,15 @@ mod glibc_heap {
     /// milliseconds, for the next request to reuse, instead of mimalloc's default 1 s.
     /// Under mixed traffic a 12 MP photo's buffers (36 MB for its pixels alone) were
     /// unmapped between one large request and the next, and each was faulted in and
-    /// zeroed again: on this project's 2-core machines the kernel's page clearing took
-    /// 7.5 % of all CPU time, in bursts of 20-60 % that slowed runs 2-4x (figures in
-    /// docs/decisions.md, "Memory kept between requests"). An idle server still gives the
-    /// memory back, 10 s after its last request.
+    /// zeroed again: on this project's 2-core machines the kernel took 9.8 % of all CPU
+    /// time, 7.5 % clearing pages, in bursts of 20-60 % that slowed runs 2-4x. Kept 10 s,
+    /// memory a burst left was still given back and faulted in again under steady
+    /// traffic (system time p90 26 %); kept for good, the kernel took 2.5 % (p90 12 %)
+    /// but an idle server would hold its busiest minute's memory (figures in
+    /// docs/decisions.md, "Memory kept between requests"). A minute: p90 17 %, and the
+    /// memory goes back a minute after the traffic stops.
     const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
-    const PURGE_DELAY_MS: &str = "10000";
+    const PURGE_DELAY_MS: &str = "60000";
 
     /// Runs this program again, same arguments and process, with `glibc.malloc.hugetlb=1`
     /// added to `GLIBC_TUNABLES` (unless that already names the tunable, so
