@@ -40,13 +40,13 @@ mod glibc_heap {
     /// unmapped between one large request and the next, and each was faulted in and
     /// zeroed again: on this project's 2-core machines the kernel took 9.8 % of all CPU
     /// time, 7.5 % clearing pages, in bursts of 20-60 % that slowed runs 2-4x. Kept 10 s,
-    /// memory a burst left was still given back and faulted in again under steady
-    /// traffic (system time p90 26 %); kept for good, the kernel took 2.5 % (p90 12 %)
-    /// but an idle server would hold its busiest minute's memory (figures in
-    /// docs/decisions.md, "Memory kept between requests"). A minute: p90 17 %, and the
-    /// memory goes back a minute after the traffic stops.
+    /// the faults a second fell from 4,400 to 225. Kept a minute, or for good, the
+    /// kernel's share fell further, but the small requests' p99 under that traffic rose
+    /// (0.50-0.61 of arrival order's in three sets against 0.42-0.43 in two at 10 s), and
+    /// an idle server would hold its busiest minute's memory (figures in
+    /// docs/decisions.md, "Memory kept between requests").
     const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
-    const PURGE_DELAY_MS: &str = "60000";
+    const PURGE_DELAY_MS: &str = "10000";
 
     /// Runs this program again, same arguments and process, with `glibc.malloc.hugetlb=1`
     /// added to `GLIBC_TUNABLES` (unless that already names the tunable, so

@@ -548,7 +548,7 @@ fn environ_of(pid: u32) -> String {
 }
 
 /// `celer serve` runs with glibc's transparent huge pages for malloc and mimalloc's purge
-/// delay at 60 s (it re-executes itself with them, src/main.rs), keeps a caller's other
+/// delay at 10 s (it re-executes itself with them, src/main.rs), keeps a caller's other
 /// tunables, and leaves an explicit `glibc.malloc.hugetlb=0` or purge delay alone; each
 /// then serves a photo.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -564,7 +564,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             None,
             &[
                 "GLIBC_TUNABLES=glibc.malloc.hugetlb=1",
-                "MIMALLOC_PURGE_DELAY=60000",
+                "MIMALLOC_PURGE_DELAY=10000",
             ],
             "-",
         ),
@@ -574,7 +574,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             &[
                 "GLIBC_TUNABLES=glibc.malloc.tcache_count=7",
                 "glibc.malloc.hugetlb=1",
-                "MIMALLOC_PURGE_DELAY=60000",
+                "MIMALLOC_PURGE_DELAY=10000",
             ],
             "-",
         ),
@@ -583,7 +583,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             None,
             &[
                 "GLIBC_TUNABLES=glibc.malloc.hugetlb=0",
-                "MIMALLOC_PURGE_DELAY=60000",
+                "MIMALLOC_PURGE_DELAY=10000",
             ],
             "glibc.malloc.hugetlb=1",
         ),
