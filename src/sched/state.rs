@@ -163,6 +163,13 @@ impl DeviceState {
             });
     }
 
+    /// A run (a request's, or a warm-up's) ended now: its prices were just tested
+    /// (`last_run_ns`, which probes are timed from).
+    pub fn note_run_ended(&self) {
+        self.last_run_ns
+            .store(self.now_ns().max(1), Ordering::Release);
+    }
+
     /// The moving average of service time per request, if any has been measured.
     pub fn service_s(&self) -> Option<f64> {
         let s = f64::from_bits(self.service_s.load(Ordering::Acquire));

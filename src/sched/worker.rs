@@ -73,9 +73,7 @@ fn learn_from_warm_up(state: &DeviceState, runs: &[WarmRun]) {
         state.cost.observe(run.work, run.took, run.parts);
     }
     if !runs.is_empty() {
-        state
-            .last_run_ns
-            .store(state.now_ns().max(1), Ordering::Release);
+        state.note_run_ended();
     }
 }
 
@@ -243,9 +241,7 @@ impl<E: Executor> Replica<E> {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 let per_request = compute / n as u32;
                 state.record_success(per_request);
-                state
-                    .last_run_ns
-                    .store(state.now_ns().max(1), Ordering::Release);
+                state.note_run_ended();
                 for (job, output) in batch.iter().zip(&outputs) {
                     if job.probe {
                         state
