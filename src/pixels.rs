@@ -3,10 +3,11 @@
 //! between. `HostBytes` is either an ordinary heap vector or a block leased from an
 //! allocator (`HostAlloc`): where GPUs serve, a pool of page-locked blocks
 //! (`crate::cuda::host_pool`), which a GPU's copies read and write as DMA; on the CPU
-//! alone, the heap. The ground floor: imports nothing of celer's.
+//! alone, the heap, its large blocks kept for the next request (`RecyclingHeap`). The
+//! ground floor: imports nothing of celer's.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use image::{ImageBuffer, Luma, Rgb, Rgba};
 
@@ -28,6 +29,10 @@ pub trait HostAlloc: Send + Sync {
     /// hold is unspecified (a leased block keeps its last user's bytes): the caller writes
     /// all of them before reading any.
     fn alloc(&self, len: usize) -> HostBytes;
+
+    /// Gives back to the system what the allocator keeps for later requests (the server
+    /// went idle). Nothing, unless it keeps something.
+    fn release_kept(&self) {}
 }
 
 /// The heap, for every request: where no GPU serves, and in tests.
@@ -48,6 +53,184 @@ pub fn heap() -> SharedAlloc {
     Arc::new(Heap)
 }
 
+/// The heap, its large blocks kept when freed and lent again, as a `SharedAlloc`: what
+/// the CPU serves from.
+pub fn recycling_heap() -> SharedAlloc {
+    Arc::new(RecyclingHeap::default())
+}
+
+/// Blocks from this size up are kept for reuse: a 1080p photo's pixels (6.2 MB) and
+/// larger. Smaller ones stay with the allocator, which keeps them in its thread heaps.
+pub const RECYCLE_FROM: usize = 4 << 20;
+
+/// The heap, with its large blocks (`RECYCLE_FROM` and up) kept when freed and lent again
+/// to the next request of about their size, from any thread.
+///
+/// Why: a request's image is decoded on one thread and freed on another (a replica's, or
+/// the encoder's), and mimalloc gives such a block's pages back to the system at once
+/// when another thread frees it (a huge block, over 16 MiB, is reset on a free from any
+/// thread but its own, whatever the purge delay). So every 12 MP photo's 36 MB were
+/// faulted in and zeroed again in its decode; on this project's VMs the kernel took up to
+/// 85 % of both cores doing that while large requests came together, and requests
+/// admitted on their price missed their deadline (docs/decisions.md, "Memory kept between
+/// requests").
+///
+/// The same rule as ONNX Runtime's block cache (`crate::ort::block_cache`): the blocks
+/// kept plus those in use never exceed the most that was ever in use at once, so what is
+/// kept is what the traffic has shown it needs. A miss gives back kept blocks, oldest
+/// first, until the new block fits under that mark. A block is lent again by best fit, up
+/// to an eighth larger than asked. What is kept goes back to the system when the server
+/// goes idle (`release_kept`).
+#[derive(Default)]
+pub struct RecyclingHeap {
+    books: Arc<Mutex<Kept>>,
+}
+
+/// The blocks kept and the counts of the blocks lent.
+#[derive(Default)]
+struct Kept {
+    /// Oldest first; each block's length is its size.
+    free: Vec<Vec<u8>>,
+    kept_bytes: usize,
+    in_use_bytes: usize,
+    /// The most bytes ever in use at once.
+    high_water: usize,
+    stats: RecycleStats,
+}
+
+/// Counts since the start, for tests and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecycleStats {
+    /// Blocks lent again.
+    pub reused: u64,
+    /// Blocks made afresh.
+    pub made: u64,
+    /// Kept blocks given back to the system.
+    pub released: u64,
+    pub in_use_bytes: usize,
+    pub kept_bytes: usize,
+}
+
+fn lock(books: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
+    // The books stay consistent between statements: a panic elsewhere leaves them usable.
+    books.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Kept {
+    /// The smallest kept block of `len` bytes up to an eighth more, taken out.
+    fn take(&mut self, len: usize) -> Option<Vec<u8>> {
+        let most = len + len / 8;
+        let (index, _) = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| (len..=most).contains(&b.len()))
+            .min_by_key(|(_, b)| b.len())?;
+        let block = self.free.remove(index);
+        self.kept_bytes -= block.len();
+        Some(block)
+    }
+
+    /// The kept blocks to give back, oldest first, so that a new block of `len` bytes
+    /// fits under the high-water mark (or raises it, when the blocks in use alone do).
+    fn make_room(&mut self, len: usize) -> Vec<Vec<u8>> {
+        let mark = self.high_water.max(self.in_use_bytes + len);
+        let mut released = Vec::new();
+        while self.in_use_bytes + self.kept_bytes + len > mark && !self.free.is_empty() {
+            let block = self.free.remove(0);
+            self.kept_bytes -= block.len();
+            released.push(block);
+        }
+        self.stats.released += released.len() as u64;
+        released
+    }
+
+    fn lent(&mut self, len: usize) {
+        self.in_use_bytes += len;
+        self.high_water = self.high_water.max(self.in_use_bytes);
+    }
+}
+
+impl RecyclingHeap {
+    pub fn stats(&self) -> RecycleStats {
+        let books = lock(&self.books);
+        RecycleStats {
+            in_use_bytes: books.in_use_bytes,
+            kept_bytes: books.kept_bytes,
+            ..books.stats
+        }
+    }
+}
+
+impl HostAlloc for RecyclingHeap {
+    fn alloc(&self, len: usize) -> HostBytes {
+        if len < RECYCLE_FROM {
+            return Heap.alloc(len);
+        }
+        let mut books = lock(&self.books);
+        let block = match books.take(len) {
+            Some(block) => {
+                books.stats.reused += 1;
+                block
+            }
+            None => {
+                let released = books.make_room(len);
+                books.stats.made += 1;
+                drop(books);
+                // Freed and made outside the lock: each may take the kernel a while.
+                drop(released);
+                let block = vec![0; len];
+                books = lock(&self.books);
+                block
+            }
+        };
+        books.lent(block.len());
+        drop(books);
+        HostBytes::leased(Box::new(Recycled {
+            block,
+            len,
+            home: self.books.clone(),
+        }))
+    }
+
+    fn release_kept(&self) {
+        let mut books = lock(&self.books);
+        let released = std::mem::take(&mut books.free);
+        books.kept_bytes = 0;
+        books.stats.released += released.len() as u64;
+        drop(books);
+        drop(released);
+    }
+}
+
+/// A block lent by a `RecyclingHeap`, its first `len` bytes in use; kept again when
+/// dropped.
+struct Recycled {
+    block: Vec<u8>,
+    len: usize,
+    home: Arc<Mutex<Kept>>,
+}
+
+impl Lease for Recycled {
+    fn bytes(&self) -> &[u8] {
+        &self.block[..self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.block[..self.len]
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let block = std::mem::take(&mut self.block);
+        let mut books = lock(&self.home);
+        books.in_use_bytes -= block.len();
+        books.kept_bytes += block.len();
+        books.free.push(block);
+    }
+}
+
 /// Pixel bytes on the host: a heap vector, or a leased block.
 pub struct HostBytes(Inner);
 
@@ -61,7 +244,8 @@ impl HostBytes {
         Self(Inner::Leased(lease))
     }
 
-    /// Whether the bytes are a leased block (page-locked, where a GPU pool lent them).
+    /// Whether the bytes are a leased block (page-locked, where a GPU pool lent them; kept
+    /// for reuse, where a `RecyclingHeap` did).
     pub fn is_leased(&self) -> bool {
         matches!(self.0, Inner::Leased(_))
     }
@@ -158,6 +342,58 @@ mod tests {
         assert!(!copy.is_leased());
         assert_eq!(&copy[..], &[7, 7, 7, 7, 7, 1]);
         assert_eq!(bytes.into_vec(), vec![7, 7, 7, 7, 7, 1]);
+    }
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_recycling_heap_lends_a_freed_large_block_again_and_leaves_small_ones_to_the_heap() {
+        let heap = RecyclingHeap::default();
+        assert!(!heap.alloc(RECYCLE_FROM - 1).is_leased());
+        let mut first = heap.alloc(8 * MIB);
+        assert!(first.is_leased());
+        assert_eq!(first.len(), 8 * MIB);
+        first[0] = 7;
+        let address = first.as_ptr();
+        drop(first);
+        assert_eq!(heap.stats().kept_bytes, 8 * MIB);
+        // Less than an eighth smaller than the block still fits it; its bytes are the
+        // last user's.
+        let again = heap.alloc(8 * MIB - MIB / 2);
+        assert_eq!(
+            (again.as_ptr(), again.len(), again[0]),
+            (address, 8 * MIB - MIB / 2, 7)
+        );
+        let stats = heap.stats();
+        assert_eq!((stats.made, stats.reused), (1, 1));
+        assert_eq!((stats.in_use_bytes, stats.kept_bytes), (8 * MIB, 0));
+        // Lent and dropped on another thread, it comes back all the same.
+        std::thread::spawn(move || drop(again)).join().unwrap();
+        assert_eq!(heap.stats().kept_bytes, 8 * MIB);
+    }
+
+    #[test]
+    fn a_recycling_heap_keeps_no_more_than_was_ever_in_use_at_once() {
+        let heap = RecyclingHeap::default();
+        let (a, b) = (heap.alloc(8 * MIB), heap.alloc(8 * MIB));
+        drop((a, b));
+        // 16 MiB kept, the high-water mark. A block too small for either (more than an
+        // eighth under) is made afresh, and one kept block is given back for it.
+        let small = heap.alloc(5 * MIB);
+        let stats = heap.stats();
+        assert_eq!((stats.made, stats.reused, stats.released), (3, 0, 1));
+        assert_eq!((stats.in_use_bytes, stats.kept_bytes), (5 * MIB, 8 * MIB));
+        // More than any kept block: made afresh, and the mark (16 MiB) leaves room for it
+        // only without the other kept block.
+        let big = heap.alloc(11 * MIB);
+        let stats = heap.stats();
+        assert_eq!((stats.made, stats.released), (4, 2));
+        assert_eq!((stats.in_use_bytes, stats.kept_bytes), (16 * MIB, 0));
+        drop((small, big));
+        assert_eq!(heap.stats().kept_bytes, 16 * MIB);
+        heap.release_kept();
+        let stats = heap.stats();
+        assert_eq!((stats.kept_bytes, stats.released), (0, 4));
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub fn device_setups(
                 solo_threads,
                 &device.warmup_sizes,
             )],
-            pixels: pixels::heap(),
+            pixels: pixels::recycling_heap(),
             precisions: vec![(Device::Cpu, precision)],
         });
     }
