@@ -32,21 +32,22 @@ mod glibc_heap {
     extern "C" {
         fn mallopt(param: c_int, value: c_int) -> c_int;
         fn malloc_trim(pad: usize) -> c_int;
+        /// mimalloc's: with `force`, purges what every thread freed at once, whatever the
+        /// purge delay (and collects the calling thread's heap).
+        fn mi_collect(force: bool);
     }
 
     /// Rust's allocations (mimalloc): what a request freed stays mapped this long, in
-    /// milliseconds, for the next request to reuse, instead of mimalloc's default 1 s.
-    /// Under mixed traffic a 12 MP photo's buffers (36 MB for its pixels alone) were
-    /// unmapped between one large request and the next, and each was faulted in and
-    /// zeroed again: on this project's 2-core machines the kernel took 9.8 % of all CPU
-    /// time, 7.5 % clearing pages, in bursts of 20-60 % that slowed runs 2-4x. Kept 10 s,
-    /// the faults a second fell from 4,400 to 225. Kept a minute, or for good, the
-    /// kernel's share fell further, but the small requests' p99 under that traffic rose
-    /// (0.50-0.61 of arrival order's in three sets against 0.42-0.43 in two at 10 s), and
-    /// an idle server would hold its busiest minute's memory (figures in
-    /// docs/decisions.md, "Memory kept between requests").
+    /// milliseconds, for the next request to reuse, instead of mimalloc's default 1 s;
+    /// the server gives it back sooner, when it goes idle (`trim`). Under mixed traffic a
+    /// 12 MP photo's buffers were unmapped between one large request and the next, and
+    /// each was faulted in and zeroed again: on this project's 2-core VMs a fault is slow
+    /// (up to 85 % of both cores clearing pages while large requests came together), and
+    /// runs slowed 2-4x past their price. Kept 10 s, large requests refused for longer
+    /// than that (a deadline that binds) still found their stages' buffers gone (figures
+    /// in docs/decisions.md, "Memory kept between requests").
     const PURGE_DELAY: &str = "MIMALLOC_PURGE_DELAY";
-    const PURGE_DELAY_MS: &str = "10000";
+    const PURGE_DELAY_MS: &str = "600000";
 
     /// Runs this program again, same arguments and process, with `glibc.malloc.hugetlb=1`
     /// added to `GLIBC_TUNABLES` (unless that already names the tunable, so
@@ -94,6 +95,9 @@ mod glibc_heap {
     fn trim() {
         // SAFETY: malloc_trim takes malloc's own locks; it only returns free pages.
         unsafe { malloc_trim(0) };
+        // SAFETY: mi_collect takes mimalloc's own locks and only gives back memory that
+        // is free; any thread may call it.
+        unsafe { mi_collect(true) };
     }
 }
 

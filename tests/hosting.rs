@@ -548,7 +548,7 @@ fn environ_of(pid: u32) -> String {
 }
 
 /// `celer serve` runs with glibc's transparent huge pages for malloc and mimalloc's purge
-/// delay at 10 s (it re-executes itself with them, src/main.rs), keeps a caller's other
+/// delay at 10 minutes (it re-executes itself with them, src/main.rs), keeps a caller's other
 /// tunables, and leaves an explicit `glibc.malloc.hugetlb=0` or purge delay alone; each
 /// then serves a photo.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -564,7 +564,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             None,
             &[
                 "GLIBC_TUNABLES=glibc.malloc.hugetlb=1",
-                "MIMALLOC_PURGE_DELAY=10000",
+                "MIMALLOC_PURGE_DELAY=600000",
             ],
             "-",
         ),
@@ -574,7 +574,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             &[
                 "GLIBC_TUNABLES=glibc.malloc.tcache_count=7",
                 "glibc.malloc.hugetlb=1",
-                "MIMALLOC_PURGE_DELAY=10000",
+                "MIMALLOC_PURGE_DELAY=600000",
             ],
             "-",
         ),
@@ -583,7 +583,7 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             None,
             &[
                 "GLIBC_TUNABLES=glibc.malloc.hugetlb=0",
-                "MIMALLOC_PURGE_DELAY=10000",
+                "MIMALLOC_PURGE_DELAY=600000",
             ],
             "glibc.malloc.hugetlb=1",
         ),
@@ -627,6 +627,85 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
             server.log()
         );
     }
+}
+
+/// The server's resident memory, from /proc (kB).
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// What a burst of large photos took stays with the server while it is busy (the pixel
+/// blocks it keeps, mimalloc's pages kept 10 minutes), and goes back to the system once
+/// it goes idle: most of the growth is gone within seconds of the last answer.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn an_idle_server_gives_back_the_memory_a_burst_of_large_photos_took() {
+    // No queue budget: four 12 MP photos at once wait longer than it allows on 2 cores.
+    let server = Server::start(
+        &fixture_dir("prob-guided"),
+        ["--replicas", "2", "--max-queue-wait", "off"],
+        &[],
+    );
+    let photo = std::fs::read(fetched("photo-4032x3024.jpg")).expect("the fetched 12 MP photo");
+    let pid = server.pid();
+    let before = rss_kb(pid);
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (peak, done) = (peak.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kb(pid), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..2 {
+                    let answer = server.post(
+                        "/invocations",
+                        &[
+                            ("Content-Type", "image/jpeg"),
+                            ("X-Amzn-SageMaker-Custom-Attributes", "output=alpha"),
+                        ],
+                        &photo,
+                    );
+                    assert_eq!(
+                        answer.status,
+                        200,
+                        "{}\n{}",
+                        String::from_utf8_lossy(&answer.body),
+                        server.log()
+                    );
+                }
+            });
+        }
+    });
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let peak = peak.load(Ordering::Relaxed).max(rss_kb(pid));
+    let grown = peak.saturating_sub(before);
+    // Four 12 MP photos at once hold at least their decoded pixels (36 MB each).
+    assert!(grown > 100_000, "grew only {grown} kB from {before} kB");
+    // Idle 3 s, then given back: wait up to 20 s for three quarters of the growth to go.
+    let target = before + grown / 4;
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let mut now = rss_kb(pid);
+    while now > target && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        now = rss_kb(pid);
+    }
+    assert!(
+        now <= target,
+        "idle: {now} kB resident, against {before} kB before the burst and {peak} kB at its peak"
+    );
 }
 
 /// `--warmup-size` on the CPU: each replica runs an image of the size at load, and the

@@ -66,21 +66,23 @@ impl IdleTrim {
 }
 
 /// Gives memory back when the server has gone idle after being busy (`IdleTrim`): the
-/// block cache, then the heap trim.
+/// block cache, the pixel blocks kept for reuse, then the heap trim.
 async fn trim_when_idle(state: Arc<AppState>) {
-    fn trim() {
-        crate::ort::allocator::release_cached();
-        if let Some(&heap_trim) = HEAP_TRIM.get() {
-            heap_trim();
-        }
-    }
     let mut idle = IdleTrim::new(state.scheduler.admitted(), Instant::now());
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
         let (in_flight, admitted) = (state.scheduler.in_flight(), state.scheduler.admitted());
         if idle.tick(Instant::now(), in_flight, admitted) {
-            let _ = tokio::task::spawn_blocking(trim).await;
+            let pixels = state.pixels.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::ort::allocator::release_cached();
+                pixels.release_kept();
+                if let Some(&heap_trim) = HEAP_TRIM.get() {
+                    heap_trim();
+                }
+            })
+            .await;
         }
     }
 }
