@@ -67,13 +67,13 @@ pub const RECYCLE_FROM: usize = 4 << 20;
 /// to the next request of about their size, from any thread.
 ///
 /// Why: a request's image is decoded on one thread and freed on another (a replica's, or
-/// the encoder's), and mimalloc gives such a block's pages back to the system at once
-/// when another thread frees it (a huge block, over 16 MiB, is reset on a free from any
-/// thread but its own, whatever the purge delay). So every 12 MP photo's 36 MB were
-/// faulted in and zeroed again in its decode; on this project's VMs the kernel took up to
-/// 85 % of both cores doing that while large requests came together, and requests
-/// admitted on their price missed their deadline (docs/decisions.md, "Memory kept between
-/// requests").
+/// the encoder's), and mimalloc did not lend the freed blocks to the next decode: with
+/// its purge delay at 10 minutes, `perf` still put 2.7 % of all CPU time (past a run's
+/// first 15 s, mixed 320x320 and 12 MP traffic on 2 cores) in the kernel zeroing fresh
+/// huge pages under the decoder's writes, 1.2 % with this heap. On this project's VMs
+/// such faults are slow: while 12 MP requests came together the kernel took up to 85 %
+/// of both cores, and requests admitted on their price missed their deadline
+/// (docs/decisions.md, "Memory kept between requests").
 ///
 /// The same rule as ONNX Runtime's block cache (`crate::ort::block_cache`): the blocks
 /// kept plus those in use never exceed the most that was ever in use at once, so what is
