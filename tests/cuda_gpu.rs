@@ -761,6 +761,44 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     router.shutdown();
 }
 
+/// `--warmup-size` on a GPU: each replica runs the size at load and once more, timed, so
+/// the device has prices before its first request; without it, none until a request ran.
+#[test]
+fn a_gpu_device_warmed_up_at_a_size_is_priced_before_its_first_request() {
+    use celer::engines::dirs::EngineDirs;
+    use celer::engines::plan::plan_gpus;
+    use celer::replica::gpu::{gpu_device_setup, GpuServing};
+    use celer::sched::{Scheduler, SchedulerConfig};
+
+    let dev = gpu_support::gpu();
+    let dir = repo("onnx/fixtures/classes-matting");
+    let spec = PipelineSpec::load_dir(&dir).expect("fixture");
+    let priced = |warmup: Vec<(u32, u32)>| {
+        let plans = plan_gpus(
+            &spec,
+            &dir,
+            &EngineDirs::resolve(&dir, None, false).unwrap(),
+            std::slice::from_ref(&dev.info),
+            false,
+            None,
+        )
+        .expect("a plan for the GPU");
+        let serving = GpuServing {
+            warmup,
+            ..GpuServing::new(GpuLimits::default(), gpu_support::pool(&dev))
+        };
+        let setup = gpu_device_setup(&spec, plans.into_iter().next().unwrap(), 2, 2, serving);
+        let router = Scheduler::start(vec![setup], SchedulerConfig::default());
+        router.wait_ready().expect("the GPU replicas load");
+        let prices = router.devices()[0].prices;
+        router.shutdown();
+        prices
+    };
+    let warmed = priced(vec![(200, 150)]).expect("priced from the warm-up's timed runs");
+    assert!(warmed.fixed_s > 0.0, "{warmed:?}");
+    assert_eq!(priced(Vec::new()), None);
+}
+
 /// Every one of the 65536 float16 values converts as the half crate converts it (an
 /// engine's float16 output becomes the f32 plane the trimap reads).
 #[test]

@@ -17,16 +17,21 @@ mod stages;
 mod transfer;
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 pub use buffers::GpuLimits;
 pub use error::{GpuError, OpenError};
 pub use model::ModelSource;
 pub use stages::{GpuStages, ThreadCpuClock};
 
-use super::{health_check_job, BoxedMatteExecutor, MatteJob, MatteOutput};
+use super::{health_check_job, warmup_image, BoxedMatteExecutor, MatteJob, MatteOutput};
 use crate::cuda::{GpuDevice, HostPool};
 use crate::engines::plan::{GpuEngines, GpuPlan};
-use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery, RunParts};
+use crate::matte::{Planes, StageTimings};
+use crate::pixels::{HostAlloc, RgbPixels};
+use crate::sched::{
+    Device, DeviceSetup, ExecError, Executor, LoadFn, Recovery, RunParts, WarmRun, Work,
+};
 use crate::spec::{BatchingSpec, PipelineSpec};
 
 /// A GPU opened, with its engines deserialised and the host pool page-locked in its
@@ -387,6 +392,33 @@ impl Executor for GpuExecutor {
 
     fn health_check(&mut self) -> Result<(), ExecError> {
         self.run_one(&health_check_job()).map(|_| ())
+    }
+
+    /// Each warm-up size once more, timed, every plane: its first run was the load's
+    /// (`GpuStages::warm_up_at`), which paid for the resize tables' uploads and the first
+    /// launches at its grid sizes. The pixels are in a block of the page-locked pool, as a
+    /// decoded request's are, so that the upload is timed as a request's. The device's
+    /// first prices come from these runs, not from the first requests.
+    fn warm_up(&mut self) -> Result<Vec<WarmRun>, ExecError> {
+        let sizes = self.shared.serving.warmup.clone();
+        let mut timed = Vec::with_capacity(sizes.len());
+        for (w, h) in sizes {
+            let image = warmup_image(w, h);
+            let mut bytes = self.shared.serving.pool.alloc(image.as_raw().len());
+            bytes.copy_from_slice(image.as_raw());
+            let Some(pixels) = RgbPixels::from_raw(w, h, bytes) else {
+                continue;
+            };
+            let job = MatteJob::new(Arc::new(pixels), StageTimings::default(), Planes::ALL);
+            let start = Instant::now();
+            let output = self.run_one(&job)?;
+            timed.push(WarmRun {
+                work: Work::of_image(w, h, true),
+                took: start.elapsed(),
+                parts: Some(output.run_parts()),
+            });
+        }
+        Ok(timed)
     }
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {
