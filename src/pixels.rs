@@ -109,6 +109,8 @@ pub struct RecycleStats {
     pub released: u64,
     pub in_use_bytes: usize,
     pub kept_bytes: usize,
+    /// The most bytes ever in use at once.
+    pub high_water_bytes: usize,
 }
 
 fn lock(books: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
@@ -157,6 +159,7 @@ impl RecyclingHeap {
         RecycleStats {
             in_use_bytes: books.in_use_bytes,
             kept_bytes: books.kept_bytes,
+            high_water_bytes: books.high_water,
             ..books.stats
         }
     }
@@ -196,9 +199,21 @@ impl HostAlloc for RecyclingHeap {
     fn release_kept(&self) {
         let mut books = lock(&self.books);
         let released = std::mem::take(&mut books.free);
-        books.kept_bytes = 0;
+        let bytes = std::mem::take(&mut books.kept_bytes);
         books.stats.released += released.len() as u64;
+        let stats = books.stats;
+        let high_water = books.high_water;
         drop(books);
+        if !released.is_empty() {
+            tracing::debug!(
+                blocks = released.len(),
+                bytes,
+                high_water,
+                made = stats.made,
+                reused = stats.reused,
+                "pixel blocks given back"
+            );
+        }
         drop(released);
     }
 }

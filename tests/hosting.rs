@@ -629,14 +629,13 @@ fn serve_runs_with_its_allocator_settings_unless_told_not_to() {
     }
 }
 
-/// The server's resident memory, from /proc (kB).
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+/// The server's resident memory, from /proc (kB); `None` once it has exited.
+fn rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("a VmRSS line")
 }
 
 /// What a burst of large photos took stays with the server while it is busy (the pixel
@@ -645,22 +644,24 @@ fn rss_kb(pid: u32) -> u64 {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
 fn an_idle_server_gives_back_the_memory_a_burst_of_large_photos_took() {
-    // No queue budget: four 12 MP photos at once wait longer than it allows on 2 cores.
+    // No queue budget: the burst waits as long as it must on cores other tests share.
     let server = Server::start(
         &fixture_dir("prob-guided"),
         ["--replicas", "2", "--max-queue-wait", "off"],
         &[],
     );
-    let photo = std::fs::read(fetched("photo-4032x3024.jpg")).expect("the fetched 12 MP photo");
+    // 1080p: 6.2 MB of pixels each, over the size from which blocks are kept.
+    let photo = std::fs::read(fetched("photo-1920x1080.jpg")).expect("the fetched photo");
     let pid = server.pid();
-    let before = rss_kb(pid);
+    let rss = || rss_kb(pid).expect("the server's VmRSS");
+    let before = rss();
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let (peak, done) = (peak.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kb(pid), Ordering::Relaxed);
+                peak.fetch_max(rss_kb(pid).unwrap_or(0), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
@@ -690,17 +691,18 @@ fn an_idle_server_gives_back_the_memory_a_burst_of_large_photos_took() {
     });
     done.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
-    let peak = peak.load(Ordering::Relaxed).max(rss_kb(pid));
+    let peak = peak.load(Ordering::Relaxed).max(rss());
     let grown = peak.saturating_sub(before);
-    // Four 12 MP photos at once hold at least their decoded pixels (36 MB each).
+    // Four photos at once, and each replica's buffers for them (about 440 MB measured).
     assert!(grown > 100_000, "grew only {grown} kB from {before} kB");
-    // Idle 3 s, then given back: wait up to 20 s for three quarters of the growth to go.
-    let target = before + grown / 4;
+    // Idle 3 s, then given back: wait up to 20 s for half the growth to go (with the
+    // purge delay alone, none of it went in that time).
+    let target = before + grown / 2;
     let until = std::time::Instant::now() + Duration::from_secs(20);
-    let mut now = rss_kb(pid);
+    let mut now = rss();
     while now > target && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(200));
-        now = rss_kb(pid);
+        now = rss();
     }
     assert!(
         now <= target,
