@@ -680,14 +680,33 @@ fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
     compare_pipelines(&repo("onnx/u2netp"), &images);
 }
 
+/// The GPU's plan for the fixture in `dir`: its engines where the TensorRT tests built
+/// them, ONNX Runtime otherwise.
+fn plan_on(
+    spec: &PipelineSpec,
+    dir: &Path,
+    dev: &celer::cuda::GpuDevice,
+) -> celer::engines::plan::GpuPlan {
+    celer::engines::plan::plan_gpus(
+        spec,
+        dir,
+        &celer::engines::dirs::EngineDirs::resolve(dir, None, false).unwrap(),
+        std::slice::from_ref(&dev.info),
+        false,
+        None,
+    )
+    .expect("a plan for the GPU (engines are built by the TensorRT tests, not here)")
+    .into_iter()
+    .next()
+    .expect("one GPU, one plan")
+}
+
 /// The GPU as `celer serve` starts it: planned (ONNX Runtime for the models where
 /// TensorRT is absent, engines where present and built), loaded by the router's replica
 /// threads, and asked for cut-outs through the router. Same trimap as the CPU pipeline,
 /// alpha within 1 LSB, and the device's cut-out composited from its own alpha.
 #[test]
 fn a_gpu_device_serves_through_the_router_like_the_cpu() {
-    use celer::engines::dirs::EngineDirs;
-    use celer::engines::plan::plan_gpus;
     use celer::replica::gpu::gpu_device_setup;
     use celer::replica::MatteJob;
     use celer::sched::{Scheduler, SchedulerConfig};
@@ -695,19 +714,11 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     let dev = gpu_support::gpu();
     let dir = repo("onnx/fixtures/classes-matting");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
-    let plans = plan_gpus(
-        &spec,
-        &dir,
-        &EngineDirs::resolve(&dir, None, false).unwrap(),
-        std::slice::from_ref(&dev.info),
-        false,
-        None,
-    )
-    .expect("a plan for the GPU (engines are built by the TensorRT tests, not here)");
-    let _ = writeln!(std::io::stderr(), "GPU models: {:?}", plans[0].models);
+    let plan = plan_on(&spec, &dir, &dev);
+    let _ = writeln!(std::io::stderr(), "GPU models: {:?}", plan.models);
     let setup = gpu_device_setup(
         &spec,
-        plans.into_iter().next().unwrap(),
+        plan,
         2,
         2,
         celer::replica::gpu::GpuServing::new(GpuLimits::default(), gpu_support::pool(&dev)),
@@ -765,8 +776,6 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
 /// the device has prices before its first request; without it, none until a request ran.
 #[test]
 fn a_gpu_device_warmed_up_at_a_size_is_priced_before_its_first_request() {
-    use celer::engines::dirs::EngineDirs;
-    use celer::engines::plan::plan_gpus;
     use celer::replica::gpu::{gpu_device_setup, GpuServing};
     use celer::sched::{Scheduler, SchedulerConfig};
 
@@ -774,20 +783,11 @@ fn a_gpu_device_warmed_up_at_a_size_is_priced_before_its_first_request() {
     let dir = repo("onnx/fixtures/classes-matting");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
     let priced = |warmup: Vec<(u32, u32)>| {
-        let plans = plan_gpus(
-            &spec,
-            &dir,
-            &EngineDirs::resolve(&dir, None, false).unwrap(),
-            std::slice::from_ref(&dev.info),
-            false,
-            None,
-        )
-        .expect("a plan for the GPU");
         let serving = GpuServing {
             warmup,
             ..GpuServing::new(GpuLimits::default(), gpu_support::pool(&dev))
         };
-        let setup = gpu_device_setup(&spec, plans.into_iter().next().unwrap(), 2, 2, serving);
+        let setup = gpu_device_setup(&spec, plan_on(&spec, &dir, &dev), 2, 2, serving);
         let router = Scheduler::start(vec![setup], SchedulerConfig::default());
         router.wait_ready().expect("the GPU replicas load");
         let prices = router.devices()[0].prices;
