@@ -86,19 +86,16 @@ pub struct RecyclingHeap {
     books: Arc<Mutex<Kept>>,
 }
 
-/// The blocks kept and the counts of the blocks lent.
+/// The blocks kept, and the books of the blocks lent (their bytes in use, kept and at
+/// most in use, and the counts).
 #[derive(Default)]
 struct Kept {
     /// Oldest first; each block's length is its size.
     free: Vec<Vec<u8>>,
-    kept_bytes: usize,
-    in_use_bytes: usize,
-    /// The most bytes ever in use at once.
-    high_water: usize,
     stats: RecycleStats,
 }
 
-/// Counts since the start, for tests and logs.
+/// The heap's books: counts since the start, and the bytes in use and kept now.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RecycleStats {
     /// Blocks lent again.
@@ -129,18 +126,22 @@ impl Kept {
             .filter(|(_, b)| (len..=most).contains(&b.len()))
             .min_by_key(|(_, b)| b.len())?;
         let block = self.free.remove(index);
-        self.kept_bytes -= block.len();
+        self.stats.kept_bytes -= block.len();
         Some(block)
     }
 
     /// The kept blocks to give back, oldest first, so that a new block of `len` bytes
     /// fits under the high-water mark (or raises it, when the blocks in use alone do).
     fn make_room(&mut self, len: usize) -> Vec<Vec<u8>> {
-        let mark = self.high_water.max(self.in_use_bytes + len);
+        let mark = self
+            .stats
+            .high_water_bytes
+            .max(self.stats.in_use_bytes + len);
         let mut released = Vec::new();
-        while self.in_use_bytes + self.kept_bytes + len > mark && !self.free.is_empty() {
+        while self.stats.in_use_bytes + self.stats.kept_bytes + len > mark && !self.free.is_empty()
+        {
             let block = self.free.remove(0);
-            self.kept_bytes -= block.len();
+            self.stats.kept_bytes -= block.len();
             released.push(block);
         }
         self.stats.released += released.len() as u64;
@@ -148,20 +149,14 @@ impl Kept {
     }
 
     fn lent(&mut self, len: usize) {
-        self.in_use_bytes += len;
-        self.high_water = self.high_water.max(self.in_use_bytes);
+        self.stats.in_use_bytes += len;
+        self.stats.high_water_bytes = self.stats.high_water_bytes.max(self.stats.in_use_bytes);
     }
 }
 
 impl RecyclingHeap {
     pub fn stats(&self) -> RecycleStats {
-        let books = lock(&self.books);
-        RecycleStats {
-            in_use_bytes: books.in_use_bytes,
-            kept_bytes: books.kept_bytes,
-            high_water_bytes: books.high_water,
-            ..books.stats
-        }
+        lock(&self.books).stats
     }
 }
 
@@ -199,16 +194,15 @@ impl HostAlloc for RecyclingHeap {
     fn release_kept(&self) {
         let mut books = lock(&self.books);
         let released = std::mem::take(&mut books.free);
-        let bytes = std::mem::take(&mut books.kept_bytes);
+        let bytes = std::mem::take(&mut books.stats.kept_bytes);
         books.stats.released += released.len() as u64;
         let stats = books.stats;
-        let high_water = books.high_water;
         drop(books);
         if !released.is_empty() {
             tracing::debug!(
                 blocks = released.len(),
                 bytes,
-                high_water,
+                high_water = stats.high_water_bytes,
                 made = stats.made,
                 reused = stats.reused,
                 "pixel blocks given back"
@@ -240,8 +234,8 @@ impl Drop for Recycled {
     fn drop(&mut self) {
         let block = std::mem::take(&mut self.block);
         let mut books = lock(&self.home);
-        books.in_use_bytes -= block.len();
-        books.kept_bytes += block.len();
+        books.stats.in_use_bytes -= block.len();
+        books.stats.kept_bytes += block.len();
         books.free.push(block);
     }
 }
