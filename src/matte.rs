@@ -10,11 +10,23 @@ use serde::Serialize;
 
 use crate::pixels::{self, GrayPixels, RgbaPixels};
 
-/// The result of the device stages for one image, at the source size.
+/// The result of the device stages for one image, at the source size. On the CPU its
+/// planes are blocks of the server's pixel allocator (`crate::pixels`), read by the
+/// encoder where the replica wrote them.
 #[derive(Debug, Clone)]
 pub struct Matte {
-    pub alpha: GrayImage,
-    pub trimap: GrayImage,
+    pub alpha: GrayPixels,
+    pub trimap: GrayPixels,
+}
+
+impl Matte {
+    /// A matte whose planes are heap vectors.
+    pub fn from_images(alpha: GrayImage, trimap: GrayImage) -> Self {
+        Self {
+            alpha: pixels::from_image(alpha),
+            trimap: pixels::from_image(trimap),
+        }
+    }
 }
 
 /// Which planes an answer shows, and so which a device hands back: a GPU downloads only
@@ -70,8 +82,8 @@ impl MattePlanes {
         Self {
             width,
             height,
-            alpha: Some(pixels::from_image(matte.alpha)),
-            trimap: Some(pixels::from_image(matte.trimap)),
+            alpha: Some(matte.alpha),
+            trimap: Some(matte.trimap),
             cutout: cutout.map(pixels::from_image),
         }
     }

@@ -54,9 +54,43 @@ pub fn heap() -> SharedAlloc {
 }
 
 /// The heap, its large blocks kept when freed and lent again, as a `SharedAlloc`: what
-/// the CPU serves from.
-pub fn recycling_heap() -> SharedAlloc {
-    Arc::new(RecyclingHeap::default())
+/// the CPU serves from. `reserve`: see `RecyclingHeap::with_reserve`.
+pub fn recycling_heap(reserve: Reserve) -> SharedAlloc {
+    Arc::new(RecyclingHeap::with_reserve(reserve))
+}
+
+/// Blocks a `RecyclingHeap` makes at start-up and keeps for the server's life: for each
+/// size an image is expected at (`--warmup-size`), the blocks of `requests` requests of
+/// that size (its RGB8 pixels, and the alpha and trimap a CPU replica hands back), those
+/// of `RECYCLE_FROM` or more.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserve {
+    /// (bytes, blocks), one entry a size.
+    pub blocks: Vec<(usize, usize)>,
+}
+
+impl Reserve {
+    /// The blocks of `requests` requests at each of `sizes` (width, height).
+    pub fn for_sizes(sizes: &[(u32, u32)], requests: usize) -> Self {
+        let mut blocks: Vec<(usize, usize)> = Vec::new();
+        for &(w, h) in sizes {
+            let pixels = w as usize * h as usize;
+            for (len, count) in [(3 * pixels, requests), (pixels, 2 * requests)] {
+                if len < RECYCLE_FROM || count == 0 {
+                    continue;
+                }
+                match blocks.iter_mut().find(|b| b.0 == len) {
+                    Some(b) => b.1 = b.1.max(count),
+                    None => blocks.push((len, count)),
+                }
+            }
+        }
+        Self { blocks }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.blocks.iter().map(|(len, n)| len * n).sum()
+    }
 }
 
 /// Blocks from this size up are kept for reuse: a 1080p photo's pixels (6.2 MB) and
@@ -81,6 +115,13 @@ pub const RECYCLE_FROM: usize = 4 << 20;
 /// first, until the new block fits under that mark. A block is lent again by best fit, up
 /// to an eighth larger than asked. What is kept goes back to the system when the server
 /// goes idle (`release_kept`).
+///
+/// Beside those, a reserve (`with_reserve`): blocks made and written once at start-up,
+/// before the server is ready, lent first and never given back. The rule above lets the
+/// heap grow only when the traffic first needs a block more, and on these VMs that first
+/// write of 37 MB (a 12 MP photo) was a burst of the kernel's time: at a 1.5 s deadline,
+/// each of the heap's new blocks past the first seconds came with admitted requests that
+/// expired (docs/decisions.md, "Memory kept between requests").
 #[derive(Default)]
 pub struct RecyclingHeap {
     books: Arc<Mutex<Kept>>,
@@ -92,6 +133,8 @@ pub struct RecyclingHeap {
 struct Kept {
     /// Oldest first; each block's length is its size.
     free: Vec<Vec<u8>>,
+    /// The reserve's blocks not lent now.
+    reserve: Vec<Vec<u8>>,
     stats: RecycleStats,
 }
 
@@ -104,10 +147,15 @@ pub struct RecycleStats {
     pub made: u64,
     /// Kept blocks given back to the system.
     pub released: u64,
+    /// Of the blocks outside the reserve, those lent now and those kept.
     pub in_use_bytes: usize,
     pub kept_bytes: usize,
-    /// The most bytes ever in use at once.
+    /// The most bytes ever in use at once outside the reserve.
     pub high_water_bytes: usize,
+    /// The reserve's bytes, lent or not.
+    pub reserve_bytes: usize,
+    /// Blocks lent from the reserve.
+    pub reserve_lent: u64,
 }
 
 fn lock(books: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
@@ -115,19 +163,38 @@ fn lock(books: &Mutex<Kept>) -> MutexGuard<'_, Kept> {
     books.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The smallest of `blocks` of `len` bytes up to an eighth more, taken out.
+fn best_fit(blocks: &mut Vec<Vec<u8>>, len: usize) -> Option<Vec<u8>> {
+    let most = len + len / 8;
+    let (index, _) = blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| (len..=most).contains(&b.len()))
+        .min_by_key(|(_, b)| b.len())?;
+    Some(blocks.remove(index))
+}
+
+/// `len` bytes on the heap, each page written: faulted in now rather than by the first
+/// request that writes them.
+fn written_block(len: usize) -> Vec<u8> {
+    let mut block = vec![0u8; len];
+    // Ones, not zeros: a zero written to memory fresh from the allocator's zeroed pages
+    // is a store the compiler may drop.
+    block.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    std::hint::black_box(block)
+}
+
 impl Kept {
-    /// The smallest kept block of `len` bytes up to an eighth more, taken out.
-    fn take(&mut self, len: usize) -> Option<Vec<u8>> {
-        let most = len + len / 8;
-        let (index, _) = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| (len..=most).contains(&b.len()))
-            .min_by_key(|(_, b)| b.len())?;
-        let block = self.free.remove(index);
+    /// A kept block for `len` bytes (the reserve's first), and whether it is the
+    /// reserve's.
+    fn take(&mut self, len: usize) -> Option<(Vec<u8>, bool)> {
+        if let Some(block) = best_fit(&mut self.reserve, len) {
+            self.stats.reserve_lent += 1;
+            return Some((block, true));
+        }
+        let block = best_fit(&mut self.free, len)?;
         self.stats.kept_bytes -= block.len();
-        Some(block)
+        Some((block, false))
     }
 
     /// The kept blocks to give back, oldest first, so that a new block of `len` bytes
@@ -155,6 +222,19 @@ impl Kept {
 }
 
 impl RecyclingHeap {
+    /// A heap whose reserve is made now, every page written, so that no request faults
+    /// it in.
+    pub fn with_reserve(reserve: Reserve) -> Self {
+        let mut kept = Kept::default();
+        for &(len, count) in &reserve.blocks {
+            kept.reserve.extend((0..count).map(|_| written_block(len)));
+        }
+        kept.stats.reserve_bytes = reserve.bytes();
+        Self {
+            books: Arc::new(Mutex::new(kept)),
+        }
+    }
+
     pub fn stats(&self) -> RecycleStats {
         lock(&self.books).stats
     }
@@ -166,31 +246,44 @@ impl HostAlloc for RecyclingHeap {
             return Heap.alloc(len);
         }
         let mut books = lock(&self.books);
-        let block = match books.take(len) {
-            Some(block) => {
+        let (block, reserved) = match books.take(len) {
+            Some((block, reserved)) => {
                 books.stats.reused += 1;
-                block
+                (block, reserved)
             }
             None => {
                 let released = books.make_room(len);
                 books.stats.made += 1;
+                let stats = books.stats;
                 drop(books);
+                tracing::debug!(
+                    len,
+                    released = released.len(),
+                    in_use = stats.in_use_bytes,
+                    kept = stats.kept_bytes,
+                    high_water = stats.high_water_bytes,
+                    "pixel block made"
+                );
                 // Freed and made outside the lock: each may take the kernel a while.
                 drop(released);
                 let block = vec![0; len];
                 books = lock(&self.books);
-                block
+                (block, false)
             }
         };
-        books.lent(block.len());
+        if !reserved {
+            books.lent(block.len());
+        }
         drop(books);
         HostBytes::leased(Box::new(Recycled {
             block,
             len,
+            reserved,
             home: self.books.clone(),
         }))
     }
 
+    /// The reserve stays.
     fn release_kept(&self) {
         let mut books = lock(&self.books);
         let released = std::mem::take(&mut books.free);
@@ -217,6 +310,8 @@ impl HostAlloc for RecyclingHeap {
 struct Recycled {
     block: Vec<u8>,
     len: usize,
+    /// The reserve's: it goes back there.
+    reserved: bool,
     home: Arc<Mutex<Kept>>,
 }
 
@@ -234,6 +329,10 @@ impl Drop for Recycled {
     fn drop(&mut self) {
         let block = std::mem::take(&mut self.block);
         let mut books = lock(&self.home);
+        if self.reserved {
+            books.reserve.push(block);
+            return;
+        }
         books.stats.in_use_bytes -= block.len();
         books.stats.kept_bytes += block.len();
         books.free.push(block);
@@ -300,6 +399,15 @@ impl Clone for HostBytes {
         Self::from(self.to_vec())
     }
 }
+
+/// Equal when their bytes are, wherever they live.
+impl PartialEq for HostBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for HostBytes {}
 
 impl std::fmt::Debug for HostBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -403,6 +511,55 @@ mod tests {
         heap.release_kept();
         let stats = heap.stats();
         assert_eq!((stats.kept_bytes, stats.released), (0, 4));
+    }
+
+    #[test]
+    fn a_recycling_heaps_reserve_is_made_at_once_lent_first_and_kept_when_idle() {
+        let heap = RecyclingHeap::with_reserve(Reserve {
+            blocks: vec![(8 * MIB, 2)],
+        });
+        let stats = heap.stats();
+        assert_eq!(
+            (stats.reserve_bytes, stats.made, stats.kept_bytes),
+            (16 * MIB, 0, 0)
+        );
+        // Two blocks the size of the reserve's, or up to an eighth smaller: the reserve's.
+        let (a, b) = (heap.alloc(8 * MIB), heap.alloc(8 * MIB - MIB / 2));
+        assert!(a.is_leased() && b.is_leased());
+        let stats = heap.stats();
+        assert_eq!(
+            (stats.reserve_lent, stats.made, stats.in_use_bytes),
+            (2, 0, 0)
+        );
+        // A third is made, and follows the rule of the blocks outside the reserve.
+        let c = heap.alloc(8 * MIB);
+        let stats = heap.stats();
+        assert_eq!((stats.made, stats.in_use_bytes), (1, 8 * MIB));
+        drop((a, b, c));
+        heap.release_kept();
+        let stats = heap.stats();
+        assert_eq!((stats.released, stats.kept_bytes), (1, 0));
+        // The reserve stayed: the next two blocks are its own, the third is made.
+        let again = [
+            heap.alloc(8 * MIB),
+            heap.alloc(8 * MIB),
+            heap.alloc(8 * MIB),
+        ];
+        let stats = heap.stats();
+        assert_eq!((stats.reserve_lent, stats.made), (4, 2));
+        drop(again);
+    }
+
+    #[test]
+    fn a_reserve_holds_each_sizes_image_alpha_and_trimap_where_they_are_large() {
+        let reserve = Reserve::for_sizes(&[(320, 320), (4032, 3024), (4032, 3024)], 2);
+        let pixels = 4032 * 3024;
+        assert_eq!(reserve.blocks, vec![(3 * pixels, 2), (pixels, 4)]);
+        assert_eq!(reserve.bytes(), 10 * pixels);
+        // 1080p: the image is large enough, its planes (2 MB) are not.
+        let hd = Reserve::for_sizes(&[(1920, 1080)], 3);
+        assert_eq!(hd.blocks, vec![(3 * 1920 * 1080, 3)]);
+        assert!(Reserve::for_sizes(&[(4032, 3024)], 0).blocks.is_empty());
     }
 
     #[test]

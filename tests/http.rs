@@ -768,7 +768,7 @@ async fn request_past_its_deadline_is_503_deadline_exceeded() {
 fn unloaded_state(spec: &celer::spec::PipelineSpec) -> AppState {
     use celer::replica::cpu::cpu_device_setup;
     use celer::sched::{Scheduler, SchedulerConfig};
-    let devices = vec![cpu_device_setup(spec, 1, 1, 0, &[])];
+    let devices = vec![cpu_device_setup(spec, 1, 1, 0, &[], celer::pixels::heap())];
     let router = Scheduler::start(
         devices,
         SchedulerConfig {

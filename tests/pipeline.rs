@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use celer::codec::decode::{decode, DecodeLimits};
 use celer::matte::StageTimings;
+use celer::pixels::{GrayPixels, RecyclingHeap};
 use celer::replica::cpu::{cpu_cores, CpuStages};
 use celer::spec::PipelineSpec;
 use image::{GrayImage, Rgb, RgbImage};
@@ -44,10 +45,10 @@ struct Agreement {
     mean_abs_diff: f64,
 }
 
-fn compare(alpha: &GrayImage, reference: &GrayImage) -> Agreement {
+fn compare(alpha: &GrayPixels, reference: &GrayImage) -> Agreement {
     assert_eq!(alpha.dimensions(), reference.dimensions());
     let (mut inter, mut union, mut diff) = (0u64, 0u64, 0u64);
-    for (&a, &r) in alpha.as_raw().iter().zip(reference.as_raw()) {
+    for (&a, &r) in alpha.as_raw().iter().zip(reference.as_raw().iter()) {
         let (fa, fr) = (a >= 128, r >= 128);
         inter += u64::from(fa && fr);
         union += u64::from(fa || fr);
@@ -172,6 +173,44 @@ fn probability_fixture_with_guided_filter_cuts_out_the_bright_square() {
     let row: Vec<u8> = (0..w).map(|x| matte.alpha.get_pixel(x, 45)[0]).collect();
     let crossing = row.iter().position(|&a| a >= 128).unwrap() as i64;
     assert!((crossing - 30).abs() <= 1, "alpha row {row:?}");
+}
+
+/// A replica serving from a recycling heap writes its alpha and trimap into blocks that
+/// hold an earlier request's bytes, and fits the guided filter in buffers kept from the
+/// image before: each image must still get exactly the matte a fresh replica gives it.
+#[test]
+fn a_replica_reusing_its_planes_and_buffers_gives_each_image_its_own_matte() {
+    // Planes of 4.3 MB: large enough for the heap to keep (`RECYCLE_FROM`).
+    let (w, h) = (2400u32, 1800u32);
+    let square = |x0: u32, y0: u32, side: u32| {
+        RgbImage::from_fn(w, h, move |x, y| {
+            if (x0..x0 + side).contains(&x) && (y0..y0 + side).contains(&y) {
+                Rgb([250, 250, 250])
+            } else {
+                Rgb([5, 5, 5])
+            }
+        })
+    };
+    let images = [
+        square(300, 200, 900),
+        RgbImage::from_fn(120, 90, |x, _| Rgb([(x * 2) as u8; 3])),
+        square(1200, 700, 600),
+        square(300, 200, 900),
+    ];
+    let heap = Arc::new(RecyclingHeap::default());
+    let mut reusing = load("onnx/fixtures/prob-guided").with_pixels(heap.clone());
+    let mut fresh = load("onnx/fixtures/prob-guided");
+    for (i, image) in images.iter().enumerate() {
+        let got = reusing.run(image, &mut StageTimings::default()).unwrap();
+        let want = fresh.run(image, &mut StageTimings::default()).unwrap();
+        let differ = |a: &[u8], b: &[u8]| a.iter().zip(b).filter(|(a, b)| a != b).count();
+        assert_eq!(differ(&got.alpha, &want.alpha), 0, "image {i}: alpha");
+        assert_eq!(differ(&got.trimap, &want.trimap), 0, "image {i}: trimap");
+        assert_eq!(got.alpha.dimensions(), image.dimensions());
+    }
+    // The last two large images' planes were the first ones' blocks, lent again.
+    let stats = heap.stats();
+    assert_eq!((stats.made, stats.reused), (2, 4), "{stats:?}");
 }
 
 #[test]

@@ -56,7 +56,7 @@ fn batched_equals_alone(dir: &str) {
             .alpha
             .as_raw()
             .iter()
-            .zip(alone.alpha.as_raw())
+            .zip(alone.alpha.as_raw().iter())
             .map(|(a, b)| a.abs_diff(*b))
             .max()
             .unwrap_or(0);

@@ -275,7 +275,7 @@ async fn the_cpu_pipeline_is_served_through_the_router_in_replicas() {
         max_batch: 4,
         max_wait_us: 1_000,
     };
-    let devices = vec![cpu_device_setup(&spec, 2, 1, 0, &[])];
+    let devices = vec![cpu_device_setup(&spec, 2, 1, 0, &[], celer::pixels::heap())];
     let scheduler = Scheduler::start(devices, SchedulerConfig::default());
     let loaded = tokio::task::block_in_place(|| scheduler.wait_ready());
     loaded.expect("the fixture loads (ONNX Runtime from .venv or ORT_DYLIB_PATH)");

@@ -903,10 +903,10 @@ mod tests {
 
     #[test]
     fn answers_json_and_binary() {
-        let matte = crate::matte::Matte {
-            alpha: image::GrayImage::from_raw(2, 1, vec![0, 255]).unwrap(),
-            trimap: image::GrayImage::from_raw(2, 1, vec![0, 128]).unwrap(),
-        };
+        let matte = crate::matte::Matte::from_images(
+            image::GrayImage::from_raw(2, 1, vec![0, 255]).unwrap(),
+            image::GrayImage::from_raw(2, 1, vec![0, 128]).unwrap(),
+        );
         let cutout = image::RgbaImage::from_raw(2, 1, vec![0, 0, 0, 0, 1, 2, 3, 255]).unwrap();
         let planes = MattePlanes::from_matte(matte, Some(cutout.clone()));
         let all = |binary| {

@@ -13,6 +13,7 @@ use super::model::OnnxModel;
 use super::QuantizeError;
 use crate::matte::StageTimings;
 use crate::ort::session::{OpThreads, OrtModel};
+use crate::pixels;
 use crate::replica::cpu::CpuStages;
 use crate::spec::{ImageInputSpec, MattingSpec, PipelineSpec};
 
@@ -97,7 +98,7 @@ impl Judge<'_> {
             .iter()
             .map(|im| {
                 let mut t = StageTimings::default();
-                Ok(stages.run(&im.rgb, &mut t)?.alpha)
+                Ok(pixels::into_image(stages.run(&im.rgb, &mut t)?.alpha))
             })
             .collect()
     }

@@ -15,7 +15,7 @@ use super::{health_check_job, warmup_image, BoxedMatteExecutor, MatteJob, MatteO
 use crate::matte::{Matte, MattePlanes, Planes, StageTimings};
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::ort::OrtError;
-use crate::pixels::{self, RgbPixels};
+use crate::pixels::{self, GrayPixels, RgbPixels, SharedAlloc};
 use crate::sched::{Device, DeviceSetup, ExecError, Executor, LoadFn, RunParts, WarmRun, Work};
 use crate::spec::{ImageInputSpec, MaskKind, MattingSpec, PipelineSpec};
 use crate::stages::lanes::Lanes;
@@ -173,6 +173,11 @@ struct Stages {
     input: Vec<f32>,
     /// The stacked [N, 3, h, w] segmentation input of a batch.
     batch: Vec<f32>,
+    /// The guided filter's buffers, kept from one image to the next.
+    guided: guided_filter::Scratch,
+    /// Where the planes handed back (alpha, trimap) are made: the server's allocator,
+    /// whose large blocks are kept and lent again (`pixels::RecyclingHeap`).
+    pixels: SharedAlloc,
 }
 
 /// The values of one image's `[1, 3, h, w]` model input.
@@ -226,8 +231,16 @@ impl CpuStages {
                 resized: Vec::new(),
                 input: Vec::new(),
                 batch: Vec::new(),
+                guided: guided_filter::Scratch::default(),
+                pixels: pixels::heap(),
             },
         })
+    }
+
+    /// Makes the planes it hands back with `pixels` (the heap's, by default).
+    pub fn with_pixels(mut self, pixels: SharedAlloc) -> Self {
+        self.stages.pixels = pixels;
+        self
     }
 
     /// Runs every stage between decode and composite on `image`, recording the time of
@@ -330,7 +343,8 @@ impl Stages {
         let t = Instant::now();
         let (mut small_trimap, coarse) = self.trimap(out)?;
         trimap::erode(&mut small_trimap, self.spec.trimap.erode_px);
-        let trimap_full = resample::resize_nearest(&small_trimap, width, height);
+        let mut trimap_full = self.plane(width, height)?;
+        resample::resize_nearest_into(&small_trimap, width, height, &mut trimap_full);
         timings.trimap = t.elapsed();
 
         let t = Instant::now();
@@ -340,17 +354,23 @@ impl Stages {
                 radius_px,
                 epsilon,
                 subsample,
-            } => guided_filter::fit(
-                lanes,
-                &mut self.resizer,
-                image,
-                &coarse,
-                radius_px,
-                epsilon,
-                subsample,
-            )
-            .map_err(in_stage("matting"))?
-            .alpha(lanes, image, &trimap_full),
+            } => {
+                let model = guided_filter::fit_in(
+                    lanes,
+                    &mut self.resizer,
+                    &mut self.guided,
+                    image,
+                    &coarse,
+                    radius_px,
+                    epsilon,
+                    subsample,
+                )
+                .map_err(in_stage("matting"))?;
+                let mut alpha = self.plane(width, height)?;
+                model.alpha_into(lanes, image, trimap_full.as_raw(), &mut alpha);
+                self.guided.keep_model(model);
+                alpha
+            }
             Matting::Model(m) => {
                 let MattingModel {
                     session,
@@ -370,13 +390,22 @@ impl Stages {
                 )?;
                 let full = resample::resize_plane(&mut self.resizer, &alpha, width, height)
                     .map_err(in_stage("matting"))?;
-                composite::quantize_alpha(&full)
+                pixels::from_image(composite::quantize_alpha(&full))
             }
         };
         timings.matting = t.elapsed();
         Ok(Matte {
             alpha,
             trimap: trimap_full,
+        })
+    }
+
+    /// A `width` x `height` plane from the server's allocator, its bytes unspecified.
+    fn plane(&self, width: u32, height: u32) -> Result<GrayPixels, CpuError> {
+        let len = width as usize * height as usize;
+        GrayPixels::from_raw(width, height, self.pixels.alloc(len)).ok_or_else(|| CpuError::Batch {
+            stage: "matting",
+            reason: format!("no plane of {width}x{height} from {len} bytes"),
         })
     }
 
@@ -590,6 +619,7 @@ pub fn cpu_device_setup(
     threads: usize,
     solo_threads: usize,
     warmup: &[(u32, u32)],
+    pixels: SharedAlloc,
 ) -> DeviceSetup<BoxedMatteExecutor> {
     let warmup = warmup.to_vec();
     let batching = spec.batching;
@@ -607,7 +637,7 @@ pub fn cpu_device_setup(
                     .clone(),
             }
         };
-        let pipeline = CpuStages::on(&spec, threads, shared)?;
+        let pipeline = CpuStages::on(&spec, threads, shared)?.with_pixels(pixels.clone());
         let executor = CpuExecutor::new(pipeline).with_warmup(warmup.clone());
         Ok(Box::new(executor) as BoxedMatteExecutor)
     });

@@ -5,7 +5,7 @@
 use image::{GrayImage, RgbaImage};
 
 use super::plane::Plane;
-use super::{Bytes, Rgb8};
+use super::{Bytes, Gray8, Rgb8};
 
 /// Alpha in u8: a matting result in [0, 1] (clamped), rounded.
 pub fn quantize_alpha(refined: &Plane) -> GrayImage {
@@ -27,12 +27,12 @@ pub fn unit_to_u8(v: f32) -> u8 {
 /// pixel's colour shows nowhere, and keeping it made a photo's cut-out PNG twice the size
 /// (the background's detail compressed as if it mattered). The GPU's `write_cutout`
 /// (src/cuda/kernels/composite.cu) does exactly the same.
-pub fn cutout(rgb: &Rgb8<impl Bytes>, alpha: &GrayImage) -> RgbaImage {
+pub fn cutout(rgb: &Rgb8<impl Bytes>, alpha: &Gray8<impl Bytes>) -> RgbaImage {
     let mut out = vec![0u8; rgb.as_raw().len() / 3 * 4];
     for ((dst, px), &a) in out
         .chunks_exact_mut(4)
         .zip(rgb.as_raw().chunks_exact(3))
-        .zip(alpha.as_raw())
+        .zip(alpha.as_raw().iter())
     {
         if a != 0 {
             dst.copy_from_slice(&[px[0], px[1], px[2], a]);

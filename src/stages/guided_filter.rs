@@ -12,7 +12,7 @@ use super::composite::unit_to_u8;
 use super::lanes::Lanes;
 use super::plane::Plane;
 use super::preprocess::{bilinear_weights, resize_rgb_in};
-use super::resample::resize_plane;
+use super::resample::resize_plane_into;
 use super::trimap::{BACKGROUND, FOREGROUND};
 use super::{Bytes, Rgb8, StageError};
 
@@ -24,6 +24,49 @@ fn luma_of(p: &[u8]) -> f32 {
 /// The luma plane of interleaved RGB8.
 pub fn luma(rgb: &[u8], width: u32, height: u32) -> Plane {
     Plane::new(width, height, rgb.chunks_exact(3).map(luma_of).collect())
+}
+
+/// The buffers a fit works in, kept from one image to the next (a replica keeps one).
+/// Made afresh for each 12 MP photo, they were memory the allocator had not used yet,
+/// and on this project's VMs the kernel's first write of fresh memory came in bursts
+/// that took up to half of both cores while admitted requests waited on them
+/// (docs/decisions.md, "Memory kept between requests"). Each buffer grows to the
+/// largest image fitted and stays that size.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    /// Planes not in use, lent again by `plane`.
+    spare: Vec<Vec<f32>>,
+    /// The image at the fit's size.
+    small: Vec<u8>,
+    /// The box filter's horizontal sums and running column sums.
+    row_sums: Vec<f32>,
+    column_acc: Vec<f64>,
+}
+
+/// The most spare planes a `Scratch` keeps: a fit has ten in use at once.
+const SPARE_PLANES: usize = 12;
+
+impl Scratch {
+    /// A plane of `len` zeros, from a spare one where there is one.
+    fn plane(&mut self, len: usize) -> Vec<f32> {
+        let mut plane = self.spare.pop().unwrap_or_default();
+        plane.clear();
+        plane.resize(len, 0.0);
+        plane
+    }
+
+    /// Keeps `plane` to lend again.
+    fn keep(&mut self, plane: Vec<f32>) {
+        if self.spare.len() < SPARE_PLANES {
+            self.spare.push(plane);
+        }
+    }
+
+    /// Keeps a fitted model's planes once its alpha is made.
+    pub fn keep_model(&mut self, model: LinearModel) {
+        self.keep(model.mean_a.data);
+        self.keep(model.mean_b.data);
+    }
 }
 
 /// The guided filter's local linear model `q = A * I + B`, with `A` and `B` (the box
@@ -50,19 +93,46 @@ pub fn fit(
     epsilon: f32,
     subsample: u32,
 ) -> Result<LinearModel, StageError> {
+    let scratch = &mut Scratch::default();
+    fit_in(
+        lanes, resizer, scratch, image, coarse, radius, epsilon, subsample,
+    )
+}
+
+/// `fit`, working in `scratch`'s buffers (the model's planes are lent from it too:
+/// `Scratch::keep_model` takes them back).
+#[allow(clippy::too_many_arguments)]
+pub fn fit_in(
+    lanes: Lanes,
+    resizer: &mut Resizer,
+    scratch: &mut Scratch,
+    image: &Rgb8<impl Bytes>,
+    coarse: &Plane,
+    radius: u32,
+    epsilon: f32,
+    subsample: u32,
+) -> Result<LinearModel, StageError> {
     let s = subsample.max(1);
     let (w, h) = (image.width().div_ceil(s), image.height().div_ceil(s));
     let r = ((radius + s / 2) / s).max(1);
-    let mut p = resize_plane(resizer, coarse, w, h)?;
+    let plane = w as usize * h as usize;
+    let mut p = resize_plane_into(resizer, coarse, w, h, scratch.plane(plane))?;
     p.data.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
-    let guide = if s > 1 {
-        let mut small = Vec::new();
+    let mut guide = Plane::new(w, h, scratch.plane(plane));
+    let rgb: &[u8] = if s > 1 {
+        let mut small = std::mem::take(&mut scratch.small);
         resize_rgb_in(lanes, image, w, h, &mut small);
-        luma(&small, w, h)
+        scratch.small = small;
+        &scratch.small
     } else {
-        luma(image.as_raw(), w, h)
+        image.as_raw()
     };
-    let (mean_a, mean_b) = coefficients(&guide, &p, r, epsilon);
+    for (g, px) in guide.data.iter_mut().zip(rgb.chunks_exact(3)) {
+        *g = luma_of(px);
+    }
+    let (mean_a, mean_b) = coefficients(scratch, &guide, &p, r, epsilon);
+    scratch.keep(p.data);
+    scratch.keep(guide.data);
     Ok(LinearModel { mean_a, mean_b })
 }
 
@@ -88,15 +158,22 @@ impl LinearModel {
     /// tenth of the image, and upsampling `A` and `B` everywhere cost more than the fit.
     /// Its rows are split across `lanes` (the same bits for any number).
     pub fn alpha(&self, lanes: Lanes, image: &Rgb8<impl Bytes>, trimap: &GrayImage) -> GrayImage {
-        let t = trimap.as_raw();
+        let (w, h) = image.dimensions();
+        let mut alpha = vec![0; trimap.as_raw().len()];
+        self.alpha_into(lanes, image, trimap.as_raw(), &mut alpha);
+        GrayImage::from_raw(w, h, alpha).expect("length is width * height")
+    }
+
+    /// `alpha`, written into `alpha` (the image's size; every byte is written) from the
+    /// trimap's bytes `t`.
+    pub fn alpha_into(&self, lanes: Lanes, image: &Rgb8<impl Bytes>, t: &[u8], alpha: &mut [u8]) {
         let rgb = image.as_raw();
         let (w, h) = image.dimensions();
         let row_len = w as usize;
-        let mut alpha: Vec<u8> = t
-            .iter()
-            .map(|&v| if v == FOREGROUND { 255 } else { 0 })
-            .collect();
-        lanes.rows(&mut alpha, row_len, |first_row, rows| {
+        for (a, &v) in alpha.iter_mut().zip(t) {
+            *a = if v == FOREGROUND { 255 } else { 0 };
+        }
+        lanes.rows(alpha, row_len, |first_row, rows| {
             let offset = first_row * row_len;
             self.for_each_pixel(
                 w,
@@ -107,7 +184,6 @@ impl LinearModel {
                 |k, v| rows[k - offset] = unit_to_u8(v),
             );
         });
-        GrayImage::from_raw(w, h, alpha).expect("length is width * height")
     }
 
     /// Calls `out(index, q)` for each pixel `index` in rows `rows` of the `width` x
@@ -216,19 +292,30 @@ impl FlatTaps {
 /// The classic guided filter of `p` with guide `guide` (same size), window radius
 /// `radius`, regularisation `epsilon`.
 pub fn guided_filter(guide: &Plane, p: &Plane, radius: u32, epsilon: f32) -> Plane {
-    let (mean_a, mean_b) = coefficients(guide, p, radius, epsilon);
+    let (mean_a, mean_b) = coefficients(&mut Scratch::default(), guide, p, radius, epsilon);
     LinearModel { mean_a, mean_b }.apply(guide)
 }
 
-/// The box means of the local linear coefficients `a` and `b` of `p ~ a I + b`.
-fn coefficients(guide: &Plane, p: &Plane, radius: u32, epsilon: f32) -> (Plane, Plane) {
+/// The box means of the local linear coefficients `a` and `b` of `p ~ a I + b`, their
+/// planes lent from `scratch`.
+fn coefficients(
+    scratch: &mut Scratch,
+    guide: &Plane,
+    p: &Plane,
+    radius: u32,
+    epsilon: f32,
+) -> (Plane, Plane) {
     debug_assert_eq!((guide.width, guide.height), (p.width, p.height));
     let (w, h) = (guide.width as usize, guide.height as usize);
     let r = radius as usize;
-    let mut boxf = BoxFilter::new(w, h, r);
+    let mut boxf = BoxFilter::new(w, h, r, scratch);
     let i = &guide.data;
-    let ip: Vec<f32> = i.iter().zip(&p.data).map(|(a, b)| a * b).collect();
-    let ii: Vec<f32> = i.iter().map(|a| a * a).collect();
+    let mut ip = boxf.scratch.plane(w * h);
+    let mut ii = boxf.scratch.plane(w * h);
+    for (((ip, ii), &a), &b) in ip.iter_mut().zip(ii.iter_mut()).zip(i).zip(&p.data) {
+        *ip = a * b;
+        *ii = a * a;
+    }
     let [mean_i, mean_p, corr_ip, corr_ii] = boxf.means([i, &p.data, &ip, &ii]);
     let mut a = ip; // reuse the allocation
     let mut b = ii;
@@ -239,6 +326,9 @@ fn coefficients(guide: &Plane, p: &Plane, radius: u32, epsilon: f32) -> (Plane, 
         b[k] = mean_p[k] - a[k] * mean_i[k];
     }
     let [mean_a, mean_b] = boxf.means([&a, &b]);
+    for plane in [mean_i, mean_p, corr_ip, corr_ii, a, b] {
+        boxf.scratch.keep(plane);
+    }
     (
         Plane::new(guide.width, guide.height, mean_a),
         Plane::new(guide.width, guide.height, mean_b),
@@ -248,25 +338,24 @@ fn coefficients(guide: &Plane, p: &Plane, radius: u32, epsilon: f32) -> (Plane, 
 /// Mean over the (2r+1)^2 window clipped to the image (sum of in-bounds samples over
 /// their count). Sums run in f64 so that the running add/subtract does not drift on a
 /// 4000-pixel line.
-struct BoxFilter {
+struct BoxFilter<'a> {
     w: usize,
     h: usize,
     r: usize,
-    /// Scratch: each plane's horizontal window sums, then its running column sums.
-    row_sums: Vec<f32>,
-    column_acc: Vec<f64>,
+    /// Where its sums and its output planes are: each plane's horizontal window sums,
+    /// then its running column sums.
+    scratch: &'a mut Scratch,
     inv_count_x: Vec<f32>,
 }
 
-impl BoxFilter {
-    fn new(w: usize, h: usize, r: usize) -> Self {
+impl<'a> BoxFilter<'a> {
+    fn new(w: usize, h: usize, r: usize, scratch: &'a mut Scratch) -> Self {
         let inv_count_x = (0..w).map(|x| 1.0 / window_len(x, r, w) as f32).collect();
         Self {
             w,
             h,
             r,
-            row_sums: Vec::new(),
-            column_acc: Vec::new(),
+            scratch,
             inv_count_x,
         }
     }
@@ -278,7 +367,14 @@ impl BoxFilter {
     fn means<const N: usize>(&mut self, src: [&[f32]; N]) -> [Vec<f32>; N] {
         let (w, h, r) = (self.w, self.h, self.r);
         let plane = w * h;
-        self.row_sums.resize(N * plane, 0.0);
+        let Scratch {
+            spare,
+            row_sums,
+            column_acc,
+            ..
+        } = &mut *self.scratch;
+        // Every sum is written before it is read.
+        row_sums.resize(N * plane, 0.0);
         // Horizontal window sums, the planes' rows side by side.
         for y in 0..h {
             let rows: [&[f32]; N] = std::array::from_fn(|p| &src[p][y * w..(y + 1) * w]);
@@ -287,7 +383,7 @@ impl BoxFilter {
             });
             for x in 0..w {
                 for p in 0..N {
-                    self.row_sums[p * plane + y * w + x] = s[p] as f32;
+                    row_sums[p * plane + y * w + x] = s[p] as f32;
                     if x + r + 1 < w {
                         s[p] += f64::from(rows[p][x + r + 1]);
                     }
@@ -298,11 +394,13 @@ impl BoxFilter {
             }
         }
         // Vertical window sums, a row at a time so memory is read in order.
-        self.column_acc.resize(w, 0.0);
+        column_acc.resize(w, 0.0);
         std::array::from_fn(|p| {
-            let row_sums = &self.row_sums[p * plane..(p + 1) * plane];
-            let column_acc = &mut self.column_acc;
-            let mut out = vec![0f32; plane];
+            let row_sums = &row_sums[p * plane..(p + 1) * plane];
+            let inv_count_x = &self.inv_count_x;
+            let mut out = spare.pop().unwrap_or_default();
+            out.clear();
+            out.resize(plane, 0.0);
             column_acc.iter_mut().for_each(|a| *a = 0.0);
             for y in 0..=r.min(h - 1) {
                 add_row(column_acc, &row_sums[y * w..(y + 1) * w], 1.0);
@@ -310,7 +408,7 @@ impl BoxFilter {
             for y in 0..h {
                 let inv_count_y = 1.0 / window_len(y, r, h) as f32;
                 let dst = &mut out[y * w..(y + 1) * w];
-                for ((d, a), icx) in dst.iter_mut().zip(column_acc.iter()).zip(&self.inv_count_x) {
+                for ((d, a), icx) in dst.iter_mut().zip(column_acc.iter()).zip(inv_count_x) {
                     *d = *a as f32 * icx * inv_count_y;
                 }
                 if y + r + 1 < h {
@@ -362,7 +460,7 @@ mod tests {
     fn box_mean_equals_brute_force_including_edges() {
         for (w, h, r) in [(13, 7, 2), (5, 9, 4), (1, 1, 3), (8, 3, 10)] {
             let src: Vec<f32> = (0..w * h).map(|k| ((k * 37) % 11) as f32 / 10.0).collect();
-            let [fast] = BoxFilter::new(w, h, r).means([&src]);
+            let [fast] = BoxFilter::new(w, h, r, &mut Scratch::default()).means([&src]);
             let slow = brute_box(&src, w, h, r);
             for (a, b) in fast.iter().zip(&slow) {
                 assert!((a - b).abs() < 1e-5, "w={w} h={h} r={r}: {a} vs {b}");
@@ -380,10 +478,11 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut boxf = BoxFilter::new(w, h, r);
+        let mut scratch = Scratch::default();
+        let mut boxf = BoxFilter::new(w, h, r, &mut scratch);
         let together = boxf.means([&planes[0], &planes[1], &planes[2], &planes[3]]);
         for (plane, got) in planes.iter().zip(&together) {
-            let [alone] = BoxFilter::new(w, h, r).means([plane]);
+            let [alone] = BoxFilter::new(w, h, r, &mut Scratch::default()).means([plane]);
             assert!(got
                 .iter()
                 .zip(&alone)
@@ -511,6 +610,64 @@ mod tests {
             assert_eq!(model.mean_b, want_model.mean_b);
             assert_eq!(model.alpha(lanes, &image, &trimap), want, "{lanes:?}");
         }
+    }
+
+    #[test]
+    fn a_kept_scratch_fits_each_image_as_fresh_buffers_do() {
+        // Sizes up and down, so that kept buffers are longer or shorter than the next
+        // image needs; each image's own content, so that nothing of the last one may stay.
+        let mut scratch = Scratch::default();
+        for (k, (w, h)) in [(123u32, 211u32), (40, 30), (200, 150), (123, 211)]
+            .into_iter()
+            .enumerate()
+        {
+            let k = k as u32;
+            let image = RgbImage::from_fn(w, h, |x, y| {
+                image::Rgb([
+                    (x * (k + 2) + y) as u8,
+                    (x ^ (y + k)) as u8,
+                    (y * 3 + k) as u8,
+                ])
+            });
+            let coarse = Plane::new(
+                17,
+                13,
+                (0..17 * 13)
+                    .map(|i| ((i * (k + 1)) % 17) as f32 / 16.0)
+                    .collect(),
+            );
+            let trimap = GrayImage::from_fn(w, h, |x, y| {
+                image::Luma([match (x + 2 * y + k) % 50 {
+                    0..=14 => BACKGROUND,
+                    35.. => FOREGROUND,
+                    _ => 128,
+                }])
+            });
+            let fresh = fit(Lanes::ONE, &mut Resizer::new(), &image, &coarse, 8, 1e-3, 4).unwrap();
+            let kept = fit_in(
+                Lanes::ONE,
+                &mut Resizer::new(),
+                &mut scratch,
+                &image,
+                &coarse,
+                8,
+                1e-3,
+                4,
+            )
+            .unwrap();
+            assert_eq!(kept.mean_a, fresh.mean_a, "{w}x{h}");
+            assert_eq!(kept.mean_b, fresh.mean_b, "{w}x{h}");
+            // Into a plane holding another image's bytes: every byte is written.
+            let mut alpha = vec![77u8; (w * h) as usize];
+            kept.alpha_into(Lanes::ONE, &image, trimap.as_raw(), &mut alpha);
+            assert_eq!(
+                alpha,
+                fresh.alpha(Lanes::ONE, &image, &trimap).into_raw(),
+                "{w}x{h}"
+            );
+            scratch.keep_model(kept);
+        }
+        assert!(!scratch.spare.is_empty() && scratch.spare.len() <= SPARE_PLANES);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub mod trimap;
 /// decoder wrote.
 pub type Rgb8<C> = image::ImageBuffer<image::Rgb<u8>, C>;
 
+/// A one-channel 8-bit plane (an alpha, a trimap) in any container of bytes.
+pub type Gray8<C> = image::ImageBuffer<image::Luma<u8>, C>;
+
 /// What an `Rgb8` may keep its bytes in (read by several threads at once where a stage
 /// splits its rows).
 pub trait Bytes: std::ops::Deref<Target = [u8]> + Sync {}

@@ -17,7 +17,18 @@ pub fn resize_plane(
     width: u32,
     height: u32,
 ) -> Result<Plane, StageError> {
-    let mut out = vec![0f32; width as usize * height as usize];
+    resize_plane_into(resizer, src, width, height, Vec::new())
+}
+
+/// `resize_plane` into `out`'s memory (its length made `width * height`).
+pub fn resize_plane_into(
+    resizer: &mut Resizer,
+    src: &Plane,
+    width: u32,
+    height: u32,
+    mut out: Vec<f32>,
+) -> Result<Plane, StageError> {
+    out.resize(width as usize * height as usize, 0.0);
     let src_view = ImageRef::new(
         src.width,
         src.height,
@@ -38,6 +49,13 @@ pub fn resize_plane(
 /// `0.5 * src / dst` and steps by `src / dst` in f64, truncated at each pixel. (The
 /// running sum, not `floor((x + 0.5) * src / dst)`: they differ at exact ties.)
 pub fn resize_nearest(src: &GrayImage, width: u32, height: u32) -> GrayImage {
+    let mut out = vec![0u8; width as usize * height as usize];
+    resize_nearest_into(src, width, height, &mut out);
+    GrayImage::from_raw(width, height, out).expect("length is width * height")
+}
+
+/// `resize_nearest` into `out` (`width * height` bytes, each written).
+pub fn resize_nearest_into(src: &GrayImage, width: u32, height: u32, out: &mut [u8]) {
     let index = |dst: u32, src: u32| -> Vec<usize> {
         let step = f64::from(src) / f64::from(dst);
         let mut at = 0.5 * step;
@@ -57,7 +75,6 @@ pub fn resize_nearest(src: &GrayImage, width: u32, height: u32) -> GrayImage {
     // rows in runs: each run of a row is a fill, and a row that repeats the one above is
     // a copy of it.
     let runs = runs_of(&xs);
-    let mut out = vec![0u8; w * height as usize];
     for (y, &sy) in ys.iter().enumerate() {
         let (above, rest) = out.split_at_mut(y * w);
         let row = &mut rest[..w];
@@ -72,7 +89,6 @@ pub fn resize_nearest(src: &GrayImage, width: u32, height: u32) -> GrayImage {
             at += len;
         }
     }
-    GrayImage::from_raw(width, height, out).expect("length is width * height")
 }
 
 /// `indices` as runs of one value: `(value, length)`.

@@ -136,6 +136,7 @@ pub fn app_state(model_dir: &Path, options: StateOptions) -> AppState {
         options.threads,
         options.solo_threads,
         &[],
+        celer::pixels::heap(),
     )];
     let router = Scheduler::start(
         devices,
@@ -212,10 +213,10 @@ pub fn jpeg_bytes(image: &RgbImage, quality: u8) -> Vec<u8> {
 /// the image's size, no cut-out.
 pub fn opaque_output(job: &celer::replica::MatteJob) -> celer::replica::MatteOutput {
     let (w, h) = job.image.dimensions();
-    let matte = celer::matte::Matte {
-        alpha: image::GrayImage::from_pixel(w, h, image::Luma([255])),
-        trimap: image::GrayImage::from_pixel(w, h, image::Luma([255])),
-    };
+    let matte = celer::matte::Matte::from_images(
+        image::GrayImage::from_pixel(w, h, image::Luma([255])),
+        image::GrayImage::from_pixel(w, h, image::Luma([255])),
+    );
     celer::replica::MatteOutput {
         planes: celer::matte::MattePlanes::from_matte(matte, None),
         timings: job.timings,

@@ -62,10 +62,10 @@ impl Executor for Standin {
             .iter()
             .map(|job| {
                 let (w, h) = job.image.dimensions();
-                let matte = Matte {
-                    alpha: GrayImage::from_pixel(w, h, Luma([255])),
-                    trimap: GrayImage::from_pixel(w, h, Luma([128])),
-                };
+                let matte = Matte::from_images(
+                    GrayImage::from_pixel(w, h, Luma([255])),
+                    GrayImage::from_pixel(w, h, Luma([128])),
+                );
                 let cutout = job
                     .planes
                     .cutout
