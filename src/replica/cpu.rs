@@ -173,8 +173,9 @@ struct Stages {
     input: Vec<f32>,
     /// The stacked [N, 3, h, w] segmentation input of a batch.
     batch: Vec<f32>,
-    /// The guided filter's buffers, kept from one image to the next.
-    guided: guided_filter::Scratch,
+    /// The guided filter's buffers, kept from one image to the next (and given back
+    /// when the server goes idle).
+    guided: guided_filter::KeptScratch,
     /// Where the planes handed back (alpha, trimap) are made: the server's allocator,
     /// whose large blocks are kept and lent again (`pixels::RecyclingHeap`).
     pixels: SharedAlloc,
@@ -231,7 +232,7 @@ impl CpuStages {
                 resized: Vec::new(),
                 input: Vec::new(),
                 batch: Vec::new(),
-                guided: guided_filter::Scratch::default(),
+                guided: guided_filter::KeptScratch::default(),
                 pixels: pixels::heap(),
             },
         })
@@ -355,10 +356,11 @@ impl Stages {
                 epsilon,
                 subsample,
             } => {
+                let mut scratch = self.guided.lock();
                 let model = guided_filter::fit_in(
                     lanes,
                     &mut self.resizer,
-                    &mut self.guided,
+                    &mut scratch,
                     image,
                     &coarse,
                     radius_px,
@@ -368,7 +370,7 @@ impl Stages {
                 .map_err(in_stage("matting"))?;
                 let mut alpha = self.plane(width, height)?;
                 model.alpha_into(lanes, image, trimap_full.as_raw(), &mut alpha);
-                self.guided.keep_model(model);
+                scratch.keep_model(model);
                 alpha
             }
             Matting::Model(m) => {
