@@ -20,6 +20,11 @@ pub struct Matte {
 }
 
 impl Matte {
+    /// The alpha as a heap image (a copy only if its bytes were leased).
+    pub fn into_alpha_image(self) -> GrayImage {
+        pixels::into_image(self.alpha)
+    }
+
     /// A matte whose planes are heap vectors.
     pub fn from_images(alpha: GrayImage, trimap: GrayImage) -> Self {
         Self {

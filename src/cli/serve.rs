@@ -78,7 +78,7 @@ async fn trim_when_idle(state: Arc<AppState>) {
             let _ = tokio::task::spawn_blocking(move || {
                 crate::ort::allocator::release_cached();
                 pixels.release_kept();
-                crate::stages::guided_filter::release_kept_scratch();
+                crate::replica::cpu::release_kept_buffers();
                 if let Some(&heap_trim) = HEAP_TRIM.get() {
                     heap_trim();
                 }

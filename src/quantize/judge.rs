@@ -13,7 +13,6 @@ use super::model::OnnxModel;
 use super::QuantizeError;
 use crate::matte::StageTimings;
 use crate::ort::session::{OpThreads, OrtModel};
-use crate::pixels;
 use crate::replica::cpu::CpuStages;
 use crate::spec::{ImageInputSpec, MattingSpec, PipelineSpec};
 
@@ -98,7 +97,7 @@ impl Judge<'_> {
             .iter()
             .map(|im| {
                 let mut t = StageTimings::default();
-                Ok(pixels::into_image(stages.run(&im.rgb, &mut t)?.alpha))
+                Ok(stages.run(&im.rgb, &mut t)?.into_alpha_image())
             })
             .collect()
     }

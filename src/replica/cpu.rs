@@ -133,6 +133,12 @@ impl Sessions {
 /// A CPU device's cores as its replicas share them (see `super::cores`).
 pub type CpuCores = CoreShare<Sessions>;
 
+/// Gives back what the CPU replicas keep between requests and are not using now (the
+/// server has gone idle): their guided filters' buffers.
+pub fn release_kept_buffers() {
+    guided_filter::release_kept_scratch();
+}
+
 /// The cores of a CPU device: `solo_threads` threads for a replica running alone, when
 /// that is more than each replica's own `replica_threads`.
 pub fn cpu_cores(
