@@ -99,13 +99,18 @@ pub fn release_kept_scratch() {
     }
 }
 
+/// A plane of `len` zeros, from one of `spare` where there is one.
+fn lend(spare: &mut Vec<Vec<f32>>, len: usize) -> Vec<f32> {
+    let mut plane = spare.pop().unwrap_or_default();
+    plane.clear();
+    plane.resize(len, 0.0);
+    plane
+}
+
 impl Scratch {
     /// A plane of `len` zeros, from a spare one where there is one.
     fn plane(&mut self, len: usize) -> Vec<f32> {
-        let mut plane = self.spare.pop().unwrap_or_default();
-        plane.clear();
-        plane.resize(len, 0.0);
-        plane
+        lend(&mut self.spare, len)
     }
 
     /// Keeps `plane` to lend again.
@@ -459,9 +464,7 @@ impl<'a> BoxFilter<'a> {
         std::array::from_fn(|p| {
             let row_sums = &row_sums[p * plane..(p + 1) * plane];
             let inv_count_x = &self.inv_count_x;
-            let mut out = spare.pop().unwrap_or_default();
-            out.clear();
-            out.resize(plane, 0.0);
+            let mut out = lend(spare, plane);
             column_acc.iter_mut().for_each(|a| *a = 0.0);
             for y in 0..=r.min(h - 1) {
                 add_row(column_acc, &row_sums[y * w..(y + 1) * w], 1.0);
