@@ -122,6 +122,16 @@ impl From<SubmitError> for ApiError {
                     format!("{e}: refused at once rather than answered late; retry later or with a longer deadline"),
                 )
             },
+            // The same code as a deadline out of reach: to the client it is one (its
+            // deadline cannot be kept now), and the same retry answers it.
+            SubmitError::AdmittedFirst { .. } => Self {
+                retry_after_s,
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "deadline_unreachable",
+                    format!("{e}: refused at once; retry later or with a longer deadline"),
+                )
+            },
             SubmitError::NoHealthyDevice => Self {
                 retry_after_s,
                 ..Self::new(
@@ -169,5 +179,23 @@ impl From<JobError> for ApiError {
             JobError::Rejected(e) => e.into(),
             other => Self::internal(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_refused_to_keep_admitted_ones_in_time_is_a_503_to_retry() {
+        let e = ApiError::from(SubmitError::AdmittedFirst {
+            retry_after_ms: 1200,
+        });
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        // The code a deadline out of reach has: a client handles both alike.
+        assert_eq!(e.code, "deadline_unreachable");
+        assert!(e.message.contains("admitted before it"), "{}", e.message);
+        // Whole seconds, rounded up.
+        assert_eq!(e.retry_after_s, Some(2));
     }
 }

@@ -74,6 +74,13 @@ pub enum SubmitError {
         /// When the expected completion is back within the same deadline.
         retry_after_ms: u64,
     },
+    /// The device expected to finish it first could, but only by making a request it
+    /// admitted before miss its deadline: admitted requests keep their place.
+    #[error("taking it now would make a request admitted before it miss its deadline")]
+    AdmittedFirst {
+        /// When the requests it would make late are expected to have started.
+        retry_after_ms: u64,
+    },
     #[error("no device is healthy")]
     NoHealthyDevice,
     #[error("the workers have stopped")]
@@ -108,7 +115,8 @@ impl SubmitError {
         match self {
             Self::Overloaded { retry_after_ms, .. }
             | Self::WaitTooLong { retry_after_ms, .. }
-            | Self::DeadlineUnreachable { retry_after_ms, .. } => {
+            | Self::DeadlineUnreachable { retry_after_ms, .. }
+            | Self::AdmittedFirst { retry_after_ms } => {
                 Some(Duration::from_millis(*retry_after_ms))
             }
             Self::NoHealthyDevice => Some(Duration::from_secs(1)),

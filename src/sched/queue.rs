@@ -126,6 +126,11 @@ impl Entry {
         self.deadline.checked_sub(self.worst)
     }
 
+    /// Whether a run that ends at `end` is in time.
+    pub fn meets(&self, end: Instant) -> bool {
+        end <= self.deadline
+    }
+
     /// Whether it can still finish by its deadline, if its run takes what it is priced
     /// at: refused only when even that is too late.
     fn reachable(&self, now: Instant) -> bool {
@@ -170,6 +175,79 @@ pub(crate) fn pick<T>(queued: &[T], entry: impl Fn(&T) -> Entry, now: Instant) -
         .min_by_key(|(_, e)| e.latest_start())
         .map(|(i, _)| i);
     Some(Pick::Run(at_risk.unwrap_or(first)))
+}
+
+/// When each of `entries` would end, were the device's replicas, free at `free_at`, to
+/// take them from then on in `pick`'s order, each run taking what it may at worst
+/// (`Entry::worst`). A job `pick` would refuse runs on no replica; its end is what it
+/// would have been had it run when refused, past its deadline. Admission plans a
+/// device's queue with a new job and without it (`fit`): `pick` looks one run ahead, and
+/// a job that jumps the queue because its deadline is near, or a start later than the
+/// shared wait, made requests that were admitted in time miss their deadline.
+pub(crate) fn plan(entries: &[Entry], free_at: &[Instant]) -> Vec<Instant> {
+    let mut ends: Vec<Option<Instant>> = vec![None; entries.len()];
+    let mut free = free_at.to_vec();
+    let mut left: Vec<usize> = (0..entries.len()).collect();
+    while let Some((replica, &at)) = free.iter().enumerate().min_by_key(|(_, at)| **at) {
+        let (k, runs) = match pick(&left, |&i| entries[i], at) {
+            Some(Pick::Run(k)) => (k, true),
+            Some(Pick::Refuse(k)) => (k, false),
+            None => break,
+        };
+        let job = left.remove(k);
+        let end = at + entries[job].worst;
+        ends[job] = Some(end);
+        if runs {
+            free[replica] = end;
+        }
+    }
+    // Every job is planned once a replica is free; without one (none given), at once.
+    let now = free_at.iter().min().copied();
+    entries
+        .iter()
+        .zip(ends)
+        .map(|(e, end)| end.unwrap_or_else(|| now.unwrap_or(e.enqueued) + e.worst))
+        .collect()
+}
+
+/// What a new job does to a device's plan (`fit`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// It, and every queued job that was planned to finish in time, finish in time.
+    Fits,
+    /// It would end then, after its deadline.
+    Late(Instant),
+    /// It would make a queued job late, of its priority or a more urgent one; those are
+    /// planned to have started by `until` without it.
+    Harms { until: Instant },
+}
+
+/// Whether a device holding `queued`, its replicas free at `free_at`, can take `new`
+/// (placed now): planned with it and without it (`plan`), it must finish in time, and so
+/// must every queued job of its priority or a more urgent one that finished in time
+/// without it. A more urgent job may still make a less urgent one late: that is what a
+/// priority asks for.
+pub(crate) fn fit(queued: &[Entry], new: Entry, free_at: &[Instant]) -> Fit {
+    let without = plan(queued, free_at);
+    let mut entries = queued.to_vec();
+    entries.push(new);
+    let with = plan(&entries, free_at);
+    let own = with[queued.len()];
+    if !new.meets(own) {
+        return Fit::Late(own);
+    }
+    // Once the jobs it would make late have started, it could pass them no more.
+    let harmed = queued
+        .iter()
+        .zip(without.iter().zip(&with))
+        .filter(|(e, _)| e.priority <= new.priority)
+        .filter(|(e, (before, after))| e.meets(**before) && !e.meets(**after))
+        .map(|(e, (before, _))| *before - e.worst)
+        .max();
+    match harmed {
+        Some(until) => Fit::Harms { until },
+        None => Fit::Fits,
+    }
 }
 
 impl<E: Executor> DeviceQueue<E> {
@@ -250,6 +328,11 @@ impl<E: Executor> DeviceQueue<E> {
                 .map(|e| e.cost)
                 .sum(),
         }
+    }
+
+    /// The queued jobs as the order sees them, in arrival order.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.lock().jobs.iter().map(Entry::of).collect()
     }
 
     /// The predicted cost of every queued job.
@@ -516,5 +599,79 @@ mod tests {
         };
         assert_eq!(pick(&[guessed], |e| *e, at.t(600)), Some(Pick::Run(0)));
         assert_eq!(pick(&[guessed], |e| *e, at.t(1001)), Some(Pick::Refuse(0)));
+    }
+
+    #[test]
+    fn a_plan_gives_each_job_to_the_replica_free_first_in_picks_order() {
+        let at = At(Instant::now());
+        // Shortest first: B (100 ms) on the replica free at 0, then C (200) and A (300)
+        // on the two free at 100, C on the first of them.
+        let entries = [
+            at.entry(5, 0, 300, FAR),
+            at.entry(5, 10, 100, FAR),
+            at.entry(5, 20, 200, FAR),
+        ];
+        assert_eq!(
+            plan(&entries, &[at.t(0), at.t(100)]),
+            vec![at.t(400), at.t(100), at.t(300)]
+        );
+        // Each run takes what it may at worst.
+        let slow = Entry {
+            worst: ms(250),
+            ..at.entry(5, 10, 100, FAR)
+        };
+        assert_eq!(plan(&[slow], &[at.t(50)]), vec![at.t(300)]);
+    }
+
+    #[test]
+    fn a_job_pick_would_refuse_takes_no_replica_in_a_plan() {
+        let at = At(Instant::now());
+        // Free at 500, a 100 ms job due at 400 is refused, planned to end at 600 had it
+        // run; the other runs from 500.
+        let entries = [at.entry(5, 0, 100, 400), at.entry(5, 0, 100, FAR)];
+        let ends = plan(&entries, &[at.t(500)]);
+        assert_eq!(ends, vec![at.t(600), at.t(600)]);
+        assert!(!entries[0].meets(ends[0]) && entries[1].meets(ends[1]));
+        assert_eq!(plan(&[], &[at.t(0)]), Vec::<Instant>::new());
+    }
+
+    #[test]
+    fn a_job_that_would_run_first_and_make_a_queued_one_late_does_not_fit() {
+        let at = At(Instant::now());
+        let free = [at.t(100)];
+        // The new job must start by 350 and the queued one, priced alike, came first:
+        // `pick` runs the new one first (it is at risk), and the queued one then ends at
+        // 700, past 690; it was planned to start at 100.
+        let new = at.entry(5, 50, 300, 650);
+        let queued = [at.entry(5, 0, 300, 690)];
+        assert_eq!(fit(&queued, new, &free), Fit::Harms { until: at.t(100) });
+        // Due at 700, it still ends in time.
+        assert_eq!(fit(&[at.entry(5, 0, 300, 700)], new, &free), Fit::Fits);
+        // A more urgent job may make it late: it asked to go first.
+        let urgent = Entry { priority: 1, ..new };
+        assert_eq!(fit(&queued, urgent, &free), Fit::Fits);
+        // A queued job that is late without it is no reason to refuse it; one it makes
+        // late beside that is.
+        let late_anyway = at.entry(5, 0, 300, 390);
+        assert_eq!(fit(&[late_anyway], new, &free), Fit::Fits);
+        assert_eq!(
+            fit(&[late_anyway, queued[0]], new, &[at.t(100), at.t(2000)]),
+            Fit::Harms { until: at.t(100) }
+        );
+    }
+
+    #[test]
+    fn a_job_planned_to_end_after_its_deadline_is_late() {
+        let at = At(Instant::now());
+        // Priced at 200 ms it could end by 380 from 100; at worst (300 ms) it ends at 400.
+        let new = Entry {
+            worst: ms(300),
+            ..at.entry(5, 50, 200, 380)
+        };
+        assert_eq!(fit(&[], new, &[at.t(100)]), Fit::Late(at.t(400)));
+        // Behind a replica free only at 200, even its price is too late: refused then.
+        assert_eq!(fit(&[], new, &[at.t(200)]), Fit::Late(at.t(500)));
+        // With a replica free at once, it fits.
+        assert_eq!(fit(&[], new, &[at.t(50), at.t(200)]), Fit::Fits);
     }
 }

@@ -23,7 +23,7 @@ use super::cost::{Prices, Work};
 use super::executor::LoadFn;
 use super::job::Job;
 use super::metrics::{us, ReasonLabel, SchedMetrics};
-use super::queue::{DeviceQueue, Entry, Order, PushError};
+use super::queue::{fit, DeviceQueue, Entry, Fit, Order, PushError};
 use super::state::{DeviceState, Outstanding};
 use super::terms::Terms;
 use super::worker::{self, ReplicaConfig};
@@ -252,6 +252,9 @@ struct DeviceSlot<E: Executor> {
     state: Arc<DeviceState>,
     /// Shared with the device's replicas; closed when the router goes.
     queue: Arc<DeviceQueue<E>>,
+    /// Its replicas run one job at a time (no batching): what admission's plan of its
+    /// queue assumes (`queue::plan`). A batching device is admitted on the shared wait.
+    one_at_a_time: bool,
 }
 
 impl<E: Executor> Drop for DeviceSlot<E> {
@@ -312,7 +315,11 @@ impl<E: Executor> Scheduler<E> {
                     }
                 }
             }
-            slots.push(DeviceSlot { state, queue });
+            slots.push(DeviceSlot {
+                state,
+                queue,
+                one_at_a_time: setup.batching.max_batch <= 1,
+            });
         }
         let max_in_flight = config.max_in_flight.unwrap_or_else(|| {
             slots
@@ -781,6 +788,7 @@ impl<E: Executor> Shared<E> {
             SubmitError::Overloaded { .. } => "overloaded",
             SubmitError::WaitTooLong { .. } => "wait_too_long",
             SubmitError::DeadlineUnreachable { .. } => "deadline_unreachable",
+            SubmitError::AdmittedFirst { .. } => "admitted_first",
             SubmitError::NoHealthyDevice => "no_healthy_device",
             SubmitError::Stopped => "stopped",
         };
@@ -926,14 +934,9 @@ impl<E: Executor> Shared<E> {
         let completion = |device: usize| -> (Duration, bool, Duration) {
             let (cost, measured) = self.price(device, terms.work);
             let slot = &self.devices[device];
-            let ahead = slot.queue.cost_ahead(&Entry {
-                priority: terms.priority.level(),
-                enqueued: now,
-                cost,
-                measured,
-                worst: cost,
-                deadline: terms.run_deadline(),
-            });
+            let ahead = slot
+                .queue
+                .cost_ahead(&self.entry(terms, cost, measured, cost, now));
             (cost, measured, self.wait_on(device, ahead) + cost)
         };
         let open = |i: usize| self.usable(i, exclude) && !self.devices[i].full(self.queue_capacity);
@@ -1031,13 +1034,33 @@ impl<E: Executor> Shared<E> {
             let left = terms.deadline.saturating_duration_since(now);
             // Its answer's encode, after the run, is the request's time too.
             let done = done.mul_f64(overrun) + terms.answer;
-            if done > left {
+            let refusal = if done > left {
+                Some(SubmitError::DeadlineUnreachable {
+                    expected_ms: ms(done),
+                    deadline_ms: ms(left),
+                    retry_after_ms: ms(done - left).max(1),
+                })
+            } else {
+                let entry = self.entry(terms, cost, measured, worst, now);
+                match self.fit(device, entry, overrun, now) {
+                    Fit::Fits => None,
+                    Fit::Late(end) => {
+                        // Planned run by run, its wait is longer than the shared one.
+                        let done = end.saturating_duration_since(now) + terms.answer;
+                        Some(SubmitError::DeadlineUnreachable {
+                            expected_ms: ms(done),
+                            deadline_ms: ms(left),
+                            retry_after_ms: ms(done.saturating_sub(left)).max(1),
+                        })
+                    }
+                    Fit::Harms { until } => Some(SubmitError::AdmittedFirst {
+                        retry_after_ms: ms(until.saturating_duration_since(now)).max(1),
+                    }),
+                }
+            };
+            if let Some(refusal) = refusal {
                 if !self.may_probe(device, probe) {
-                    return Err(SubmitError::DeadlineUnreachable {
-                        expected_ms: ms(done),
-                        deadline_ms: ms(left),
-                        retry_after_ms: ms(done - left).max(1),
-                    });
+                    return Err(refusal);
                 }
                 probing = true;
             }
@@ -1049,6 +1072,57 @@ impl<E: Executor> Shared<E> {
             worst,
             probe: probing,
         })
+    }
+
+    /// A request of `terms` as `device`'s queue would order it, placed now at `cost`
+    /// (`worst` at worst).
+    fn entry(
+        &self,
+        terms: &Terms,
+        cost: Duration,
+        measured: bool,
+        worst: Duration,
+        now: Instant,
+    ) -> Entry {
+        Entry {
+            priority: terms.priority.level(),
+            enqueued: now,
+            cost,
+            measured,
+            worst,
+            deadline: terms.run_deadline(),
+        }
+    }
+
+    /// When each of `device`'s replicas is free, its run taking what it may at worst
+    /// (its price times `overrun`): now for an idle one, or one past that.
+    fn free_at(&self, device: usize, overrun: f64, now: Instant) -> Vec<Instant> {
+        let s = &self.devices[device].state;
+        s.running_started_ns
+            .iter()
+            .zip(&s.running_cost_ns)
+            .map(|(started, cost)| match started.load(Ordering::Acquire) {
+                0 => now,
+                started => {
+                    let cost = Duration::from_nanos(cost.load(Ordering::Acquire));
+                    (s.epoch + Duration::from_nanos(started) + cost.mul_f64(overrun)).max(now)
+                }
+            })
+            .collect()
+    }
+
+    /// What placing a job of `entry` on `device` now does to the device's plan
+    /// (`queue::fit`).
+    fn fit(&self, device: usize, entry: Entry, overrun: f64, now: Instant) -> Fit {
+        let slot = &self.devices[device];
+        if !slot.one_at_a_time {
+            return Fit::Fits;
+        }
+        fit(
+            &slot.queue.entries(),
+            entry,
+            &self.free_at(device, overrun, now),
+        )
     }
 
     fn send_to(

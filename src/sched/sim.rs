@@ -371,7 +371,9 @@ enum Outcome {
 
 fn outcome_of_submit(e: &SubmitError) -> Outcome {
     match e {
-        SubmitError::DeadlineUnreachable { .. } => Outcome::RefusedForDeadline,
+        SubmitError::DeadlineUnreachable { .. } | SubmitError::AdmittedFirst { .. } => {
+            Outcome::RefusedForDeadline
+        }
         SubmitError::Overloaded { .. } | SubmitError::WaitTooLong { .. } => Outcome::Rejected,
         _ => Outcome::Failed,
     }
