@@ -242,6 +242,10 @@ struct Shared<E: Executor> {
     admitted: AtomicU64,
     /// Round robin's turn, and least busy's starting point (so ties rotate).
     cursor: AtomicUsize,
+    /// Held from a request's placement to its push: each placement plans the queue it
+    /// joins (`queue::fit`), and two planned at once on the same queue each saw it
+    /// without the other.
+    placing: Mutex<()>,
     stopped: AtomicBool,
     health_check_interval: Duration,
     reprobe_after: Duration,
@@ -337,6 +341,7 @@ impl<E: Executor> Scheduler<E> {
             in_flight: Arc::new(AtomicUsize::new(0)),
             admitted: AtomicU64::new(0),
             cursor: AtomicUsize::new(0),
+            placing: Mutex::new(()),
             stopped: AtomicBool::new(false),
             health_check_interval: config.health_check_interval,
             reprobe_after: config.reprobe_after,
@@ -805,6 +810,8 @@ impl<E: Executor> Shared<E> {
         exclude: Option<usize>,
     ) -> Result<Placed<E::Output>, SubmitError> {
         let attempt = |input| {
+            // Microseconds: a plan of at most a queue's jobs per device.
+            let _placing = self.placing.lock().unwrap_or_else(|p| p.into_inner());
             self.place(exclude, terms, Probe::Claim)
                 .map_err(Unsent::Refused)
                 .and_then(|placement| self.send_to(placement, input, terms))
