@@ -708,7 +708,6 @@ fn plan_on(
 #[test]
 fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     use celer::replica::gpu::gpu_device_setup;
-    use celer::replica::MatteJob;
     use celer::sched::{Scheduler, SchedulerConfig};
 
     let dev = gpu_support::gpu();
@@ -733,16 +732,7 @@ fn a_gpu_device_serves_through_the_router_like_the_cpu() {
     for (w, h) in AWKWARD {
         let texture = texture(w, h, 5);
         let image = gpu_support::pixels(&texture);
-        let ticket = router
-            .submit(
-                MatteJob {
-                    image: image.clone(),
-                    timings: StageTimings::default(),
-                    planes: Planes::ALL,
-                },
-                std::time::Instant::now() + std::time::Duration::from_secs(60),
-            )
-            .expect("admitted");
+        let ticket = gpu_support::submit(&router, &image, Planes::ALL).expect("admitted");
         let done = waiter.block_on(ticket.wait()).expect("served");
         let want = cpu.run(&texture, &mut StageTimings::default()).unwrap();
         let got = done.output;

@@ -22,9 +22,9 @@ use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::probe;
 use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
-use celer::matte::{Planes, StageTimings};
+use celer::matte::Planes;
 use celer::replica::gpu::{gpu_device_setup, GpuLimits};
-use celer::replica::{MatteJob, MatteScheduler};
+use celer::replica::MatteScheduler;
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::{Scheduler, SchedulerConfig};
 use celer::spec::PipelineSpec;
@@ -41,16 +41,7 @@ fn serve(
         .enable_time()
         .build()
         .unwrap();
-    let ticket = router
-        .submit(
-            MatteJob {
-                image: image.clone(),
-                timings: StageTimings::default(),
-                planes: Planes::ALL,
-            },
-            Instant::now() + Duration::from_secs(60),
-        )
-        .map_err(|e| e.to_string())?;
+    let ticket = gpu_support::submit(router, image, Planes::ALL).map_err(|e| e.to_string())?;
     waiter
         .block_on(ticket.wait())
         .map_err(|e| e.to_string())
