@@ -26,9 +26,11 @@ pub(crate) fn gather<E: Executor>(
     // Set once the queue runs dry with two or more in hand: the device is under load.
     let mut wait_until: Option<Instant> = None;
     while batch.len() < spec.max_batch {
+        // A batch's jobs are counted on the replica when it starts: a batching device's
+        // admission is not planned run by run, so nothing reads the claim in between.
         let next = match wait_until {
-            None => jobs.take(Wait::No),
-            Some(until) => jobs.take(Wait::Until(until)),
+            None => jobs.take(Wait::No, |_| ()),
+            Some(until) => jobs.take(Wait::Until(until), |_| ()),
         };
         match next {
             Some(Work::Job(job)) => batch.extend(still_wanted(job)),

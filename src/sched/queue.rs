@@ -10,6 +10,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::job::Job;
+use super::terms::Terms;
 use super::{Executor, JobError};
 
 /// How a device's replicas pick the next job.
@@ -104,6 +105,25 @@ impl Entry {
             measured: job.measured && !job.probe,
             worst: job.worst,
             deadline: job.deadline,
+        }
+    }
+
+    /// A request of `terms` as a queue would order it, placed at `now` priced at `cost`
+    /// (`worst` at worst).
+    pub fn placed(
+        terms: &Terms,
+        cost: Duration,
+        measured: bool,
+        worst: Duration,
+        now: Instant,
+    ) -> Self {
+        Self {
+            priority: terms.priority.level(),
+            enqueued: now,
+            cost,
+            measured,
+            worst,
+            deadline: terms.run_deadline(),
         }
     }
 
@@ -355,14 +375,17 @@ impl<E: Executor> DeviceQueue<E> {
 
     /// The next work: a pending health check first, then a job by the queue's order,
     /// then a stop once no job is left. `None` when nothing came within `wait`, or the
-    /// queue is closed and empty.
-    pub fn take(&self, wait: Wait) -> Option<Work<E>> {
+    /// queue is closed and empty. `claim` sees a job before the queue lets go of it
+    /// (`DeviceState::claim`): whoever reads the queue after the take finds the job's
+    /// replica busy.
+    pub fn take(&self, wait: Wait, claim: impl FnOnce(&Job<E>)) -> Option<Work<E>> {
         let mut q = self.lock();
         loop {
             if std::mem::take(&mut q.health_check) {
                 return Some(Work::HealthCheck);
             }
             if let Some(job) = self.next_job(&mut q) {
+                claim(&job);
                 return Some(Work::Job(job));
             }
             if q.stops > 0 {
@@ -673,5 +696,64 @@ mod tests {
         assert_eq!(fit(&[], new, &[at.t(200)]), Fit::Late(at.t(500)));
         // With a replica free at once, it fits.
         assert_eq!(fit(&[], new, &[at.t(50), at.t(200)]), Fit::Fits);
+    }
+
+    /// A replica claims what it takes (`DeviceState::claim`) before the queue lets go of
+    /// it: a plan of the device made after the take finds the job on the replica, never
+    /// in neither place.
+    #[test]
+    fn a_taken_job_is_claimed_while_the_queue_still_holds_its_lock() {
+        use crate::sched::metrics::SchedMetrics;
+        use crate::sched::state::{DeviceState, Outstanding};
+        use crate::sched::ExecError;
+
+        struct Nothing;
+        impl Executor for Nothing {
+            type Input = u32;
+            type Output = u32;
+            fn run_batch(&mut self, inputs: &[&u32]) -> Result<Vec<u32>, ExecError> {
+                Ok(inputs.iter().map(|&&i| i).collect())
+            }
+            fn health_check(&mut self) -> Result<(), ExecError> {
+                Ok(())
+            }
+        }
+        let state = std::sync::Arc::new(DeviceState::new(
+            0,
+            "test".into(),
+            1,
+            false,
+            SchedMetrics::default().for_device("test"),
+            Instant::now(),
+        ));
+        let queue = DeviceQueue::<Nothing>::new(Order::Cost, 4);
+        let (reply, _answer) = tokio::sync::oneshot::channel();
+        let now = Instant::now();
+        let pushed = queue.push(Job {
+            input: 7,
+            work: super::super::cost::Work::default(),
+            cost: ms(300),
+            measured: true,
+            worst: ms(300),
+            probe: false,
+            priority: 5,
+            enqueued: now,
+            deadline: now + ms(FAR),
+            server_deadline: now + ms(FAR),
+            reply,
+            _outstanding: Outstanding::new(&state),
+        });
+        assert!(pushed.is_ok());
+        let mut claimed = None;
+        let taken = queue.take(Wait::No, |job| {
+            claimed = Some((job.input, queue.queued.try_lock().is_err()));
+            state.claim(0, job.cost);
+        });
+        assert!(matches!(taken, Some(Work::Job(ref job)) if job.input == 7));
+        assert_eq!(claimed, Some((7, true)), "claimed under the queue's lock");
+        assert!(queue.entries().is_empty());
+        assert!(state.running_left() > Duration::ZERO, "the replica is busy");
+        state.unclaim(0);
+        assert_eq!(state.running_left(), Duration::ZERO);
     }
 }

@@ -943,7 +943,7 @@ impl<E: Executor> Shared<E> {
             let slot = &self.devices[device];
             let ahead = slot
                 .queue
-                .cost_ahead(&self.entry(terms, cost, measured, cost, now));
+                .cost_ahead(&Entry::placed(terms, cost, measured, cost, now));
             (cost, measured, self.wait_on(device, ahead) + cost)
         };
         let open = |i: usize| self.usable(i, exclude) && !self.devices[i].full(self.queue_capacity);
@@ -1048,7 +1048,7 @@ impl<E: Executor> Shared<E> {
                     retry_after_ms: ms(done - left).max(1),
                 })
             } else {
-                let entry = self.entry(terms, cost, measured, worst, now);
+                let entry = Entry::placed(terms, cost, measured, worst, now);
                 match self.fit(device, entry, overrun, now) {
                     Fit::Fits => None,
                     Fit::Late(end) => {
@@ -1079,26 +1079,6 @@ impl<E: Executor> Shared<E> {
             worst,
             probe: probing,
         })
-    }
-
-    /// A request of `terms` as `device`'s queue would order it, placed now at `cost`
-    /// (`worst` at worst).
-    fn entry(
-        &self,
-        terms: &Terms,
-        cost: Duration,
-        measured: bool,
-        worst: Duration,
-        now: Instant,
-    ) -> Entry {
-        Entry {
-            priority: terms.priority.level(),
-            enqueued: now,
-            cost,
-            measured,
-            worst,
-            deadline: terms.run_deadline(),
-        }
     }
 
     /// When each of `device`'s replicas is free, its run taking what it may at worst

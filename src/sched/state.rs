@@ -202,6 +202,23 @@ impl DeviceState {
         Duration::from_nanos(left)
     }
 
+    /// Replica `replica` has taken a job priced at `cost` off the device's queue: it is
+    /// busy from now, as if its run had started. Called under the queue's lock, so that a
+    /// plan of the device (its queue, then its replicas) never finds the job in neither.
+    /// Between the take and the run's start there are a few instructions, but on a loaded
+    /// machine a time slice or more: a replica read as free then let admission plan a new
+    /// request to start at once, and it started a whole run later.
+    pub fn claim(&self, replica: usize, cost: Duration) {
+        self.running_cost_ns[replica].store(cost.as_nanos() as u64, Ordering::Release);
+        self.running_started_ns[replica].store(self.now_ns().max(1), Ordering::Release);
+    }
+
+    /// The replica let go of what it took without running it (its client left, its
+    /// deadline passed, the device went unhealthy).
+    pub fn unclaim(&self, replica: usize) {
+        self.running_started_ns[replica].store(0, Ordering::Release);
+    }
+
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }

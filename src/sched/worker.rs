@@ -107,17 +107,20 @@ impl<E: Executor> Replica<E> {
         loop {
             let work = match next.take() {
                 Some(work) => work,
-                None => match jobs.take(Wait::Forever) {
-                    Some(work) => work,
-                    // Closed and empty: the router was dropped.
-                    None => return,
-                },
+                None => {
+                    match jobs.take(Wait::Forever, |job| self.state.claim(self.index, job.cost)) {
+                        Some(work) => work,
+                        // Closed and empty: the router was dropped.
+                        None => return,
+                    }
+                }
             };
             match work {
                 Work::Stop => return,
                 Work::HealthCheck => self.health_check(),
                 Work::Job(job) => {
                     let Some(first) = self.still_wanted(job) else {
+                        self.state.unclaim(self.index);
                         continue;
                     };
                     let (batch, deferred) =
