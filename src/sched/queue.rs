@@ -192,9 +192,13 @@ pub(crate) fn pick<T>(queued: &[T], entry: impl Fn(&T) -> Entry, now: Instant) -
     let at_risk = entries()
         .filter(|&(i, e)| i != first && e.priority == top)
         .filter(|(_, e)| e.latest_start().is_some_and(|s| s < after_first))
-        .min_by_key(|(_, e)| e.latest_start())
-        .map(|(i, _)| i);
-    Some(Pick::Run(at_risk.unwrap_or(first)))
+        .min_by_key(|(_, e)| e.latest_start());
+    match at_risk {
+        // The first must start sooner than the one it would make late: run first, that
+        // one would make the first the late one.
+        Some((i, e)) if e.latest_start() < first_entry.latest_start() => Some(Pick::Run(i)),
+        _ => Some(Pick::Run(first)),
+    }
 }
 
 /// When each of `entries` would end, were the device's replicas, free at `free_at`, to
@@ -569,6 +573,21 @@ mod tests {
         assert_eq!(pick(&entries, |e| *e, at.t(800)), Some(Pick::Run(0)));
         // At 600 there is room for both in the other order.
         assert_eq!(pick(&entries, |e| *e, at.t(600)), Some(Pick::Run(1)));
+    }
+
+    #[test]
+    fn of_two_jobs_that_would_each_make_the_other_late_the_one_due_to_start_first_runs() {
+        let at = At(Instant::now());
+        // The short job must start by 50 ms, the long one by 80: the short one first
+        // (by key) starts the long one at 100, but the long one first would start the
+        // short one at 200. The one that must start sooner runs.
+        let short = at.entry(5, 0, 100, 150);
+        let long = at.entry(5, 0, 200, 280);
+        assert_eq!(pick(&[long, short], |e| *e, at.t(0)), Some(Pick::Run(1)));
+        // Were the short one to start by 220 instead, it could wait for the long one,
+        // which could not wait for it: the long one runs.
+        let later = at.entry(5, 0, 100, 320);
+        assert_eq!(pick(&[long, later], |e| *e, at.t(0)), Some(Pick::Run(0)));
     }
 
     #[test]
