@@ -46,60 +46,17 @@ pub(crate) fn gather<E: Executor>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::time::Instant;
-
     use super::*;
-    use crate::sched::cost::Work as Size;
-    use crate::sched::metrics::SchedMetrics;
     use crate::sched::queue::Order;
-    use crate::sched::state::{DeviceState, Outstanding};
-    use crate::sched::ExecError;
+    use crate::sched::state::DeviceState;
+    use crate::sched::test_support::{device_state, job as priced, Echo};
+    use std::sync::Arc;
 
-    struct Nothing;
-    impl Executor for Nothing {
-        type Input = u32;
-        type Output = u32;
-        fn run_batch(&mut self, inputs: &[&u32]) -> Result<Vec<u32>, ExecError> {
-            Ok(inputs.iter().map(|&&i| i).collect())
-        }
-        fn health_check(&mut self) -> Result<(), ExecError> {
-            Ok(())
-        }
+    fn job(state: &Arc<DeviceState>, input: u32) -> Job<Echo> {
+        priced(state, input, Duration::from_millis(1))
     }
 
-    fn job(state: &Arc<DeviceState>, input: u32) -> Job<Nothing> {
-        // The receiver is dropped: `gather` does not look at it, `still_wanted` would.
-        let (reply, _) = tokio::sync::oneshot::channel();
-        Job {
-            input,
-            work: Size::default(),
-            cost: Duration::from_millis(1),
-            measured: true,
-            worst: Duration::from_millis(1),
-            probe: false,
-            priority: 5,
-            enqueued: Instant::now(),
-            deadline: Instant::now() + Duration::from_secs(60),
-            server_deadline: Instant::now() + Duration::from_secs(60),
-            reply,
-            _outstanding: Outstanding::new(state),
-        }
-    }
-
-    fn state() -> Arc<DeviceState> {
-        let metrics = SchedMetrics::default().for_device("test");
-        Arc::new(DeviceState::new(
-            0,
-            "test".into(),
-            1,
-            false,
-            metrics,
-            Instant::now(),
-        ))
-    }
-
-    fn push(queue: &DeviceQueue<Nothing>, job: Job<Nothing>) -> bool {
+    fn push(queue: &DeviceQueue<Echo>, job: Job<Echo>) -> bool {
         queue.push(job).is_ok()
     }
 
@@ -111,8 +68,8 @@ mod tests {
 
     #[test]
     fn a_lone_request_runs_alone() {
-        let state = state();
-        let rx = DeviceQueue::<Nothing>::new(Order::Fifo, 8);
+        let state = device_state();
+        let rx = DeviceQueue::<Echo>::new(Order::Fifo, 8);
         let (batch, deferred) = gather(job(&state, 1), &rx, &SPEC, Some);
         assert_eq!(batch.len(), 1);
         assert!(deferred.is_none());
@@ -120,7 +77,7 @@ mod tests {
 
     #[test]
     fn waiting_requests_join_up_to_max_batch() {
-        let state = state();
+        let state = device_state();
         let rx = DeviceQueue::new(Order::Fifo, 8);
         for i in 2..=5 {
             assert!(push(&rx, job(&state, i)));
@@ -133,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_health_check_ends_the_batch_and_is_handed_back() {
-        let state = state();
+        let state = device_state();
         let rx = DeviceQueue::new(Order::Fifo, 8);
         assert!(push(&rx, job(&state, 2)));
         rx.push_health_check();
@@ -147,12 +104,12 @@ mod tests {
 
     #[test]
     fn refused_jobs_are_left_out() {
-        let state = state();
+        let state = device_state();
         let rx = DeviceQueue::new(Order::Fifo, 8);
         for i in 2..=4 {
             assert!(push(&rx, job(&state, i)));
         }
-        let (batch, _) = gather(job(&state, 1), &rx, &SPEC, |j: Job<Nothing>| {
+        let (batch, _) = gather(job(&state, 1), &rx, &SPEC, |j: Job<Echo>| {
             (j.input != 2).then_some(j)
         });
         let inputs: Vec<u32> = batch.iter().map(|j| j.input).collect();

@@ -19,6 +19,8 @@ mod scheduler;
 pub mod sim;
 mod state;
 mod terms;
+#[cfg(test)]
+mod test_support;
 mod worker;
 
 use std::time::{Duration, Instant};

@@ -722,47 +722,11 @@ mod tests {
     /// in neither place.
     #[test]
     fn a_taken_job_is_claimed_while_the_queue_still_holds_its_lock() {
-        use crate::sched::metrics::SchedMetrics;
-        use crate::sched::state::{DeviceState, Outstanding};
-        use crate::sched::ExecError;
+        use crate::sched::test_support::{device_state, job, Echo};
 
-        struct Nothing;
-        impl Executor for Nothing {
-            type Input = u32;
-            type Output = u32;
-            fn run_batch(&mut self, inputs: &[&u32]) -> Result<Vec<u32>, ExecError> {
-                Ok(inputs.iter().map(|&&i| i).collect())
-            }
-            fn health_check(&mut self) -> Result<(), ExecError> {
-                Ok(())
-            }
-        }
-        let state = std::sync::Arc::new(DeviceState::new(
-            0,
-            "test".into(),
-            1,
-            false,
-            SchedMetrics::default().for_device("test"),
-            Instant::now(),
-        ));
-        let queue = DeviceQueue::<Nothing>::new(Order::Cost, 4);
-        let (reply, _answer) = tokio::sync::oneshot::channel();
-        let now = Instant::now();
-        let pushed = queue.push(Job {
-            input: 7,
-            work: super::super::cost::Work::default(),
-            cost: ms(300),
-            measured: true,
-            worst: ms(300),
-            probe: false,
-            priority: 5,
-            enqueued: now,
-            deadline: now + ms(FAR),
-            server_deadline: now + ms(FAR),
-            reply,
-            _outstanding: Outstanding::new(&state),
-        });
-        assert!(pushed.is_ok());
+        let state = device_state();
+        let queue = DeviceQueue::<Echo>::new(Order::Cost, 4);
+        assert!(queue.push(job(&state, 7, ms(300))).is_ok());
         let mut claimed = None;
         let taken = queue.take(Wait::No, |job| {
             claimed = Some((job.input, queue.queued.try_lock().is_err()));
