@@ -195,10 +195,10 @@ pub(super) async fn run_image(
         decode: decode_time,
         ..StageTimings::default()
     };
-    let work = Work::of_image(image.width(), image.height(), planes.cutout);
+    let job = MatteJob::new(Arc::new(image), timings, planes);
+    let work = job.work();
     let allowance = state.answers.allowance(answer, work);
     let terms = terms.with_work(work).with_answer(allowance.kept());
-    let job = MatteJob::new(Arc::new(image), timings, planes);
     let ticket = state.scheduler.submit_admitted(admission, job, terms)?;
     let done = ticket.wait().await?;
     let inference = access::Inference {

@@ -17,7 +17,7 @@ use image::RgbImage;
 
 use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{self, RgbPixels};
-use crate::sched::{Executor, RunParts, Scheduler};
+use crate::sched::{Executor, RunParts, Scheduler, Work};
 
 /// The device stages' input: a decoded image (in the host block its decoder wrote, which
 /// a GPU uploads from), the times of the stages before, and the planes the answer shows
@@ -38,6 +38,12 @@ impl MatteJob {
             timings,
             planes,
         }
+    }
+
+    /// What it asks of a device, as the cost model prices it: its pixels, and whether a
+    /// cut-out is composited.
+    pub fn work(&self) -> Work {
+        Work::of_image(self.image.width(), self.image.height(), self.planes.cutout)
     }
 }
 

@@ -730,7 +730,7 @@ mod tests {
         let mut claimed = None;
         let taken = queue.take(Wait::No, |job| {
             claimed = Some((job.input, queue.queued.try_lock().is_err()));
-            state.claim(0, job.cost);
+            state.claim(0, job.cost, Instant::now());
         });
         assert!(matches!(taken, Some(Work::Job(ref job)) if job.input == 7));
         assert_eq!(claimed, Some((7, true)), "claimed under the queue's lock");

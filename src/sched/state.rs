@@ -202,19 +202,20 @@ impl DeviceState {
         Duration::from_nanos(left)
     }
 
-    /// Replica `replica` has taken a job priced at `cost` off the device's queue: it is
-    /// busy from now, as if its run had started. Called under the queue's lock, so that a
-    /// plan of the device (its queue, then its replicas) never finds the job in neither.
-    /// Between the take and the run's start there are a few instructions, but on a loaded
-    /// machine a time slice or more: a replica read as free then let admission plan a new
-    /// request to start at once, and it started a whole run later.
-    pub fn claim(&self, replica: usize, cost: Duration) {
+    /// Replica `replica` holds work priced at `cost` since `since`: what is left of its
+    /// run, and when admission's plan has it free. Claimed as the replica takes a job off
+    /// the queue, under the queue's lock, so that a plan of the device (its queue, then
+    /// its replicas) never finds the job in neither; and again as the run starts. Between
+    /// the take and the start there are a few instructions, but on a loaded machine a time
+    /// slice or more: a replica read as free then let admission plan a new request to
+    /// start at once, and it started a whole run later.
+    pub fn claim(&self, replica: usize, cost: Duration, since: Instant) {
         self.running_cost_ns[replica].store(cost.as_nanos() as u64, Ordering::Release);
-        self.running_started_ns[replica].store(self.now_ns().max(1), Ordering::Release);
+        self.running_started_ns[replica].store(self.instant_ns(since), Ordering::Release);
     }
 
-    /// The replica let go of what it took without running it (its client left, its
-    /// deadline passed, the device went unhealthy).
+    /// The replica holds nothing: its run ended, or it let go of what it took without
+    /// running it (its client left, its deadline passed, the device went unhealthy).
     pub fn unclaim(&self, replica: usize) {
         self.running_started_ns[replica].store(0, Ordering::Release);
     }

@@ -107,13 +107,11 @@ impl<E: Executor> Replica<E> {
         loop {
             let work = match next.take() {
                 Some(work) => work,
-                None => {
-                    match jobs.take(Wait::Forever, |job| self.state.claim(self.index, job.cost)) {
-                        Some(work) => work,
-                        // Closed and empty: the router was dropped.
-                        None => return,
-                    }
-                }
+                None => match self.take(jobs) {
+                    Some(work) => work,
+                    // Closed and empty: the router was dropped.
+                    None => return,
+                },
             };
             match work {
                 Work::Stop => return,
@@ -170,6 +168,13 @@ impl<E: Executor> Replica<E> {
         }
     }
 
+    /// The queue's next work, waiting for it; a job is this replica's from the take on.
+    fn take(&self, jobs: &DeviceQueue<E>) -> Option<Work<E>> {
+        jobs.take(Wait::Forever, |job| {
+            self.state.claim(self.index, job.cost, Instant::now())
+        })
+    }
+
     /// The job if it should run: not when its client went away (its handler was
     /// dropped), its deadline passed, or the device was marked unhealthy meanwhile.
     fn still_wanted(&self, job: Job<E>) -> Option<Job<E>> {
@@ -211,8 +216,7 @@ impl<E: Executor> Replica<E> {
         if guessed {
             state.running_guesses.fetch_add(1, Ordering::AcqRel);
         }
-        state.running_cost_ns[self.index].store(priced.as_nanos() as u64, Ordering::Release);
-        state.running_started_ns[self.index].store(state.instant_ns(started), Ordering::Release);
+        state.claim(self.index, priced, started);
         state.running.fetch_add(n, Ordering::AcqRel);
 
         let inputs: Vec<&E::Input> = batch.iter().map(|j| &j.input).collect();
@@ -224,7 +228,7 @@ impl<E: Executor> Replica<E> {
         drop(inputs);
         let compute = started.elapsed();
 
-        state.running_started_ns[self.index].store(0, Ordering::Release);
+        state.unclaim(self.index);
         if guessed {
             state.running_guesses.fetch_sub(1, Ordering::AcqRel);
         }

@@ -137,18 +137,10 @@ pub fn submit(
     image: &Arc<celer::pixels::RgbPixels>,
     planes: celer::matte::Planes,
 ) -> Result<celer::sched::Ticket<celer::replica::BoxedMatteExecutor>, celer::sched::SubmitError> {
+    let job = celer::replica::MatteJob::new(image.clone(), Default::default(), planes);
     let terms =
         celer::sched::Terms::by(std::time::Instant::now() + std::time::Duration::from_secs(3600))
-            .with_work(celer::sched::Work::of_image(
-                image.width(),
-                image.height(),
-                planes.cutout,
-            ));
-    let job = celer::replica::MatteJob {
-        image: image.clone(),
-        timings: celer::matte::StageTimings::default(),
-        planes,
-    };
+            .with_work(job.work());
     router.submit_admitted(router.admit()?, job, terms)
 }
 
