@@ -94,6 +94,44 @@ fn run_on_a_gpu_that_is_not_there_says_so() {
     assert!(text.contains("GPU 1 not found"), "{text}");
 }
 
+/// `celer run` over images of both sizes the server sees (each priced by its pixels): every
+/// image is matted and written at its own size, small ones queued among 12 MP ones.
+#[test]
+fn run_mattes_images_of_mixed_sizes_each_at_its_own_size() {
+    let out = tempfile::tempdir().unwrap();
+    let (ok, text) = celer(&[
+        "run",
+        "--model-dir",
+        "onnx/u2netp",
+        "--devices",
+        "cpu",
+        "--output",
+        "alpha",
+        "-o",
+        out.path().to_str().unwrap(),
+        "tests/data/fetched/photo-320x320.jpg",
+        "tests/data/fetched/photo-4032x3024.jpg",
+        "tests/data/fetched/photo-1920x1080.jpg",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("3 images done, 0 failed"), "{text}");
+    for (stem, size) in [
+        ("photo-320x320", (320, 320)),
+        ("photo-4032x3024", (4032, 3024)),
+        ("photo-1920x1080", (1920, 1080)),
+    ] {
+        let alpha = image::open(out.path().join(format!("{stem}.png")))
+            .unwrap_or_else(|e| panic!("{stem}.png: {e}"))
+            .into_luma8();
+        assert_eq!(alpha.dimensions(), size, "{stem}");
+        // A matte, not a blank plane: the photos each hold a subject on a background.
+        let (lo, hi) = alpha
+            .pixels()
+            .fold((u8::MAX, 0), |(lo, hi), p| (lo.min(p[0]), hi.max(p[0])));
+        assert!(lo < 16 && hi > 240, "{stem}: alpha spans {lo}..={hi}");
+    }
+}
+
 #[test]
 fn without_tensorrt_a_gpu_is_planned_onto_onnx_runtime_with_the_reason() {
     let dir = repo("onnx/u2netp");
