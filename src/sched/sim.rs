@@ -322,12 +322,18 @@ pub struct LoadReport {
 impl LoadReport {
     /// Late or refused for their deadline, over the requests sent.
     pub fn deadline_missed_share(&self) -> f64 {
-        let missed: usize = self
-            .classes
-            .iter()
-            .map(|c| c.late + c.refused_for_deadline)
-            .sum();
-        missed as f64 / self.requests.max(1) as f64
+        self.late_share() + self.share(|c| c.refused_for_deadline)
+    }
+
+    /// Admitted and then late (answered after their deadline, or ended by it), over the
+    /// requests sent: the misses a refusal at once did not spare the client.
+    pub fn late_share(&self) -> f64 {
+        self.share(|c| c.late)
+    }
+
+    fn share(&self, count: impl Fn(&ClassReport) -> usize) -> f64 {
+        let n: usize = self.classes.iter().map(count).sum();
+        n as f64 / self.requests.max(1) as f64
     }
 }
 
