@@ -57,6 +57,23 @@ fn celer(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `celer run` on U2NetP's folder and `devices`, writing into `out`; `rest`: more options,
+/// then the images.
+fn celer_run(devices: &str, out: &Path, rest: &[&str]) -> (bool, String) {
+    let out = out.to_str().expect("a UTF-8 temporary folder");
+    let mut args = vec![
+        "run",
+        "--model-dir",
+        "onnx/u2netp",
+        "--devices",
+        devices,
+        "-o",
+        out,
+    ];
+    args.extend_from_slice(rest);
+    celer(&args)
+}
+
 #[test]
 fn serve_on_a_gpu_that_is_not_there_stops_before_listening() {
     let (ok, text) = celer(&[
@@ -80,16 +97,7 @@ fn serve_on_a_gpu_that_is_not_there_stops_before_listening() {
 #[test]
 fn run_on_a_gpu_that_is_not_there_says_so() {
     let out = tempfile::tempdir().unwrap();
-    let (ok, text) = celer(&[
-        "run",
-        "--model-dir",
-        "onnx/u2netp",
-        "--devices",
-        "1",
-        "-o",
-        out.path().to_str().unwrap(),
-        "tests/data/fetched/photo-320x320.jpg",
-    ]);
+    let (ok, text) = celer_run("1", out.path(), &["tests/data/fetched/photo-320x320.jpg"]);
     assert!(!ok, "{text}");
     assert!(text.contains("GPU 1 not found"), "{text}");
 }
@@ -99,20 +107,17 @@ fn run_on_a_gpu_that_is_not_there_says_so() {
 #[test]
 fn run_mattes_images_of_mixed_sizes_each_at_its_own_size() {
     let out = tempfile::tempdir().unwrap();
-    let (ok, text) = celer(&[
-        "run",
-        "--model-dir",
-        "onnx/u2netp",
-        "--devices",
+    let (ok, text) = celer_run(
         "cpu",
-        "--output",
-        "alpha",
-        "-o",
-        out.path().to_str().unwrap(),
-        "tests/data/fetched/photo-320x320.jpg",
-        "tests/data/fetched/photo-4032x3024.jpg",
-        "tests/data/fetched/photo-1920x1080.jpg",
-    ]);
+        out.path(),
+        &[
+            "--output",
+            "alpha",
+            "tests/data/fetched/photo-320x320.jpg",
+            "tests/data/fetched/photo-4032x3024.jpg",
+            "tests/data/fetched/photo-1920x1080.jpg",
+        ],
+    );
     assert!(ok, "{text}");
     assert!(text.contains("3 images done, 0 failed"), "{text}");
     for (stem, size) in [
