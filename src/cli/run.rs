@@ -17,7 +17,7 @@ use crate::codec::render;
 use crate::matte::StageTimings;
 use crate::pixels::HostAlloc;
 use crate::replica::{BoxedMatteExecutor, MatteJob, MatteScheduler};
-use crate::sched::{Scheduler, SchedulerConfig, Terms, Ticket};
+use crate::sched::{Scheduler, SchedulerConfig, Ticket};
 use crate::spec::OutputKind;
 
 #[derive(Debug, Clone, Args)]
@@ -122,11 +122,8 @@ fn submit(
     };
     // The pool's queue holds `in_flight` jobs and we never have more outstanding.
     let job = MatteJob::new(image, timings, crate::codec::planes_of(output));
-    // Priced by its pixels, as the server prices a request: a folder of mixed sizes is
-    // then routed by each image's work, and a 12 MP photo after small ones does not read
-    // as a device gone many times slower than the mean of its runs.
-    let terms = Terms::by(Instant::now() + Duration::from_secs(3600)).with_work(job.work());
-    let ticket = pool.submit_admitted(pool.admit()?, job, terms)?;
+    // Priced by its pixels, as the server prices a request.
+    let ticket = pool.submit_priced(job, Instant::now() + Duration::from_secs(3600))?;
     Ok(Pending {
         file: file.to_path_buf(),
         ticket,

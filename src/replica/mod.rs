@@ -12,12 +12,13 @@ pub mod gpu;
 pub mod models;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use image::RgbImage;
 
 use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{self, RgbPixels};
-use crate::sched::{Executor, RunParts, Scheduler, Work};
+use crate::sched::{Executor, RunParts, Scheduler, SubmitError, Terms, Ticket, Work};
 
 /// The device stages' input: a decoded image (in the host block its decoder wrote, which
 /// a GPU uploads from), the times of the stages before, and the planes the answer shows
@@ -75,6 +76,22 @@ pub type BoxedMatteExecutor = Box<dyn Executor<Input = MatteJob, Output = MatteO
 
 /// The scheduler `celer serve` and `celer run` use: the real pipeline on every device.
 pub type MatteScheduler = Scheduler<BoxedMatteExecutor>;
+
+impl MatteScheduler {
+    /// Admits `job` priced by its pixels (`MatteJob::work`), to finish by `deadline`, at
+    /// the default priority, and queues it, or refuses at once (`Scheduler::submit`).
+    /// `Scheduler::submit` prices a request of no particular size at the mean of the
+    /// runs so far: a 12 MP photo after small ones then reads as a device gone many times
+    /// slower than its prices, and a folder of mixed sizes is routed by count.
+    pub fn submit_priced(
+        &self,
+        job: MatteJob,
+        deadline: Instant,
+    ) -> Result<Ticket<BoxedMatteExecutor>, SubmitError> {
+        let terms = Terms::by(deadline).with_work(job.work());
+        self.submit_admitted(self.admit()?, job, terms)
+    }
+}
 
 /// The image a health check runs: small and not uniform, so every stage (min-max,
 /// trimap, matting) has work.

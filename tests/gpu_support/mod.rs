@@ -127,10 +127,8 @@ pub fn pixels(image: &image::RgbImage) -> Arc<celer::pixels::RgbPixels> {
     Arc::new(celer::pixels::from_image(image.clone()))
 }
 
-/// Queues `image` on `router` as the server does: priced by its size (a request of no
-/// particular size is priced at the mean of the runs so far, and a 12 MP photo after
-/// small ones then reads as a device gone thousands of times slower than its prices),
-/// and with an hour to run in, so that what is checked is what the device computes, not
+/// Queues `image` on `router` as the server does, priced by its size
+/// (`MatteScheduler::submit_priced`), and with an hour to run in, so that what is checked is what the device computes, not
 /// what admission makes of a machine slowed by the tests beside it.
 pub fn submit(
     router: &celer::replica::MatteScheduler,
@@ -138,10 +136,10 @@ pub fn submit(
     planes: celer::matte::Planes,
 ) -> Result<celer::sched::Ticket<celer::replica::BoxedMatteExecutor>, celer::sched::SubmitError> {
     let job = celer::replica::MatteJob::new(image.clone(), Default::default(), planes);
-    let terms =
-        celer::sched::Terms::by(std::time::Instant::now() + std::time::Duration::from_secs(3600))
-            .with_work(job.work());
-    router.submit_admitted(router.admit()?, job, terms)
+    router.submit_priced(
+        job,
+        std::time::Instant::now() + std::time::Duration::from_secs(3600),
+    )
 }
 
 /// A plane a GPU handed back, as a heap image to compare with the CPU's.
