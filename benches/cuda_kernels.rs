@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use celer::cuda::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{
     guided_fit_launches, taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput,
@@ -22,7 +23,6 @@ use celer::spec::{Normalize, Scale};
 use celer::stages::lanes::Lanes;
 use celer::stages::plane::Plane;
 use celer::stages::{composite, guided_filter, preprocess, resample, trimap};
-use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{Rgb, RgbImage};
 use serde_json::json;
@@ -217,10 +217,7 @@ fn cpu_ms(mut f: impl FnMut()) -> f64 {
     times[2]
 }
 
-fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    s: &Arc<CudaStream>,
-    n: usize,
-) -> CudaSlice<T> {
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
     s.alloc_zeros(n.max(1)).unwrap()
 }
 
@@ -515,10 +512,9 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
 
     let gpu_pre = cpu_ms(|| {
-        let host = up_host.as_mut_slice().unwrap();
+        let host = up_host.as_mut_slice();
         host.copy_from_slice(image.as_raw());
-        s.memcpy_htod(up_host.as_slice().unwrap(), &mut rgb)
-            .unwrap();
+        s.memcpy_htod(up_host.as_slice(), &mut rgb).unwrap();
         l.preprocess(
             &rgb,
             (w, h),
@@ -556,7 +552,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
         filter
             .alpha(&l, &rgb, (w, h), &trimap_full, &mut alpha, Some(&mut rgba))
             .unwrap();
-        let host = down_host.as_mut_slice().unwrap();
+        let host = down_host.as_mut_slice();
         let (a, rest) = host.split_at_mut(n);
         let (t, rest) = rest.split_at_mut(n);
         s.memcpy_dtoh(&alpha, a).unwrap();

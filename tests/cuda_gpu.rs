@@ -10,15 +10,13 @@
 //! of fit + apply within 1 LSB. The pipelines agree exactly on the trimap and within
 //! 1 LSB on alpha.
 
-// `unsafe` here: calls the CUDA driver directly; each block says why it is sound.
-#![allow(unsafe_code)]
-
 mod gpu_support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use celer::cuda::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput};
 use celer::matte::{Planes, StageTimings};
@@ -29,26 +27,18 @@ use celer::spec::{Normalize, PipelineSpec, Scale};
 use celer::stages::lanes::Lanes;
 use celer::stages::plane::Plane;
 use celer::stages::{composite, guided_filter, preprocess, resample, trimap};
-use cudarc::driver::{CudaSlice, CudaStream};
 use fast_image_resize::Resizer;
 use image::{GrayImage, Rgb, RgbImage};
 
-fn up<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
+fn up<T: DeviceRepr>(s: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
     s.clone_htod(data).unwrap()
 }
 
-fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    s: &Arc<CudaStream>,
-    n: usize,
-) -> CudaSlice<T> {
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
     s.alloc_zeros(n.max(1)).unwrap()
 }
 
-fn down<T: cudarc::driver::DeviceRepr + Clone + Default>(
-    s: &Arc<CudaStream>,
-    buf: &CudaSlice<T>,
-    n: usize,
-) -> Vec<T> {
+fn down<T: DeviceRepr>(s: &Arc<CudaStream>, buf: &CudaSlice<T>, n: usize) -> Vec<T> {
     let v = s.clone_dtoh(buf).unwrap();
     s.synchronize().unwrap();
     v[..n].to_vec()
@@ -820,16 +810,11 @@ fn f16_to_f32_is_exact_for_every_half() {
 #[test]
 fn the_context_synchronises_by_blocking_not_spinning() {
     let dev = gpu_support::gpu();
-    dev.context().bind_to_thread().unwrap();
-    let mut flags = 0u32;
-    // SAFETY: the context is current on this thread; the pointer is valid for one write.
-    unsafe { cudarc::driver::sys::cuCtxGetFlags(&mut flags) }
-        .result()
-        .expect("cuCtxGetFlags");
+    let flags = dev.context().flags().expect("cuCtxGetFlags");
     let schedule = flags & 0x07;
     assert_eq!(
         schedule,
-        cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
+        celer::cuda::driver::sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
         "context flags {flags:#x}"
     );
 }

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use celer::cuda::driver::{code, CudaContext, LaunchConfig, PushKernelArg};
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::probe;
@@ -28,9 +29,6 @@ use celer::replica::MatteScheduler;
 use celer::sched::metrics::DeviceLabel;
 use celer::sched::{Scheduler, SchedulerConfig};
 use celer::spec::PipelineSpec;
-use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
 use image::{GrayImage, RgbImage};
 
 fn serve(
@@ -71,7 +69,7 @@ fn lose_the_context() {
                 &COMPILE_OPTIONS,
             )
             .expect("the test kernels compile");
-    let module = context.load_module(Ptx::from_binary(cubin)).unwrap();
+    let module = context.load_module(&cubin).unwrap();
     let kernel = module.load_function("write_to_address").unwrap();
     let stream = context.new_stream().unwrap();
     let (address, value) = (16u64, 1u32);
@@ -89,7 +87,7 @@ fn lose_the_context() {
     let error = queued
         .and_then(|_| stream.synchronize())
         .expect_err("a write to address 16 is illegal");
-    assert_eq!(error.0, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(error.code(), Some(code::CUDA_ERROR_ILLEGAL_ADDRESS));
     // Dropped here: from now on only celer's replicas hold the failed context.
 }
 

@@ -12,15 +12,15 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use celer::cuda::driver::sys::{self, CUevent_flags};
+use celer::cuda::driver::{
+    code as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError,
+    LaunchConfig, PushKernelArg,
+};
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::Arch;
 use celer_cuda_standin::{Fault, StandIn, PLANTED_KERNELS};
-use cudarc::driver::sys::CUresult;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
 
 /// One test at a time: a sticky error poisons the shared primary context, and each test
 /// ends by releasing it, so the next one starts on a fresh context.
@@ -37,7 +37,7 @@ fn standin() -> &'static StandIn {
         let real = unsafe { cudarc::driver::sys::is_culib_present() };
         assert!(
             !real,
-            "a real CUDA driver is installed, and cudarc would load it: these tests are of the stand-in"
+            "a real CUDA driver is installed, and cudarc's loader would load it: these tests are of the stand-in"
         );
         StandIn::load().expect("the stand-in driver loads")
     })
@@ -47,7 +47,7 @@ struct Gpu {
     standin: &'static StandIn,
     stream: Arc<CudaStream>,
     context: Arc<CudaContext>,
-    module: Arc<cudarc::driver::CudaModule>,
+    module: Arc<CudaModule>,
 }
 
 impl Gpu {
@@ -68,7 +68,7 @@ impl Gpu {
                 )
                 .expect("the planted kernels compile");
         let module = context
-            .load_module(Ptx::from_binary(cubin))
+            .load_module(&cubin)
             .expect("the stand-in loads NVRTC's CUBIN");
         let stream = context.new_stream().expect("a stream");
         standin.clear_last_error();
@@ -93,8 +93,9 @@ fn blocks(threads: u32, block: u32) -> LaunchConfig {
     }
 }
 
-fn code(e: &DriverError) -> CUresult {
-    e.0
+fn code(e: &DriverError) -> u32 {
+    e.code()
+        .unwrap_or_else(|| panic!("not the driver's answer: {e}"))
 }
 
 /// Scalars in zero-padded 8-byte slots: what a pointer parameter reads from a scalar's
@@ -127,7 +128,7 @@ fn swapped_arguments_are_refused_at_launch_naming_the_parameter() {
     launch.arg(&n.0).arg(&src).arg(&factor.0).arg(&mut dst);
     // SAFETY: deliberately wrong: the stand-in must refuse it before anything runs.
     let err = unsafe { launch.launch(blocks(1000, 256)) }.expect_err("the swap is caught");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("parameter 0 of scale(const float* src") && why.contains("not device memory"),
@@ -154,8 +155,7 @@ fn a_download_read_before_its_stream_is_synchronised_reads_garbage() {
     launch.arg(&src).arg(&n).arg(&factor).arg(&mut dst);
     // SAFETY: the arguments match scale's signature; the buffers hold n floats.
     unsafe { launch.launch(blocks(4096, 256)) }.unwrap();
-    let host: &mut [f32] =
-        bytemuck::cast_slice_mut(staging.as_mut_slice().expect("pinned staging"));
+    let host: &mut [f32] = bytemuck::cast_slice_mut(staging.as_mut_slice());
     s.memcpy_dtoh(&dst, host).unwrap();
     // Planted: read the pinned destination before the stream is synchronised.
     let early: Vec<f32> = host.to_vec();
@@ -188,7 +188,7 @@ fn a_write_past_an_allocation_is_an_illegal_address_and_sticky() {
         // SAFETY: the arguments match the signature; the kernel's own bound is the bug.
         unsafe { launch.launch(blocks(1024, 256)) }.expect("queued: the fault comes when it runs");
         let err = s.synchronize().expect_err("the overrun is caught");
-        assert_eq!(code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
         let why = gpu.standin.last_error();
         assert!(
             why.contains("kernel fill_off_by_one")
@@ -201,7 +201,7 @@ fn a_write_past_an_allocation_is_an_illegal_address_and_sticky() {
         launch.arg(&src).arg(&n).arg(&value).arg(&mut dst);
         // SAFETY: a correct launch; the context refuses it.
         let err = unsafe { launch.launch(blocks(1000, 256)) }.expect_err("sticky");
-        assert_eq!(code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
         // Everything is dropped here: the last release destroys the context.
     }
     // A new context works: what celer's device recovery relies on.
@@ -245,7 +245,7 @@ fn a_lane_returning_before_a_warp_shuffle_is_caught() {
     // SAFETY: the arguments match the signature; the early return is the bug.
     unsafe { launch.launch(blocks(64, 64)) }.unwrap();
     let err = s.synchronize().expect_err("the early return is caught");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    assert_eq!(code(&err), cu::CUDA_ERROR_LAUNCH_FAILED);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("kernel warp_sums_early_return")
@@ -280,17 +280,18 @@ fn timing_needs_events_made_for_it() {
     let _one = serial();
     let gpu = Gpu::new();
     let s = &gpu.stream;
-    // cudarc's default event has timing disabled: elapsed time between two is refused,
+    // An event made without timing (`record_event(None)`): elapsed time between two is refused,
     // as the real driver refuses it (the bug a review of celer's stage timing found).
     let a = s.record_event(None).unwrap();
     let b = s.record_event(None).unwrap();
     let err = a.elapsed_ms(&b).expect_err("untimed events");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_HANDLE);
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_HANDLE);
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let a = s.record_event(timed).unwrap();
     let mut buffer = s.alloc_zeros::<u8>(1 << 20).unwrap();
     s.memset_zeros(&mut buffer).unwrap();
     let b = s.record_event(timed).unwrap();
+    b.synchronize().unwrap();
     assert!(a.elapsed_ms(&b).expect("timed events") >= 0.0);
 }
 
@@ -304,7 +305,7 @@ fn injected_faults_fail_a_launch_or_poison_the_context() {
         let mut dst = s.alloc_zeros::<f32>(64).unwrap();
         let scale = gpu.kernel("scale");
         let (n, factor) = (64u32, 2.0f32);
-        let launch = |dst: &mut cudarc::driver::CudaSlice<f32>| {
+        let launch = |dst: &mut CudaSlice<f32>| {
             let mut b = s.launch_builder(&scale);
             b.arg(&src).arg(&n).arg(&factor).arg(dst);
             // SAFETY: the arguments match scale's signature; the buffers hold n floats.
@@ -312,16 +313,16 @@ fn injected_faults_fail_a_launch_or_poison_the_context() {
         };
         gpu.standin.inject(Fault::LaunchFails, 1);
         let err = launch(&mut dst).expect_err("the injected launch failure");
-        assert_eq!(code(&err), CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+        assert_eq!(code(&err), cu::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
         // Not sticky: the next launch runs.
         launch(&mut dst).expect("the context still works");
         s.synchronize().unwrap();
         gpu.standin.inject(Fault::StickyError, 1);
         launch(&mut dst).expect("queued");
         let err = s.synchronize().expect_err("the injected fault");
-        assert_eq!(code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
         let err = s.alloc_zeros::<f32>(1).expect_err("sticky");
-        assert_eq!(code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
     }
     // Released and retained again: a new context without the error.
     let gpu = Gpu::new();
@@ -540,23 +541,18 @@ fn shared_memory_holds_poison_when_each_block_starts() {
 fn cross_stream_hazards_are_refused_at_enqueue_naming_both_streams() {
     let _one = serial();
     let gpu = Gpu::new();
-    // SAFETY: these slices' synchronisation is the test's own (what it plants and checks);
-    // cudarc's events would otherwise order every use across streams.
-    unsafe { gpu.context.disable_event_tracking() };
     let a = gpu.context.new_stream().unwrap();
     let b = gpu.context.new_stream().unwrap();
     let scale = gpu.kernel("scale");
     let n = 1000u32;
     let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let launch = |stream: &Arc<CudaStream>,
-                  src: &cudarc::driver::CudaSlice<f32>,
-                  factor: f32,
-                  dst: &mut cudarc::driver::CudaSlice<f32>| {
-        let mut l = stream.launch_builder(&scale);
-        l.arg(src).arg(&n).arg(&factor).arg(dst);
-        // SAFETY: the arguments match scale's signature; the buffers hold n floats.
-        unsafe { l.launch(blocks(n, 256)) }
-    };
+    let launch =
+        |stream: &Arc<CudaStream>, src: &CudaSlice<f32>, factor: f32, dst: &mut CudaSlice<f32>| {
+            let mut l = stream.launch_builder(&scale);
+            l.arg(src).arg(&n).arg(&factor).arg(dst);
+            // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+            unsafe { l.launch(blocks(n, 256)) }
+        };
     let stream_text = |s: &CudaStream| format!("stream {:p}", s.cu_stream());
 
     // Planted: a producer on stream a, its consumer on stream b, nothing between them.
@@ -566,7 +562,7 @@ fn cross_stream_hazards_are_refused_at_enqueue_naming_both_streams() {
     launch(&a, &src, 2.0, &mut mid).unwrap();
     gpu.standin.clear_last_error();
     let err = launch(&b, &mid, 3.0, &mut out).expect_err("the hazard is refused");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("cross-stream hazard")
@@ -592,7 +588,7 @@ fn cross_stream_hazards_are_refused_at_enqueue_naming_both_streams() {
     let mut again = b.alloc_zeros::<f32>(n as usize).unwrap();
     launch(&b, &mid, 3.0, &mut again).expect("after the context's synchronisation");
     let err = launch(&a, &src, 5.0, &mut mid).expect_err("write after another stream's read");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("writes through parameter 3") && why.contains("read"),
@@ -696,7 +692,7 @@ fn launch_bounds_and_block_size_are_checked_at_launch() {
     let mut dst = s.alloc_zeros::<f32>(n as usize).unwrap();
     let bounded = gpu.kernel("scale_bounded");
     let factor = 2.0f32;
-    let launch = |dst: &mut cudarc::driver::CudaSlice<f32>, block: u32| {
+    let launch = |dst: &mut CudaSlice<f32>, block: u32| {
         let mut l = s.launch_builder(&bounded);
         l.arg(&src).arg(&n).arg(&factor).arg(dst);
         // SAFETY: the arguments match scale_bounded's signature; the buffers hold n floats.
@@ -704,7 +700,7 @@ fn launch_bounds_and_block_size_are_checked_at_launch() {
     };
     // Planted: 128 threads per block for a kernel of __launch_bounds__(64).
     let err = launch(&mut dst, 128).expect_err("more threads than the launch bounds");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("kernel scale_bounded")
@@ -760,7 +756,7 @@ fn settings_from_the_environment() {
         Ok("typo") => {
             let standin = standin();
             let err = CudaContext::new(0).expect_err("cuInit refuses the setting");
-            assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
             let why = standin.last_error();
             let want = std::env::var("WANT").unwrap();
             assert!(why.contains(&want), "{why}");
@@ -806,7 +802,7 @@ fn a_block_needing_more_registers_than_an_sm_has_is_refused() {
     let src = s.clone_htod(&[1.0f32; 96]).unwrap();
     let mut dst = s.alloc_zeros::<f32>(1024).unwrap();
     let kernel = gpu.kernel("many_registers");
-    let launch = |dst: &mut cudarc::driver::CudaSlice<f32>, block: u32| {
+    let launch = |dst: &mut CudaSlice<f32>, block: u32| {
         let mut l = s.launch_builder(&kernel);
         l.arg(&src).arg(dst);
         // SAFETY: the arguments match many_registers(const volatile float*, float*); src
@@ -815,7 +811,7 @@ fn a_block_needing_more_registers_than_an_sm_has_is_refused() {
     };
     // Planted: 1024 threads of a kernel of about 100 registers each.
     let err = launch(&mut dst, 1024).expect_err("more registers than an SM has");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    assert_eq!(code(&err), cu::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("kernel many_registers")
@@ -876,7 +872,7 @@ impl HostPages {
     fn register_part(&self, offset: usize, bytes: usize, flags: u32) -> Result<(), DriverError> {
         // SAFETY: the range lies in this allocation, which outlives the registration (Drop
         // unregisters before freeing it); the driver only records the range.
-        unsafe { cudarc::driver::sys::cuMemHostRegister_v2(self.at(offset), bytes, flags) }.result()
+        unsafe { sys::cuMemHostRegister_v2(self.at(offset), bytes, flags) }.result()
     }
 
     fn register(&self) -> Result<(), DriverError> {
@@ -902,7 +898,7 @@ impl Drop for HostPages {
 fn host_unregister(pointer: *mut std::ffi::c_void) -> Result<(), DriverError> {
     // SAFETY: the driver looks the pointer up among its registrations and touches no
     // memory.
-    unsafe { cudarc::driver::sys::cuMemHostUnregister(pointer) }.result()
+    unsafe { sys::cuMemHostUnregister(pointer) }.result()
 }
 
 #[test]
@@ -998,11 +994,7 @@ fn a_registered_buffer_changed_or_unregistered_while_its_copy_is_queued_is_caugh
                 .expect("unregistered while its copy is queued");
         }
         let err = s.synchronize().expect_err(planted);
-        assert_eq!(
-            code(&err),
-            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
-            "{planted}"
-        );
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS, "{planted}");
         let why = gpu.standin.last_error();
         let want = match planted {
             "changed" => "cuMemcpyHtoDAsync(",
@@ -1025,7 +1017,7 @@ fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
     let other = HostPages::new(1);
     let page = HostPages::PAGE;
     // Planted: a range running into a registration, a part of it, the same range again.
-    let already = CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    let already = cu::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     host.register_part(page, page, 0)
         .expect("the second page registered");
     let err = host
@@ -1045,11 +1037,10 @@ fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
     let mut pinned = celer::cuda::pinned::<u8>(&gpu.context, 4096, false).unwrap();
     let pinned_at = pinned
         .as_mut_slice()
-        .unwrap()
         .as_mut_ptr()
         .cast::<std::ffi::c_void>();
     // SAFETY: the driver only records the range; cuMemHostAlloc's memory must be refused.
-    let err = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(pinned_at, 64, 0) }
+    let err = unsafe { sys::cuMemHostRegister_v2(pinned_at, 64, 0) }
         .result()
         .expect_err("memory of cuMemHostAlloc is page-locked already");
     assert_eq!(code(&err), already);
@@ -1057,7 +1048,7 @@ fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
     assert!(why.contains("memory of cuMemHostAlloc"), "{why}");
 
     // Planted: unregistering what is not the start of a registration.
-    let not_registered = CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    let not_registered = cu::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     let err = host_unregister(host.at(page)).expect_err("inside a registration");
     assert_eq!(code(&err), not_registered);
     let err = other.unregister().expect_err("never registered");
@@ -1068,10 +1059,10 @@ fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
     // Planted: cuMemFreeHost of registered memory. Refused, and the memory is untouched
     // (still mapped: written below) and still registered (a copy from it is DMA).
     // SAFETY: the driver must refuse it and unmap nothing.
-    let err = unsafe { cudarc::driver::sys::cuMemFreeHost(host.at(0)) }
+    let err = unsafe { sys::cuMemFreeHost(host.at(0)) }
         .result()
         .expect_err("not memory of cuMemHostAlloc");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
     host.floats().fill(5.0);
     let mut device = s.alloc_zeros::<f32>(4 * 1024).unwrap();
     let before = gpu.standin.counters();
@@ -1082,13 +1073,13 @@ fn overlapping_registrations_unknown_pointers_and_bad_flags_are_refused() {
     assert_eq!(s.clone_dtoh(&device).unwrap(), vec![5.0f32; 4 * 1024]);
 
     // Planted: an undocumented flag, a null pointer, an empty range.
-    let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
+    let invalid = cu::CUDA_ERROR_INVALID_VALUE;
     let err = other.register_part(0, page, 0x10).expect_err("flag 0x10");
     assert_eq!(code(&err), invalid);
     let err = other.register_part(0, 0, 0).expect_err("0 bytes");
     assert_eq!(code(&err), invalid);
     // SAFETY: a null pointer, which the driver must refuse.
-    let err = unsafe { cudarc::driver::sys::cuMemHostRegister_v2(std::ptr::null_mut(), page, 0) }
+    let err = unsafe { sys::cuMemHostRegister_v2(std::ptr::null_mut(), page, 0) }
         .result()
         .expect_err("null");
     assert_eq!(code(&err), invalid);
@@ -1124,8 +1115,8 @@ fn registrations_end_with_the_context_that_made_them() {
         let d = gpu.standin.counters() - before;
         assert_eq!(d.pageable_htod_copies, 0, "registered: {d:?}");
         // SAFETY: device 0 exists; the reset destroys what the handles above refer to,
-        // which is then only dropped (cudarc records the errors of its destroy calls).
-        unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(0) }
+        // which is then only dropped (celer's driver layer logs the errors of its destroy calls).
+        unsafe { sys::cuDevicePrimaryCtxReset_v2(0) }
             .result()
             .expect("reset");
     }
@@ -1143,7 +1134,7 @@ fn registrations_end_with_the_context_that_made_them() {
     );
     assert_eq!(s.clone_dtoh(&device).unwrap(), vec![2.0f32; 1024]);
     let err = host.unregister().expect_err("ended with its context");
-    assert_eq!(code(&err), CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    assert_eq!(code(&err), cu::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("the registration that started here was ended by cuDevicePrimaryCtxReset"),

@@ -15,13 +15,12 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use celer::cuda::driver::sys::{self, CUdevice_attribute};
+use celer::cuda::driver::{code, CudaContext, CudaStream, DriverError};
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::Arch;
 use celer_cuda_standin::{stray_work_calls, QueuedWork, StandIn, WorkRange, PLANTED_KERNELS};
-use cudarc::driver::sys::{self, CUdevice_attribute, CUresult};
-use cudarc::driver::{CudaContext, CudaStream, DriverError};
-use cudarc::nvrtc::Ptx;
 
 /// One test at a time: they share device 0's primary context, and each ends with it
 /// released (or reset), so that the next one starts on a fresh one.
@@ -35,22 +34,23 @@ fn standin() -> &'static StandIn {
     static LOADED: OnceLock<&'static StandIn> = OnceLock::new();
     LOADED.get_or_init(|| {
         // SAFETY: cudarc's check only dlopens the driver library by name and closes it.
-        let real = unsafe { sys::is_culib_present() };
+        let real = unsafe { cudarc::driver::sys::is_culib_present() };
         assert!(
             !real,
-            "a real CUDA driver is installed, and cudarc would load it: these tests are of the stand-in"
+            "a real CUDA driver is installed, and cudarc's loader would load it: these tests are of the stand-in"
         );
         StandIn::load().expect("the stand-in driver loads")
     })
 }
 
 /// A CUresult as the stand-in's own C interface returns it.
-fn code(result: CUresult) -> i32 {
+fn as_c_int(result: u32) -> i32 {
     result as i32
 }
 
-fn driver_code(e: &DriverError) -> CUresult {
-    e.0
+fn driver_code(e: &DriverError) -> u32 {
+    e.code()
+        .unwrap_or_else(|| panic!("not the driver's answer: {e}"))
 }
 
 struct Gpu {
@@ -242,7 +242,7 @@ fn a_host_pointer_range_is_refused_when_queued() {
         &[read_only(host.as_ptr() as u64, 256, "input `input.1`")],
         || Ok(()),
     );
-    assert_eq!(work.result(), code(CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(work.result(), as_c_int(code::CUDA_ERROR_INVALID_VALUE));
     let why = gpu.standin.last_error();
     assert!(
         why.contains("TensorRT engine `u2netp`")
@@ -296,7 +296,7 @@ fn work_over_memory_freed_before_it_runs_is_an_illegal_address_and_sticky() {
     let work = gpu.queue("engine", &[written(buffer, 1024, "output `mask`")], || {
         Ok(())
     });
-    assert_eq!(work.result(), code(CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(work.result(), as_c_int(code::CUDA_ERROR_INVALID_VALUE));
     let why = gpu.standin.last_error();
     assert!(
         why.contains("engine") && why.contains("output `mask`") && why.contains("already queued"),
@@ -324,7 +324,7 @@ fn work_over_memory_freed_before_it_runs_is_an_illegal_address_and_sticky() {
     let err = gpu
         .free_on(buffer, &other)
         .expect_err("a free racing the work");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_INVALID_VALUE);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("cross-stream hazard")
@@ -343,7 +343,7 @@ fn work_over_memory_freed_before_it_runs_is_an_illegal_address_and_sticky() {
         .stream
         .synchronize()
         .expect_err("the freed range is caught");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_ILLEGAL_ADDRESS);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("TensorRT engine `u2netp`")
@@ -359,7 +359,7 @@ fn work_over_memory_freed_before_it_runs_is_an_illegal_address_and_sticky() {
     assert_eq!((work.runs(), work.dones()), (0, 1));
     // Sticky, as a kernel's illegal address: work queued now is refused, done at once.
     let after = gpu.queue("engine", &[], || Ok(()));
-    assert_eq!(after.result(), code(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+    assert_eq!(after.result(), as_c_int(code::CUDA_ERROR_ILLEGAL_ADDRESS));
     assert_eq!(after.dones(), 1);
     assert_eq!(stray_work_calls(), 0);
     // Dropped here: the last release destroys the context, error and all.
@@ -392,7 +392,7 @@ fn a_failing_run_is_a_sticky_launch_failure_with_its_reason() {
             .stream
             .synchronize()
             .expect_err("the failure is reported");
-        assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+        assert_eq!(driver_code(&err), code::CUDA_ERROR_LAUNCH_FAILED);
         let why = gpu.standin.last_error();
         assert!(
             why.contains(
@@ -405,7 +405,7 @@ fn a_failing_run_is_a_sticky_launch_failure_with_its_reason() {
         assert_eq!((behind.runs(), behind.dones()), (0, 1));
         // Sticky: every later call fails.
         let err = gpu.stream.synchronize().expect_err("sticky");
-        assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+        assert_eq!(driver_code(&err), code::CUDA_ERROR_LAUNCH_FAILED);
         assert_eq!(stray_work_calls(), 0);
     }
     // The twin, on the fresh context the last release leaves: the same work succeeding.
@@ -450,7 +450,7 @@ fn work_that_writes_a_range_declared_read_only_is_caught() {
         fill(weights + 100, 1, 9),
     );
     let err = gpu.stream.synchronize().expect_err("the write is caught");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_LAUNCH_FAILED);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("TensorRT engine `u2netp`")
@@ -486,7 +486,7 @@ fn work_writing_past_the_end_of_its_output_is_an_illegal_address() {
         fill(output, 1001, 1),
     );
     let err = gpu.stream.synchronize().expect_err("the overrun is caught");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_ILLEGAL_ADDRESS);
     let why = gpu.standin.last_error();
     assert!(
         why.contains("TensorRT engine `u2netp`")
@@ -529,7 +529,7 @@ fn work_still_queued_when_its_context_is_reset_is_dropped_and_done_once() {
     );
     assert_eq!(work.result(), 0, "{}", gpu.standin.last_error());
     // SAFETY: device 0 exists; the reset destroys what the handles above refer to, which
-    // is then only dropped (cudarc records the errors of its destroy calls).
+    // is then only dropped (celer's driver layer logs the errors of its destroy calls).
     unsafe { sys::cuDevicePrimaryCtxReset_v2(0) }
         .result()
         .expect("reset");
@@ -543,7 +543,7 @@ fn work_still_queued_when_its_context_is_reset_is_dropped_and_done_once() {
 fn reset_destroys_the_primary_context_but_keeps_its_retains() {
     let _one = serial();
     let standin = standin();
-    // SAFETY: cuInit(0) before the raw retains below (cudarc calls it in Gpu::new).
+    // SAFETY: cuInit(0) before the raw retains below (CudaContext::new calls it in Gpu::new).
     unsafe { sys::cuInit(0) }.result().expect("cuInit");
     let retain = || {
         let mut context = std::ptr::null_mut();
@@ -575,13 +575,13 @@ fn reset_destroys_the_primary_context_but_keeps_its_retains() {
     );
     assert_eq!(fails.result(), 0, "{}", standin.last_error());
     let err = synchronize().expect_err("sticky now");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_LAUNCH_FAILED);
 
     // celer lets go of its reference: the other holder keeps the context, error and all.
     release().expect("one release");
     assert_eq!(primary_state(0).1, 1);
     let err = synchronize().expect_err("still sticky");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_LAUNCH_FAILED);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_LAUNCH_FAILED);
 
     // The reset destroys it whoever holds it; its handle is dead.
     // SAFETY: device 0 exists.
@@ -590,7 +590,7 @@ fn reset_destroys_the_primary_context_but_keeps_its_retains() {
         .expect("reset");
     assert_eq!(primary_state(0).1, 0, "no context after the reset");
     let err = make_current(celer).expect_err("a dead handle");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_INVALID_CONTEXT);
 
     // A fresh retain: a new, healthy context (not at the dead one's address).
     let fresh = retain();
@@ -610,10 +610,10 @@ fn reset_destroys_the_primary_context_but_keeps_its_retains() {
     release().expect("the last release");
     assert_eq!(primary_state(0).1, 0);
     let err = make_current(fresh).expect_err("destroyed by the last release");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_INVALID_CONTEXT);
     // Exact counting: one release too many is refused.
     let err = release().expect_err("nothing retained");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_INVALID_CONTEXT);
     // SAFETY: clearing the current context is always allowed.
     unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) }
         .result()
@@ -650,7 +650,7 @@ fn each_device_has_its_own_compute_capability() {
         Ok("typo") => {
             let standin = standin();
             let err = CudaContext::new(0).expect_err("cuInit refuses the setting");
-            assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(driver_code(&err), code::CUDA_ERROR_INVALID_VALUE);
             let why = standin.last_error();
             assert!(why.contains("CELER_CUDA_STANDIN_SM=90;86"), "{why}");
             return;
@@ -696,18 +696,18 @@ fn each_device_has_its_own_compute_capability() {
                 .expect("NVRTC (make python)")
                 .compile_cubin(&source, arch, &COMPILE_OPTIONS)
                 .expect("the planted kernels compile");
-        Ptx::from_binary(bytes)
+        bytes
     };
     gpus[0]
-        .load_module(cubin(Arch::new(9, 0)))
+        .load_module(&cubin(Arch::new(9, 0)))
         .expect("sm_90 on the sm_90 GPU");
     gpus[1]
-        .load_module(cubin(Arch::new(8, 0)))
+        .load_module(&cubin(Arch::new(8, 0)))
         .expect("sm_80 on the sm_86 GPU");
     let err = gpus[1]
-        .load_module(cubin(Arch::new(9, 0)))
+        .load_module(&cubin(Arch::new(9, 0)))
         .expect_err("sm_90 on the sm_86 GPU");
-    assert_eq!(driver_code(&err), CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU);
+    assert_eq!(driver_code(&err), code::CUDA_ERROR_NO_BINARY_FOR_GPU);
 
     // Device work stays on its own device: memory of GPU 1 in work on GPU 0 is refused.
     let on_gpu1 = gpus[1].new_stream().unwrap();
@@ -724,7 +724,7 @@ fn each_device_has_its_own_compute_capability() {
         &[read_only(address, 64, "input `input.1`")],
         || Ok(()),
     );
-    assert_eq!(work.result(), code(CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(work.result(), as_c_int(code::CUDA_ERROR_INVALID_VALUE));
     let why = standin.last_error();
     assert!(
         why.contains("input `input.1`") && why.contains("another context"),

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use super::driver::{CudaSlice, CudaStream};
 
 use super::launch::{taps_capacity, GpuTaps, Launcher};
 use super::plane_resize::PlaneResize;

@@ -20,7 +20,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::{sys, CudaContext};
+use super::driver::{code, sys, CudaContext, DriverError};
 
 use crate::pixels::{Heap, HostAlloc, HostBytes, Lease};
 
@@ -75,23 +75,20 @@ impl Drop for Block {
 
 /// Page-locks `(address, len)` in `context`. Memory already page-locked (by another
 /// GPU's context: registrations are portable across contexts) counts as done.
-fn register(context: &CudaContext, address: usize, len: usize) -> Result<(), sys::CUresult> {
-    context.bind_to_thread().map_err(|e| e.0)?;
+fn register(context: &CudaContext, address: usize, len: usize) -> Result<(), DriverError> {
     // SAFETY: the range is a live `Block` of the pool, which outlives its registration:
     // blocks are unregistered (`Shared::drop`) before they are freed. The driver only
     // marks the pages page-locked; it does not write them.
-    let r = unsafe {
-        sys::cuMemHostRegister_v2(
+    let registered = unsafe {
+        context.register_host(
             address as *mut std::ffi::c_void,
             len,
             sys::CU_MEMHOSTREGISTER_PORTABLE,
         )
     };
-    match r {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {
-            Ok(())
-        }
-        other => Err(other),
+    match registered {
+        Err(e) if e.code() == Some(code::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(()),
+        other => other,
     }
 }
 
@@ -99,7 +96,7 @@ fn register(context: &CudaContext, address: usize, len: usize) -> Result<(), sys
 fn register_or_warn(context: &CudaContext, address: usize, len: usize) {
     if let Err(e) = register(context, address, len) {
         tracing::warn!(
-            error = ?e,
+            error = %e,
             bytes = len,
             "cannot page-lock a pixel block: its copies go through the driver's staging"
         );
@@ -181,9 +178,9 @@ impl Drop for Shared {
             }
             for &(address, _) in &registry.blocks {
                 // SAFETY: `address` is the base of a block registered above and still
-                // allocated (blocks are freed after this loop). An error (not registered
-                // in this context) changes nothing.
-                let _ = unsafe { sys::cuMemHostUnregister(address as *mut std::ffi::c_void) };
+                // allocated (blocks are freed after this loop), and no copy uses it (every
+                // block is free). An error (not registered in this context) changes nothing.
+                let _ = unsafe { context.unregister_host(address as *mut std::ffi::c_void) };
             }
         }
     }

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use super::driver::{
+    CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use half::f16;
 
 use super::device::KernelSet;
@@ -190,7 +192,7 @@ pub fn taps_capacity(in_max: u32, out_max: u32) -> (usize, usize) {
     (out_max as usize, weights)
 }
 
-impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> GpuTaps<W> {
+impl<W: DeviceRepr + ValidAsZeroBits> GpuTaps<W> {
     pub fn alloc(
         stream: &Arc<CudaStream>,
         outputs: usize,
@@ -226,7 +228,7 @@ impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits> GpuTaps<W> {
     }
 }
 
-impl<W: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default> GpuTaps<W> {
+impl<W: DeviceRepr + ValidAsZeroBits + Copy + Default> GpuTaps<W> {
     /// Uploads `make(in_size, out_size)` unless these sizes are already there.
     fn set_with(
         &mut self,

@@ -10,6 +10,7 @@
 
 pub mod arch;
 pub mod device;
+pub mod driver;
 pub mod guided;
 pub mod host_pool;
 pub mod kernels;
@@ -22,7 +23,7 @@ pub mod tensor;
 pub mod trt_model;
 
 pub use arch::{Arch, UnknownArch};
-pub use device::{pinned, GpuDevice, PinnedBytes};
+pub use device::{pinned, GpuDevice};
 pub use host_pool::HostPool;
 pub use probe::{probe, CudaVersion, GpuIdentity, GpuInfo, Probe, DRIVER_FLOOR};
 
@@ -41,9 +42,9 @@ pub enum CudaError {
     #[error("{}", probe::below_floor(*.0))]
     BelowFloor(CudaVersion),
     /// A driver call failed; `context` says what celer was doing when it matters.
-    #[error("CUDA driver: {context}{error:?}")]
+    #[error("CUDA driver: {context}{error}")]
     Driver {
-        error: cudarc::driver::DriverError,
+        error: driver::DriverError,
         context: String,
     },
     #[error("{0}")]
@@ -80,8 +81,8 @@ pub enum CudaError {
     Stage { stage: &'static str, reason: String },
 }
 
-impl From<cudarc::driver::DriverError> for CudaError {
-    fn from(error: cudarc::driver::DriverError) -> Self {
+impl From<driver::DriverError> for CudaError {
+    fn from(error: driver::DriverError) -> Self {
         CudaError::Driver {
             error,
             context: String::new(),
@@ -91,26 +92,13 @@ impl From<cudarc::driver::DriverError> for CudaError {
 
 impl CudaError {
     /// Whether the GPU's context is lost: after these errors ("sticky" in CUDA's words:
-    /// an illegal address, a kernel fault, an uncorrectable ECC error) every later call in
-    /// the context fails, for every replica sharing it, until the context is destroyed and
-    /// a new one created. The device must then be reopened, not retried.
+    /// an illegal address, a kernel fault, an uncorrectable ECC error, Hopper's error
+    /// containment, or a code celer does not know: `driver::result::KNOWN`) every later
+    /// call in the context fails, for every replica sharing it, until the context is
+    /// destroyed and a new one created. The device must then be reopened, not retried.
     pub fn is_device_lost(&self) -> bool {
-        use cudarc::driver::sys::CUresult as R;
         match self {
-            CudaError::Driver { error, .. } => matches!(
-                error.0,
-                R::CUDA_ERROR_ILLEGAL_ADDRESS
-                    | R::CUDA_ERROR_HARDWARE_STACK_ERROR
-                    | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
-                    | R::CUDA_ERROR_MISALIGNED_ADDRESS
-                    | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
-                    | R::CUDA_ERROR_INVALID_PC
-                    | R::CUDA_ERROR_LAUNCH_FAILED
-                    | R::CUDA_ERROR_LAUNCH_TIMEOUT
-                    | R::CUDA_ERROR_ECC_UNCORRECTABLE
-                    | R::CUDA_ERROR_NVLINK_UNCORRECTABLE
-                    | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            ),
+            CudaError::Driver { error, .. } => error.is_device_lost(),
             _ => false,
         }
     }

@@ -1,9 +1,11 @@
 //! The device probe: is there a CUDA driver, which GPUs does it see, and what are they
 //! (name, compute capability, memory, UUID, memory clock and bus width, hence peak memory
 //! bandwidth). It checks that the driver library exists before any CUDA call, because
-//! cudarc's dynamic loading panics on a machine without one; it creates no context.
+//! cudarc's loader (which `driver::sys` resolves through) panics on a machine without one;
+//! it creates no context.
 
-use cudarc::driver::{result, sys};
+use super::driver::sys::CUdevice_attribute;
+use super::driver::{self, Device, DriverError};
 use serde::{Deserialize, Serialize};
 
 use super::arch::Arch;
@@ -40,9 +42,8 @@ impl std::fmt::Display for CudaVersion {
 }
 
 /// The oldest CUDA driver celer runs on: CUDA 12.2, NVIDIA's R535 branch, what SageMaker's
-/// inference AMIs of today offer. Everything celer calls exists there: cudarc is built for
-/// 12.2 (`cuda-12020`, so it resolves no newer entry point, `cuEventElapsedTime_v2` of
-/// 12.8 among them), kernels come from an NVRTC no newer than the driver
+/// inference AMIs of today offer. Everything celer calls exists there: `driver::sys`
+/// resolves no newer entry point (`cuEventElapsedTime_v2` of 12.8 among them), kernels come from an NVRTC no newer than the driver
 /// ([`crate::cuda::nvrtc::Nvrtc::for_driver`]), and the GPU image's TensorRT is its CUDA 12
 /// build. An older driver is refused by the probe, before any other call.
 pub const DRIVER_FLOOR: CudaVersion = CudaVersion::new(12, 2);
@@ -224,7 +225,7 @@ pub fn driver_present() -> bool {
     }
     // SAFETY: cudarc's check only dlopens the driver library by name (and closes it);
     // loading libcuda runs its initialisers, which is what every CUDA program does.
-    unsafe { sys::is_culib_present() }
+    unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
 /// Probes the driver and every GPU. Never panics: a machine without a driver is
@@ -246,17 +247,14 @@ pub fn probe() -> Probe {
 }
 
 /// The driver's CUDA version; the driver must be present ([`driver_present`]).
-pub fn driver_version() -> Result<CudaVersion, result::DriverError> {
+pub fn driver_version() -> Result<CudaVersion, DriverError> {
     driver_code().map(CudaVersion::from_driver)
 }
 
-/// `cuDriverGetVersion`'s value, e.g. 12020.
-fn driver_code() -> Result<i32, result::DriverError> {
-    let mut code = 0;
-    // SAFETY: callers check that the driver library is present; the pointer is valid for
-    // one write. cuDriverGetVersion may be called before cuInit, and every driver has it.
-    unsafe { sys::cuDriverGetVersion(&mut code) }.result()?;
-    Ok(code)
+/// `cuDriverGetVersion`'s value, e.g. 12020: it may be called before `cuInit`, and every
+/// driver has it.
+fn driver_code() -> Result<i32, DriverError> {
+    driver::driver_version()
 }
 
 fn enumerate() -> Result<(i32, Vec<GpuInfo>), CudaError> {
@@ -268,31 +266,24 @@ fn enumerate() -> Result<(i32, Vec<GpuInfo>), CudaError> {
     Ok((code, list_gpus()?))
 }
 
-fn list_gpus() -> Result<Vec<GpuInfo>, result::DriverError> {
-    result::init()?;
-    let count = result::device::get_count()?;
-    (0..count)
-        .map(|ordinal| describe(ordinal as usize))
-        .collect()
+fn list_gpus() -> Result<Vec<GpuInfo>, DriverError> {
+    driver::init()?;
+    (0..driver::device_count()?).map(describe).collect()
 }
 
-fn describe(ordinal: usize) -> Result<GpuInfo, result::DriverError> {
-    use sys::CUdevice_attribute as A;
-    let dev = result::device::get(ordinal as i32)?;
-    // SAFETY: `dev` is a device handle the driver just returned; attributes are plain
-    // integer queries.
-    let attr = |a: A| unsafe { result::device::get_attribute(dev, a) }.map(|v| v.max(0) as u32);
-    let uuid = result::device::get_uuid(dev)?;
+fn describe(ordinal: usize) -> Result<GpuInfo, DriverError> {
+    use CUdevice_attribute as A;
+    let dev = Device::get(ordinal)?;
+    let attr = |a: A| dev.attribute(a).map(|v| v.max(0) as u32);
     Ok(GpuInfo {
         ordinal,
-        name: result::device::get_name(dev)?,
+        name: dev.name()?,
         compute_capability: (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ),
-        // SAFETY: as above.
-        total_memory_bytes: unsafe { result::device::total_mem(dev) }? as u64,
-        uuid: format_uuid(&uuid.bytes.map(|b| b as u8)),
+        total_memory_bytes: dev.total_memory()? as u64,
+        uuid: format_uuid(&dev.uuid()?),
         memory_clock_khz: attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?,
         memory_bus_width_bits: attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?,
         multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,

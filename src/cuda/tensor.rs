@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _};
+use super::driver::{CudaSlice, CudaStream};
 use half::f16;
 
 use super::launch::ModelInput;
@@ -67,10 +67,10 @@ impl GpuTensor {
     }
 
     /// The device address, for binding to an engine.
-    pub(crate) fn address(&self, stream: &CudaStream) -> u64 {
+    pub(crate) fn address(&self) -> u64 {
         match self {
-            Self::F32(b) => b.device_ptr(stream).0,
-            Self::F16(b) => b.device_ptr(stream).0,
+            Self::F32(b) => b.device_ptr(),
+            Self::F16(b) => b.device_ptr(),
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _};
+use super::driver::{CudaSlice, CudaStream, DriverError};
 use half::f16;
 
 use super::launch::{Launcher, ModelInput};
@@ -30,8 +30,8 @@ pub enum TrtModelError {
     TensorRt(#[from] TrtError),
 }
 
-impl From<cudarc::driver::DriverError> for TrtModelError {
-    fn from(error: cudarc::driver::DriverError) -> Self {
+impl From<DriverError> for TrtModelError {
+    fn from(error: DriverError) -> Self {
         Self::Cuda(error.into())
     }
 }
@@ -96,7 +96,7 @@ impl TrtModel {
         let bytes = engine.device_memory_bytes()?;
         let activations: CudaSlice<u8> =
             stream.alloc_zeros(usize::try_from(bytes.max(1)).unwrap_or(usize::MAX))?;
-        let memory = activations.device_ptr(stream).0;
+        let memory = activations.device_ptr();
         // SAFETY: `activations` holds the engine's device memory size for one context and
         // is owned by the model with the context, which `drop` lets finish first; only
         // this context uses it, on this stream.
@@ -113,7 +113,7 @@ impl TrtModel {
             // SAFETY: the tensor holds the input's elements in the engine's element type
             // (the contract checked the type; its length is the shape's) and is owned by
             // the model with the context.
-            unsafe { bind(&mut context, input.name, tensor.address(stream))? };
+            unsafe { bind(&mut context, input.name, tensor.address())? };
             tensors.push(tensor);
         }
         let output_shape = match context.tensor_shape(output)?.as_slice() {
@@ -133,8 +133,8 @@ impl TrtModel {
             None
         };
         let written = match &half_output {
-            Some(h) => h.device_ptr(stream).0,
-            None => output_f32.device_ptr(stream).0,
+            Some(h) => h.device_ptr(),
+            None => output_f32.device_ptr(),
         };
         // SAFETY: the buffer holds the output's elements in its element type and is owned
         // by the model with the context.
@@ -146,7 +146,7 @@ impl TrtModel {
             let scratch: CudaSlice<u8> = stream.alloc_zeros(bytes)?;
             // SAFETY: the scratch holds the whole output (its shape times its element
             // size) and is owned by the model with the context.
-            unsafe { bind(&mut context, &desc.name, scratch.device_ptr(stream).0)? };
+            unsafe { bind(&mut context, &desc.name, scratch.device_ptr())? };
             unread.push(scratch);
         }
         Ok(Self {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use crate::cuda::driver::{CudaEvent, CudaStream};
 
 use crate::cuda::{CudaError, GpuDevice};
 use crate::matte::StageTimings;
@@ -27,7 +27,7 @@ pub enum Mark {
 
 const MARKS: usize = 6;
 
-/// One event per mark, made with timing (cudarc's default event has none).
+/// One event per mark, made with timing.
 pub struct StageClock {
     events: [CudaEvent; MARKS],
 }
@@ -61,7 +61,8 @@ impl StageClock {
     }
 
     fn between(&self, from: Mark, to: Mark) -> Duration {
-        crate::cuda::device::elapsed_ms(&self.events[from as usize], &self.events[to as usize])
+        self.events[from as usize]
+            .elapsed_ms(&self.events[to as usize])
             .map(|ms| Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
             .unwrap_or_default()
     }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::cuda::driver::DriverError;
 use crate::cuda::trt_model::TrtModelError;
 use crate::cuda::CudaError;
 use crate::engines::plan::PlanError;
@@ -46,17 +47,14 @@ pub enum OpenError {
         name: String,
         source: CudaError,
     },
-    #[error("{device}: {source:?}")]
-    Bind {
-        device: String,
-        source: cudarc::driver::DriverError,
-    },
+    #[error("{device}: {source}")]
+    Bind { device: String, source: DriverError },
     #[error(transparent)]
     Engines(#[from] PlanError),
 }
 
-impl From<cudarc::driver::DriverError> for GpuError {
-    fn from(error: cudarc::driver::DriverError) -> Self {
+impl From<DriverError> for GpuError {
+    fn from(error: DriverError) -> Self {
         Self::Cuda(error.into())
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use crate::cuda::driver::{CudaSlice, CudaStream};
 
 use crate::cuda::launch::{GpuNearest, Launcher};
 use crate::cuda::CudaError;

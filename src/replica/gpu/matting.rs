@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use crate::cuda::driver::{CudaSlice, CudaStream};
 
 use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, StageClock};

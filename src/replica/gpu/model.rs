@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+use crate::cuda::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::error::GpuError;
 use crate::cuda::launch::{Launcher, ModelInput};
@@ -272,14 +272,14 @@ impl OrtOnGpu {
     fn run(&mut self, stream: &Arc<CudaStream>) -> Result<HostRun, GpuError> {
         for input in self.inputs.iter_mut() {
             let len = input.tensor.len();
-            let host = &mut input.staging.as_mut_slice()?[..len];
+            let host = &mut input.staging.as_mut_slice()[..len];
             stream.memcpy_dtoh(&input.tensor, host)?;
         }
         stream.synchronize()?;
         let inputs_ready = Instant::now();
         let mut feed = Vec::with_capacity(self.inputs.len());
         for input in &self.inputs {
-            let host = &input.staging.as_slice()?[..input.tensor.len()];
+            let host = &input.staging.as_slice()[..input.tensor.len()];
             feed.push((input.name.as_str(), input.shape, host));
         }
         let out = self.model.run(&feed, &self.output_name)?;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
+use crate::cuda::driver::CudaStream;
 
 use super::buffers::{GpuLimits, SourcePlanes};
 use super::clock::{Mark, ModelPlaces, StageClock};

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use crate::cuda::driver::{CudaSlice, CudaStream};
 
 use crate::cuda::CudaError;
 use crate::matte::Planes;
@@ -113,7 +113,7 @@ impl Transfer {
             }
             let block = plane.insert(self.blocks.alloc(*len));
             self.stream
-                .memcpy_dtoh(&src.slice(..*len), &mut block[..])?;
+                .memcpy_dtoh(&src.slice(..*len)?, &mut block[..])?;
         }
         Ok(())
     }
