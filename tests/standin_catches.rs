@@ -732,6 +732,9 @@ fn settings_from_the_environment() {
                 ("CELER_CUDA_STANDIN_HAZARDS", "no"),
                 ("CELER_CUDA_STANDIN_POISON_SHARED", "off"),
                 ("CELER_CUDA_STANDIN_POISON_DEVICE", "2"),
+                ("CELER_CUDA_STANDIN_RETURN", "cuStreamSynchronize=700"),
+                ("CELER_CUDA_STANDIN_RETURN", "cuStreamSynchronize:700@0"),
+                ("CELER_CUDA_STANDIN_RETURN", "cuNoSuchCall:700"),
             ] {
                 celer_cuda_standin::run_test_in_child(
                     name,
@@ -1143,4 +1146,174 @@ fn registrations_end_with_the_context_that_made_them() {
     // The memory is the caller's still, and can be registered in the new context.
     host.register().expect("registered in the new context");
     host.unregister().expect("unregistered");
+}
+
+/// The driver's version, as the stand-in plays it.
+fn driver_version() -> celer::cuda::CudaVersion {
+    celer::cuda::probe::driver_version().expect("the driver's version")
+}
+
+/// `cuGetErrorName(code)` as the driver answers it: the name, or the error code.
+fn error_name(code: u32) -> Result<String, u32> {
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the out-pointer is valid for one write; any integer is a code to ask about.
+    let answer = unsafe { sys::cuGetErrorName(code, &mut text) };
+    match answer.result() {
+        // SAFETY: on success the driver points `text` at a NUL-terminated name it owns.
+        Ok(()) => Ok(unsafe { std::ffi::CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()),
+        Err(e) => {
+            assert!(text.is_null(), "no name for {code}");
+            Err(e.code().expect("the driver's answer"))
+        }
+    }
+}
+
+#[test]
+fn chosen_return_codes_are_returned_once_or_made_sticky() {
+    let _one = serial();
+    let contained = cu::CUDA_ERROR_CONTAINED;
+    {
+        let gpu = Gpu::new();
+        let s = &gpu.stream;
+        // The twin of what follows: a code that leaves the context usable is returned by
+        // the one call it was armed for.
+        gpu.standin
+            .inject_return("cuMemAllocAsync", cu::CUDA_ERROR_OUT_OF_MEMORY, 1)
+            .expect("armed");
+        let err = s.alloc_zeros::<f32>(16).expect_err("the injected code");
+        assert_eq!(code(&err), cu::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(!err.is_device_lost(), "{err}");
+        s.alloc_zeros::<f32>(16).expect("only the one call");
+        // A code no cuda.h has: sticky (the context cannot be trusted), on the 2nd call.
+        gpu.standin
+            .inject_return("cuStreamSynchronize", 1000, 2)
+            .expect("a code beyond every header, at any version");
+        s.synchronize().expect("the first call is not armed");
+        let err = s.synchronize().expect_err("the second is");
+        assert_eq!(code(&err), 1000);
+        assert!(err.is_device_lost());
+        assert!(
+            err.to_string().contains("unknown CUDA error code 1000"),
+            "{err}"
+        );
+        let why = gpu.standin.last_error();
+        assert!(
+            why.contains(
+                "cuStreamSynchronize: injected return code 1000 (CELER_CUDA_STANDIN_RETURN)"
+            ) && why.contains("sticky"),
+            "{why}"
+        );
+        let err = s.alloc_zeros::<f32>(1).expect_err("sticky");
+        assert_eq!(code(&err), 1000);
+        // The driver names only the codes its version defines.
+        assert_eq!(error_name(1000), Err(cu::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            error_name(cu::CUDA_ERROR_ILLEGAL_ADDRESS).as_deref(),
+            Ok("CUDA_ERROR_ILLEGAL_ADDRESS")
+        );
+    }
+    // Planted: entry points the stand-in's version does not export, and CUDA_SUCCESS.
+    let standin = standin();
+    for entry in ["cuMemcpy3D", "cuNoSuchCall"] {
+        let why = standin.inject_return(entry, 1000, 1).expect_err(entry);
+        assert!(why.contains(entry) && why.contains("exports"), "{why}");
+    }
+    let newer = standin.inject_return("cuEventElapsedTime_v2", 1000, 1);
+    assert_eq!(
+        newer.is_ok(),
+        driver_version() >= celer::cuda::CudaVersion::new(12, 8)
+    );
+    standin.inject_return("cuEventElapsedTime_v2", 1000, 0).ok();
+    assert!(standin.inject_return("cuStreamSynchronize", 0, 1).is_err());
+    // CUDA_ERROR_CONTAINED exists from CUDA 12.8: an older driver never returns it, so the
+    // stand-in refuses it there (planted), and an older driver does not name it.
+    let gpu = Gpu::new();
+    if driver_version() < celer::cuda::CudaVersion::new(12, 8) {
+        let why = gpu
+            .standin
+            .inject_return("cuStreamSynchronize", contained, 1)
+            .expect_err("226 on a driver older than 12.8");
+        assert!(
+            why.contains("CUDA_ERROR_CONTAINED (226) is CUDA 12.8's")
+                && why.contains("never returns it"),
+            "{why}"
+        );
+        assert_eq!(error_name(contained), Err(cu::CUDA_ERROR_INVALID_VALUE));
+        gpu.stream.synchronize().expect("nothing was armed");
+    } else {
+        assert_eq!(error_name(contained).as_deref(), Ok("CUDA_ERROR_CONTAINED"));
+        gpu.standin
+            .inject_return("cuStreamSynchronize", contained, 1)
+            .expect("226 from CUDA 12.8 on");
+        let err = gpu.stream.synchronize().expect_err("contained");
+        assert_eq!(code(&err), contained);
+        assert!(err.is_device_lost());
+        assert!(
+            err.to_string().contains("CUDA_ERROR_CONTAINED (226)"),
+            "{err}"
+        );
+        let err = gpu.stream.alloc_zeros::<u8>(1).expect_err("sticky");
+        assert_eq!(code(&err), contained);
+    }
+}
+
+/// Set in the process that chosen_return_codes_from_the_environment starts.
+const RETURN_CHILD: &str = "CELER_STANDIN_RETURN_CHILD";
+
+#[test]
+fn chosen_return_codes_from_the_environment() {
+    let name = "chosen_return_codes_from_the_environment";
+    if std::env::var(RETURN_CHILD).is_err() {
+        let version = celer_cuda_standin::version();
+        // 226 where the stand-in's version has it; a code no cuda.h has otherwise.
+        let later = if version >= "12.8" { "226" } else { "1000" };
+        celer_cuda_standin::run_test_in_child(
+            name,
+            &[
+                (RETURN_CHILD, later),
+                (
+                    "CELER_CUDA_STANDIN_RETURN",
+                    &format!("cuMemAllocAsync:2,cuStreamSynchronize:{later}@2"),
+                ),
+            ],
+        );
+        if version < "12.8" {
+            // Planted: 226 named for a driver that predates it. cuInit refuses it.
+            celer_cuda_standin::run_test_in_child(
+                name,
+                &[
+                    (RETURN_CHILD, "refused"),
+                    ("CELER_CUDA_STANDIN_RETURN", "cuStreamSynchronize:226"),
+                ],
+            );
+        }
+        return;
+    }
+    let wanted = std::env::var(RETURN_CHILD).unwrap();
+    let standin = standin();
+    if wanted == "refused" {
+        let err = CudaContext::new(0).expect_err("cuInit refuses the setting");
+        assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_VALUE);
+        let why = standin.last_error();
+        assert!(
+            why.contains("CELER_CUDA_STANDIN_RETURN=cuStreamSynchronize:226")
+                && why.contains("is CUDA 12.8's"),
+            "{why}"
+        );
+        return;
+    }
+    let later: u32 = wanted.parse().unwrap();
+    let gpu = Gpu::new();
+    let s = &gpu.stream;
+    let err = s
+        .alloc_zeros::<f32>(4)
+        .expect_err("the first cuMemAllocAsync");
+    assert_eq!(code(&err), cu::CUDA_ERROR_OUT_OF_MEMORY);
+    s.alloc_zeros::<f32>(4).expect("the second");
+    s.synchronize().expect("the first cuStreamSynchronize");
+    let err = s.synchronize().expect_err("the second");
+    assert_eq!(code(&err), later);
+    assert!(err.is_device_lost(), "{err}");
 }

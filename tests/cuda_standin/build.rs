@@ -41,6 +41,7 @@ fn build() -> Result<(), String> {
         "arena.cpp",
         "lanes.cpp",
         "cubin.cpp",
+        "codes.cpp",
         "registry.cpp",
     ]
     .iter()
@@ -196,7 +197,8 @@ const DRIVERS: [DriverVersion; 5] = [
 /// The entry points the stand-in exports that are newer than CUDA 11.0, with the version
 /// that introduced each (CUDA's driver API reference); every other one is in all drivers
 /// from 11.0 on. A library for an older version does not export them, as that driver does
-/// not: cudarc's lookup fails (it panics), which is what the floor tests rely on.
+/// not: a lookup of it fails (celer's driver layer says which is missing), which is what
+/// the floor tests rely on.
 const INTRODUCED: [(&str, u32); 5] = [
     ("cuMemAllocAsync", 11020),
     ("cuMemFreeAsync", 11020),
@@ -242,6 +244,7 @@ fn link(
         .args(objects)
         .arg(version_object)
         .arg("-lpthread")
+        .arg("-ldl")
         .status()
         .map_err(|e| format!("running {cxx}: {e}"))?;
     if !status.success() {

@@ -1,5 +1,5 @@
-// celer's stand-in CUDA driver: a libcuda.so.1 that cudarc loads exactly as it loads the
-// real one, and that runs celer's own kernels on the CPU, so that the GPU request path
+// celer's stand-in CUDA driver: a libcuda.so.1 that cudarc's loader (through which celer's
+// driver layer resolves its entry points) finds exactly as it finds the real one, and that runs celer's own kernels on the CPU, so that the GPU request path
 // runs on every commit on machines without a GPU. It is built for the tests (build.rs)
 // and never ships.
 //
@@ -58,7 +58,7 @@
 //   variable with 0xCD bytes (as a float about -4.3e8) when the first lane of a block
 //   reaches it, instead of the previous block's values. celer_standin_set_shared_poison.
 // - Device memory poison, CELER_CUDA_STANDIN_POISON_DEVICE (1 default, 0 off): fresh
-//   allocations (cuMemAlloc, cuMemAllocAsync) hold 0xCD bytes, not zeros (cudarc's
+//   allocations (cuMemAlloc, cuMemAllocAsync) hold 0xCD bytes, not zeros (celer's
 //   alloc_zeros memsets them, so only reads of memory nothing wrote see it). Controls:
 //   celer_standin_poison_live(byte) fills every live allocation; celer_standin_mark_writes()
 //   starts tracking which allocations are written (a copy or memset into one, a launch with
@@ -91,7 +91,7 @@
 //   memset) before B's operation was enqueued. What an operation accesses: a launch, the
 //   allocation each pointer parameter points into (a write unless it points to const);
 //   copies and memsets their ranges; device work its declared ranges; cuMemAllocAsync is a
-//   write at the stream's position. Streams are independent of the null stream (cudarc
+//   write at the stream's position. Streams are independent of the null stream (celer
 //   makes non-blocking streams).
 // - Launch limits from the CUBIN: cuLaunchKernel refuses a block of more threads than the
 //   kernel's __launch_bounds__ (EIATTR_MAX_THREADS) or 1024 with CUDA_ERROR_INVALID_VALUE,
@@ -106,6 +106,25 @@
 // file exists at a launch, the launch gets the fault the file names ("fail" or "sticky")
 // and the file is removed (a test arms a fault in a server process between requests).
 // In-process tests use celer_standin_inject.
+// Chosen return codes, for codes beyond the caller's bindings:
+// CELER_CUDA_STANDIN_RETURN=<entry point>:<code>[@<nth call>] (several joined by commas;
+// nth counts that entry point's calls from cuInit, 1 by default) makes that call of that
+// entry point return the decimal <code> instead of doing anything; in-process,
+// celer_standin_inject_return(entry, code, nth) arms the same from the next call on (nth 0
+// disarms it). Any exported entry point may be named (not one this version lacks), and
+// any code but 0: one cuda.h defines from this driver's version or before, or one no
+// cuda.h has (1000, say: a driver newer than every header). A code a later CUDA introduced
+// is refused, naming why, since such a driver never returns it: CUDA_ERROR_CONTAINED
+// (226, Hopper's error containment) exists from 12.8, so the 11.8, 12.2 and 12.4 builds
+// refuse it (cuInit fails with CUDA_ERROR_INVALID_VALUE naming the variable's text).
+// A code that means a lost context (cuda.h's sticky ones, CONTAINED among them) and any
+// code the stand-in does not know (conservatively) is sticky: the context of the call
+// (its stream's or event's, else the current one) fails every later call with the same
+// code, as "the process must be terminated and relaunched" says, until it is destroyed or
+// reset. Another code is returned by that one call only. cuGetErrorName and
+// cuGetErrorString answer CUDA_ERROR_INVALID_VALUE (and a null string) for a code this
+// version does not define, as the real driver does (codes.cpp lists the codes and their
+// versions).
 // Other settings: CELER_CUDA_STANDIN_DEVICES (GPUs, default 1), CELER_CUDA_STANDIN_SM
 // (compute capability as major * 10 + minor, default 90; "90,80" gives device i the i-th
 // and later devices the last, so a machine can hold GPUs of different models: each
@@ -143,10 +162,10 @@
 // made), and cuDevicePrimaryCtxGetState says active while a context exists and is
 // retained. Handles of a destroyed context, and of its streams, events and modules, stay
 // dead: their objects are never freed, so no new object gets a dead one's address and a
-// stale handle (a stream cudarc destroys after the reset, say) fails instead of reaching
+// stale handle (a stream celer destroys after the reset, say) fails instead of reaching
 // the new context.
 //
-// Driver functions provided (celer's code path and cudarc's wrappers of it):
+// Driver functions provided (celer's code path and its driver layer, src/cuda/driver):
 //   probe:     cuDriverGetVersion cuInit cuDeviceGetCount cuDeviceGet cuDeviceGetName
 //              cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceTotalMem_v2 cuDeviceGetAttribute
 //   context:   cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
@@ -163,14 +182,15 @@
 //              cuMemcpyDtoDAsync_v2 cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemHostAlloc
 //              cuMemFreeHost cuMemHostRegister_v2 cuMemHostUnregister
 //   launch:    cuLaunchKernel
-//   errors:    cuGetErrorString cuGetErrorName
+//   errors:    cuGetErrorString cuGetErrorName (only for codes of this version: codes.cpp)
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
 //              stand-in has none)
 //   stand-ins: celer_standin_enqueue_work (device work of the stand-in TensorRT), and the
-//              test controls celer_standin_* (last error, fault injection, counters,
-//              order, hazards, shared and device poison)
-// Not provided (cudarc panics with "Missing symbol" if one is ever called, which shows at
-// once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
+//              test controls celer_standin_* (last error, fault injection, chosen
+//              return codes, counters, order, hazards, shared and device poison)
+// Not provided (celer's driver layer fails naming the missing entry point if one is ever
+// called, which shows at once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +211,10 @@
 #include "standin.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
+// The first statement of every exported entry point: a code armed for this call is
+// returned instead (see injected_return).
+#define RETURN_IF_INJECTED(entry, stream, event) \
+    if (int injected = injected_return(entry, stream, event)) return injected
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -230,62 +254,6 @@ int fail(int result, const std::string& message) {
         fprintf(stderr, "cuda stand-in: %s: %s\n", result_name(result), message.c_str());
     }
     return result;
-}
-
-const char* result_name(int result) {
-    switch (result) {
-        case SUCCESS: return "CUDA_SUCCESS";
-        case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
-        case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
-        case NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
-        case NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
-        case INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
-        case INVALID_IMAGE: return "CUDA_ERROR_INVALID_IMAGE";
-        case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
-        case NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
-        case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
-        case NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
-        case NOT_READY: return "CUDA_ERROR_NOT_READY";
-        case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
-        case LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
-        case CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
-        case HOST_MEMORY_ALREADY_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
-        case HOST_MEMORY_NOT_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
-        case HARDWARE_STACK_ERROR: return "CUDA_ERROR_HARDWARE_STACK_ERROR";
-        case ILLEGAL_INSTRUCTION: return "CUDA_ERROR_ILLEGAL_INSTRUCTION";
-        case MISALIGNED_ADDRESS: return "CUDA_ERROR_MISALIGNED_ADDRESS";
-        case LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
-        case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
-        default: return "CUDA_ERROR_UNKNOWN";
-    }
-}
-
-const char* result_string(int result) {
-    switch (result) {
-        case SUCCESS: return "no error";
-        case INVALID_VALUE: return "invalid argument";
-        case OUT_OF_MEMORY: return "out of memory";
-        case NOT_INITIALIZED: return "initialization error";
-        case NO_DEVICE: return "no CUDA-capable device is detected";
-        case INVALID_DEVICE: return "invalid device ordinal";
-        case INVALID_IMAGE: return "device kernel image is invalid";
-        case INVALID_CONTEXT: return "invalid device context";
-        case NO_BINARY_FOR_GPU: return "no kernel image is available for execution on the device";
-        case INVALID_HANDLE: return "invalid resource handle";
-        case NOT_FOUND: return "named symbol not found";
-        case NOT_READY: return "device not ready";
-        case ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
-        case LAUNCH_OUT_OF_RESOURCES: return "too many resources requested for launch";
-        case CONTEXT_IS_DESTROYED: return "context is destroyed";
-        case HOST_MEMORY_ALREADY_REGISTERED: return "part or all of the requested memory range is already mapped";
-        case HOST_MEMORY_NOT_REGISTERED: return "pointer does not correspond to a registered memory region";
-        case HARDWARE_STACK_ERROR: return "hardware stack error";
-        case ILLEGAL_INSTRUCTION: return "an illegal instruction was encountered";
-        case MISALIGNED_ADDRESS: return "misaligned address";
-        case LAUNCH_FAILED: return "unspecified launch failure";
-        case NOT_SUPPORTED: return "operation not supported";
-        default: return "unknown error";
-    }
 }
 
 namespace {
@@ -566,7 +534,7 @@ struct State {
 };
 
 State& state() {
-    static State* s = new State();  // never destroyed: cudarc may call in at exit
+    static State* s = new State();  // never destroyed: the driver may be called at exit
     return *s;
 }
 
@@ -629,6 +597,126 @@ void make_sticky(Context* c, int result, const std::string& message) {
 int sticky_error(Context* c) { return c->sticky.load(); }
 
 std::string pointer_text(uintptr_t p) { return format("0x%lx", static_cast<unsigned long>(p)); }
+
+// ---- chosen return codes (CELER_CUDA_STANDIN_RETURN, celer_standin_inject_return) ------
+
+// One armed code: the `calls_left`-th call of `entry` from now returns `code`.
+struct ArmedReturn {
+    std::string entry;
+    int code;
+    uint64_t calls_left;
+};
+
+std::mutex returns_mutex;
+std::vector<ArmedReturn> armed_returns;
+std::atomic<bool> any_armed{false};
+
+// Whether this library (this version's build) exports `name`: its export map leaves out
+// the entry points its version lacks, so those cannot be armed.
+bool exported_here(const char* name) {
+    Dl_info self;
+    if (dladdr(reinterpret_cast<void*>(&exported_here), &self) == 0 || self.dli_fname == nullptr) return false;
+    void* library = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (library == nullptr) return false;
+    bool found = dlsym(library, name) != nullptr;
+    dlclose(library);
+    return found;
+}
+
+// Arms `code` for the `nth` call of `entry` from now (1: the next); nth 0 disarms `entry`.
+// SUCCESS, or INVALID_VALUE with `why`: an entry point this library does not export,
+// CUDA_SUCCESS, or a code cuda.h introduced after this driver's version (such a driver
+// never returns it). A code no cuda.h has is taken at any version.
+int arm_return(const std::string& entry, long long code, uint64_t nth, std::string* why) {
+    std::string version = format("%d.%d", driver_version() / 1000, driver_version() % 1000 / 10);
+    if (entry.rfind("cu", 0) != 0 || !exported_here(entry.c_str())) {
+        *why = format("%s is not an entry point this CUDA %s stand-in exports", entry.c_str(), version.c_str());
+        return INVALID_VALUE;
+    }
+    if (code <= 0 || code > 0x7fffffff) {
+        *why = format("%lld is not an error code to return (1 to 2147483647)", code);
+        return INVALID_VALUE;
+    }
+    int since = code_since(int(code));
+    if (since > driver_version()) {
+        *why = format("%s (%lld) is CUDA %d.%d's: a CUDA %s driver never returns it (inject a code no cuda.h has, e.g. "
+                      "1000, for a code beyond the driver's)",
+                      result_name(int(code)), code, since / 1000, since % 1000 / 10, version.c_str());
+        return INVALID_VALUE;
+    }
+    std::lock_guard<std::mutex> lock(returns_mutex);
+    for (auto it = armed_returns.begin(); it != armed_returns.end();) {
+        it = it->entry == entry ? armed_returns.erase(it) : std::next(it);
+    }
+    if (nth > 0) armed_returns.push_back(ArmedReturn{entry, int(code), nth});
+    any_armed = !armed_returns.empty();
+    return SUCCESS;
+}
+
+// CELER_CUDA_STANDIN_RETURN's text: `<entry point>:<code>[@<nth call>]`, several joined by
+// commas. False, with `why`, for anything else.
+bool arm_returns_from(const char* text, std::string* why) {
+    std::string all = text;
+    size_t start = 0;
+    while (start <= all.size()) {
+        size_t end = all.find(',', start);
+        std::string one = all.substr(start, end == std::string::npos ? std::string::npos : end - start);
+        size_t colon = one.find(':');
+        size_t at = one.find('@');
+        if (colon == std::string::npos || colon == 0) {
+            *why = format("`%s` is not <entry point>:<code>[@<nth call>]", one.c_str());
+            return false;
+        }
+        std::string code_text = one.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
+        std::string nth_text = at == std::string::npos ? "1" : one.substr(at + 1);
+        char* code_end = nullptr;
+        char* nth_end = nullptr;
+        long long code = strtoll(code_text.c_str(), &code_end, 10);
+        unsigned long long nth = strtoull(nth_text.c_str(), &nth_end, 10);
+        if (code_text.empty() || *code_end != '\0' || nth_text.empty() || nth_text[0] == '-' || *nth_end != '\0' ||
+            nth == 0) {
+            *why = format("`%s` is not <entry point>:<code>[@<nth call>] (decimal code, nth from 1)", one.c_str());
+            return false;
+        }
+        if (arm_return(one.substr(0, colon), code, nth, why) != SUCCESS) return false;
+        if (end == std::string::npos) break;
+        start = end + 1;
+    }
+    return true;
+}
+
+Context* context_of_handles(void* stream, void* event);
+
+// Called first by every exported entry point: the code armed for this call of `entry`
+// (which it then returns instead of doing anything), or SUCCESS. A lost code (sticky in
+// cuda.h, or one the stand-in does not know) makes the context's error sticky: the
+// context of `stream` or `event` when given and live, else the current one.
+int injected_return(const char* entry, void* stream, void* event) {
+    if (!any_armed.load()) return SUCCESS;
+    int code = SUCCESS;
+    {
+        std::lock_guard<std::mutex> lock(returns_mutex);
+        for (auto it = armed_returns.begin(); it != armed_returns.end(); ++it) {
+            if (it->entry != entry) continue;
+            if (--it->calls_left == 0) {
+                code = it->code;
+                armed_returns.erase(it);
+            }
+            break;
+        }
+        any_armed = !armed_returns.empty();
+    }
+    if (code == SUCCESS) return SUCCESS;
+    Lock lock(state().mutex);
+    std::string message = format("%s: injected return code %d (CELER_CUDA_STANDIN_RETURN)", entry, code);
+    Context* c = context_of_handles(stream, event);
+    if (context_alive(c) && code_is_lost(code)) {
+        make_sticky(c, code, message);
+    } else {
+        fail(code, message);
+    }
+    return code;
+}
 
 // ---- running queued work --------------------------------------------------------------
 
@@ -1089,6 +1177,15 @@ int resolve_stream(void* handle, Stream** out, const char* call) {
     return SUCCESS;
 }
 
+Context* context_of_handles(void* stream, void* event) {
+    State& st = state();
+    Stream* s = static_cast<Stream*>(stream);
+    if (reinterpret_cast<uintptr_t>(stream) > 2 && st.streams.count(s)) return s->context;
+    Event* e = static_cast<Event*>(event);
+    if (e != nullptr && st.events.count(e)) return e->context;
+    return current;
+}
+
 std::string stream_text(const Stream* s) {
     return s->is_null ? std::string("the null stream") : format("stream %p", static_cast<const void*>(s));
 }
@@ -1113,7 +1210,7 @@ Context* new_context(int device, unsigned int flags) {
 // Destroys a context and everything in it: its memory is freed, its handles die. The
 // objects themselves are kept (a few hundred bytes each, per destroyed context): were one
 // freed, the next context, stream, event or module made (a reset and a retain make them at
-// once) could get its address, and a stale handle (a stream cudarc destroys after the
+// once) could get its address, and a stale handle (a stream celer destroys after the
 // reset, say) would reach the new object instead of failing.
 void destroy_context(Context* c, const char* why) {
     State& st = state();
@@ -1260,6 +1357,7 @@ using namespace standin;
 // ---- probe -----------------------------------------------------------------------------
 
 EXPORT CUresult cuDriverGetVersion(int* version) {
+    RETURN_IF_INJECTED("cuDriverGetVersion", nullptr, nullptr);
     if (version == nullptr) return INVALID_VALUE;
     *version = driver_version();
     return SUCCESS;
@@ -1304,13 +1402,21 @@ EXPORT CUresult cuInit(unsigned int flags) {
         st.fault_file = fault_file != nullptr ? fault_file : "";
         counters.fail_launch_at = fail_at > 0 ? uint64_t(fail_at) : 0;
         counters.sticky_launch_at = sticky_at > 0 ? uint64_t(sticky_at) : 0;
+        const char* returns = getenv("CELER_CUDA_STANDIN_RETURN");
+        std::string why;
+        if (returns != nullptr && *returns != '\0' && !arm_returns_from(returns, &why)) {
+            return fail(INVALID_VALUE, format("cuInit: CELER_CUDA_STANDIN_RETURN=%s: %s", returns, why.c_str()));
+        }
         install_fault_handlers();
         st.initialized = true;
     }
+    // After the settings are read: CELER_CUDA_STANDIN_RETURN may name cuInit itself.
+    RETURN_IF_INJECTED("cuInit", nullptr, nullptr);
     return SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetCount(int* count) {
+    RETURN_IF_INJECTED("cuDeviceGetCount", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (!st.initialized) return fail(NOT_INITIALIZED, "cuDeviceGetCount before cuInit");
@@ -1320,6 +1426,7 @@ EXPORT CUresult cuDeviceGetCount(int* count) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    RETURN_IF_INJECTED("cuDeviceGet", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(ordinal, "cuDeviceGet")) return r;
@@ -1329,6 +1436,7 @@ EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
+    RETURN_IF_INJECTED("cuDeviceGetName", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetName")) return r;
@@ -1341,7 +1449,7 @@ static void uuid_of(int device, char* bytes) {
     for (int i = 0; i < 16; ++i) bytes[i] = char((0x5a + i * 29 + device * 71) & 0xff);
 }
 
-EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+static CUresult device_uuid(CUuuid* uuid, CUdevice device) {
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetUuid")) return r;
@@ -1350,9 +1458,17 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
     return SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) { return cuDeviceGetUuid(uuid, device); }
+EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+    RETURN_IF_INJECTED("cuDeviceGetUuid", nullptr, nullptr);
+    return device_uuid(uuid, device);
+}
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) {
+    RETURN_IF_INJECTED("cuDeviceGetUuid_v2", nullptr, nullptr);
+    return device_uuid(uuid, device);
+}
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+    RETURN_IF_INJECTED("cuDeviceTotalMem_v2", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceTotalMem")) return r;
@@ -1362,6 +1478,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
 }
 
 EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+    RETURN_IF_INJECTED("cuDeviceGetAttribute", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetAttribute")) return r;
@@ -1395,6 +1512,7 @@ EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device)
 // ---- contexts ----------------------------------------------------------------------------
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
+    RETURN_IF_INJECTED("cuDevicePrimaryCtxRetain", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxRetain")) return r;
@@ -1407,6 +1525,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    RETURN_IF_INJECTED("cuDevicePrimaryCtxRelease_v2", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxRelease")) return r;
@@ -1428,6 +1547,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
 // modules and sticky error) whoever holds it, but "does not release it": the retains stay
 // counted, the next retain gets a fresh context, and a release after the reset is fine.
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+    RETURN_IF_INJECTED("cuDevicePrimaryCtxReset_v2", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxReset")) return r;
@@ -1440,6 +1560,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
+    RETURN_IF_INJECTED("cuDevicePrimaryCtxSetFlags_v2", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxSetFlags")) return r;
@@ -1450,6 +1571,7 @@ EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flag
 }
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
+    RETURN_IF_INJECTED("cuDevicePrimaryCtxGetState", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxGetState")) return r;
@@ -1461,6 +1583,7 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags,
 }
 
 EXPORT CUresult cuCtxGetCurrent(void** context) {
+    RETURN_IF_INJECTED("cuCtxGetCurrent", nullptr, nullptr);
     Lock lock(state().mutex);
     if (context == nullptr) return INVALID_VALUE;
     *context = context_alive(current) ? current : nullptr;
@@ -1468,6 +1591,7 @@ EXPORT CUresult cuCtxGetCurrent(void** context) {
 }
 
 EXPORT CUresult cuCtxSetCurrent(void* context) {
+    RETURN_IF_INJECTED("cuCtxSetCurrent", nullptr, nullptr);
     Lock lock(state().mutex);
     Context* c = static_cast<Context*>(context);
     if (c != nullptr && !context_alive(c)) {
@@ -1478,6 +1602,7 @@ EXPORT CUresult cuCtxSetCurrent(void* context) {
 }
 
 EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
+    RETURN_IF_INJECTED("cuCtxGetDevice", nullptr, nullptr);
     Lock lock(state().mutex);
     if (!context_alive(current)) return fail(INVALID_CONTEXT, "cuCtxGetDevice: no current context");
     if (device == nullptr) return INVALID_VALUE;
@@ -1486,6 +1611,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
 }
 
 EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+    RETURN_IF_INJECTED("cuCtxSetFlags", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_context(current, "cuCtxSetFlags")) return r;
@@ -1495,6 +1621,7 @@ EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
 }
 
 EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
+    RETURN_IF_INJECTED("cuCtxGetFlags", nullptr, nullptr);
     Lock lock(state().mutex);
     if (!context_alive(current)) return fail(INVALID_CONTEXT, "cuCtxGetFlags: no current context");
     if (flags == nullptr) return INVALID_VALUE;
@@ -1503,6 +1630,7 @@ EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
 }
 
 EXPORT CUresult cuCtxSynchronize() {
+    RETURN_IF_INJECTED("cuCtxSynchronize", nullptr, nullptr);
     std::vector<Stream*> streams;
     Context* c;
     {
@@ -1528,6 +1656,7 @@ EXPORT CUresult cuCtxSynchronize() {
 // ---- modules -------------------------------------------------------------------------------
 
 EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
+    RETURN_IF_INJECTED("cuModuleLoadData", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_context(current, "cuModuleLoadData")) return r;
@@ -1570,6 +1699,7 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
 }
 
 EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
+    RETURN_IF_INJECTED("cuModuleGetFunction", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     Module* m = static_cast<Module*>(module);
@@ -1603,6 +1733,7 @@ EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* n
 }
 
 EXPORT CUresult cuModuleUnload(void* module) {
+    RETURN_IF_INJECTED("cuModuleUnload", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     Module* m = static_cast<Module*>(module);
@@ -1620,6 +1751,7 @@ EXPORT CUresult cuModuleUnload(void* module) {
 // ---- streams -------------------------------------------------------------------------------
 
 EXPORT CUresult cuStreamCreate(void** stream, unsigned int flags) {
+    RETURN_IF_INJECTED("cuStreamCreate", nullptr, nullptr);
     (void)flags;  // blocking or not, a stream is its own queue here
     State& st = state();
     Lock lock(st.mutex);
@@ -1636,6 +1768,7 @@ EXPORT CUresult cuStreamCreate(void** stream, unsigned int flags) {
 }
 
 EXPORT CUresult cuStreamSynchronize(void* stream) {
+    RETURN_IF_INJECTED("cuStreamSynchronize", stream, nullptr);
     Stream* s;
     {
         Lock lock(state().mutex);
@@ -1650,6 +1783,7 @@ EXPORT CUresult cuStreamSynchronize(void* stream) {
 }
 
 EXPORT CUresult cuStreamQuery(void* stream) {
+    RETURN_IF_INJECTED("cuStreamQuery", stream, nullptr);
     Stream* s;
     {
         Lock lock(state().mutex);
@@ -1675,6 +1809,7 @@ EXPORT CUresult cuStreamQuery(void* stream) {
 }
 
 EXPORT CUresult cuStreamWaitEvent(void* stream, void* event, unsigned int flags) {
+    RETURN_IF_INJECTED("cuStreamWaitEvent", stream, event);
     (void)flags;
     State& st = state();
     Stream* s;
@@ -1698,6 +1833,7 @@ EXPORT CUresult cuStreamWaitEvent(void* stream, void* event, unsigned int flags)
 }
 
 EXPORT CUresult cuStreamDestroy_v2(void* stream) {
+    RETURN_IF_INJECTED("cuStreamDestroy_v2", stream, nullptr);
     State& st = state();
     Stream* s;
     {
@@ -1727,6 +1863,7 @@ EXPORT CUresult cuStreamDestroy_v2(void* stream) {
 // ---- events ----------------------------------------------------------------------------------
 
 EXPORT CUresult cuEventCreate(void** event, unsigned int flags) {
+    RETURN_IF_INJECTED("cuEventCreate", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_context(current, "cuEventCreate")) return r;
@@ -1741,6 +1878,7 @@ EXPORT CUresult cuEventCreate(void** event, unsigned int flags) {
 }
 
 EXPORT CUresult cuEventRecord(void* event, void* stream) {
+    RETURN_IF_INJECTED("cuEventRecord", stream, event);
     State& st = state();
     Stream* s;
     Op op;
@@ -1770,6 +1908,7 @@ EXPORT CUresult cuEventRecord(void* event, void* stream) {
 }
 
 EXPORT CUresult cuEventSynchronize(void* event) {
+    RETURN_IF_INJECTED("cuEventSynchronize", nullptr, event);
     State& st = state();
     Stream* s = nullptr;
     uint64_t seq = 0;
@@ -1794,6 +1933,7 @@ EXPORT CUresult cuEventSynchronize(void* event) {
 }
 
 EXPORT CUresult cuEventQuery(void* event) {
+    RETURN_IF_INJECTED("cuEventQuery", nullptr, event);
     State& st = state();
     Stream* s = nullptr;
     uint64_t seq = 0;
@@ -1826,7 +1966,7 @@ static CUresult elapsed(float* ms, void* start, void* end) {
     if (ms == nullptr) return INVALID_VALUE;
     if ((a->flags | b->flags) & 0x2) {
         return fail(INVALID_HANDLE,
-                    "cuEventElapsedTime: an event was created with CU_EVENT_DISABLE_TIMING (cudarc's default flags)");
+                    "cuEventElapsedTime: an event was created with CU_EVENT_DISABLE_TIMING (an event made without timing)");
     }
     if (a->generation == 0 || b->generation == 0) {
         return fail(INVALID_HANDLE, "cuEventElapsedTime: an event was never recorded");
@@ -1836,10 +1976,17 @@ static CUresult elapsed(float* ms, void* start, void* end) {
     return SUCCESS;
 }
 
-EXPORT CUresult cuEventElapsedTime(float* ms, void* start, void* end) { return elapsed(ms, start, end); }
-EXPORT CUresult cuEventElapsedTime_v2(float* ms, void* start, void* end) { return elapsed(ms, start, end); }
+EXPORT CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+    RETURN_IF_INJECTED("cuEventElapsedTime", nullptr, start);
+    return elapsed(ms, start, end);
+}
+EXPORT CUresult cuEventElapsedTime_v2(float* ms, void* start, void* end) {
+    RETURN_IF_INJECTED("cuEventElapsedTime_v2", nullptr, start);
+    return elapsed(ms, start, end);
+}
 
 EXPORT CUresult cuEventDestroy_v2(void* event) {
+    RETURN_IF_INJECTED("cuEventDestroy_v2", nullptr, event);
     State& st = state();
     Lock lock(st.mutex);
     Event* e = static_cast<Event*>(event);
@@ -1870,6 +2017,7 @@ static CUresult alloc_in(Context* c, CUdeviceptr* pointer, size_t bytes, const c
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, void* stream) {
+    RETURN_IF_INJECTED("cuMemAllocAsync", stream, nullptr);
     Lock lock(state().mutex);
     Stream* s;
     if (int r = resolve_stream(stream, &s, "cuMemAllocAsync")) return r;
@@ -1887,12 +2035,14 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr* pointer, size_t bytes, void* stream
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
+    RETURN_IF_INJECTED("cuMemAlloc_v2", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = check_context(current, "cuMemAlloc")) return r;
     return alloc_in(current, pointer, bytes, "cuMemAlloc");
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
+    RETURN_IF_INJECTED("cuMemFreeAsync", stream, nullptr);
     State& st = state();
     Stream* s;
     Op op;
@@ -1922,6 +2072,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
+    RETURN_IF_INJECTED("cuMemFree_v2", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = check_device_range(pointer, 0, "cuMemFree", "pointer")) return r;
     int r = device_free(pointer, "cuMemFree");
@@ -1933,6 +2084,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+    RETURN_IF_INJECTED("cuMemGetInfo_v2", nullptr, nullptr);
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_context(current, "cuMemGetInfo")) return r;
@@ -1943,6 +2095,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
 }
 
 EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+    RETURN_IF_INJECTED("cuMemHostAlloc", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = check_context(current, "cuMemHostAlloc")) return r;
     if (pointer == nullptr) return INVALID_VALUE;
@@ -1955,6 +2108,7 @@ EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags)
 }
 
 EXPORT CUresult cuMemFreeHost(void* pointer) {
+    RETURN_IF_INJECTED("cuMemFreeHost", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = pinned_free(pointer)) return r;
     counters.pinned_frees++;
@@ -1967,6 +2121,7 @@ EXPORT CUresult cuMemFreeHost(void* pointer) {
 static const unsigned int kHostRegisterFlags = 0x1 | 0x2 | 0x4 | 0x8;
 
 EXPORT CUresult cuMemHostRegister_v2(void* pointer, size_t bytes, unsigned int flags) {
+    RETURN_IF_INJECTED("cuMemHostRegister_v2", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = check_context(current, "cuMemHostRegister")) return r;
     if (pointer == nullptr || bytes == 0) {
@@ -1989,6 +2144,7 @@ EXPORT CUresult cuMemHostRegister_v2(void* pointer, size_t bytes, unsigned int f
 }
 
 EXPORT CUresult cuMemHostUnregister(void* pointer) {
+    RETURN_IF_INJECTED("cuMemHostUnregister", nullptr, nullptr);
     Lock lock(state().mutex);
     if (int r = host_unregister(pointer)) return r;
     counters.host_unregisters++;
@@ -2021,10 +2177,12 @@ static CUresult memset_d8(CUdeviceptr pointer, unsigned char value, size_t bytes
 }
 
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr pointer, unsigned char value, size_t bytes, void* stream) {
+    RETURN_IF_INJECTED("cuMemsetD8Async", stream, nullptr);
     return memset_d8(pointer, value, bytes, stream, "cuMemsetD8Async", false);
 }
 
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr pointer, unsigned char value, size_t bytes) {
+    RETURN_IF_INJECTED("cuMemsetD8_v2", nullptr, nullptr);
     return memset_d8(pointer, value, bytes, nullptr, "cuMemsetD8", true);
 }
 
@@ -2069,10 +2227,12 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
 }
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
+    RETURN_IF_INJECTED("cuMemcpyHtoDAsync_v2", stream, nullptr);
     return copy_htod(dst, src, bytes, stream, "cuMemcpyHtoDAsync", false);
 }
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+    RETURN_IF_INJECTED("cuMemcpyHtoD_v2", nullptr, nullptr);
     return copy_htod(dst, src, bytes, nullptr, "cuMemcpyHtoD", true);
 }
 
@@ -2114,14 +2274,17 @@ static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream
 }
 
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
+    RETURN_IF_INJECTED("cuMemcpyDtoHAsync_v2", stream, nullptr);
     return copy_dtoh(dst, src, bytes, stream, "cuMemcpyDtoHAsync", false);
 }
 
 EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+    RETURN_IF_INJECTED("cuMemcpyDtoH_v2", nullptr, nullptr);
     return copy_dtoh(dst, src, bytes, nullptr, "cuMemcpyDtoH", true);
 }
 
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
+    RETURN_IF_INJECTED("cuMemcpyDtoDAsync_v2", stream, nullptr);
     poll_poison_file();
     Stream* s;
     Op op;
@@ -2151,6 +2314,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t by
 EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                unsigned int by, unsigned int bz, unsigned int shared_bytes, void* stream,
                                void** params, void** extra) {
+    RETURN_IF_INJECTED("cuLaunchKernel", stream, nullptr);
     poll_poison_file();
     State& st = state();
     Stream* s;
@@ -2294,14 +2458,26 @@ EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, cons
 
 // ---- errors ------------------------------------------------------------------------------------------
 
+// Both answer only for the codes this driver's version defines: for any other,
+// CUDA_ERROR_INVALID_VALUE and a null string, as the real driver answers.
 EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
+    RETURN_IF_INJECTED("cuGetErrorString", nullptr, nullptr);
     if (text == nullptr) return INVALID_VALUE;
+    if (!code_defined(error)) {
+        *text = nullptr;
+        return INVALID_VALUE;
+    }
     *text = result_string(error);
     return SUCCESS;
 }
 
 EXPORT CUresult cuGetErrorName(CUresult error, const char** text) {
+    RETURN_IF_INJECTED("cuGetErrorName", nullptr, nullptr);
     if (text == nullptr) return INVALID_VALUE;
+    if (!code_defined(error)) {
+        *text = nullptr;
+        return INVALID_VALUE;
+    }
     *text = result_name(error);
     return SUCCESS;
 }
@@ -2309,6 +2485,7 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char** text) {
 // NVRTC looks for the driver's private export tables when libcuda is loaded in the
 // process; the stand-in has none, and says so, so that NVRTC compiles on its own.
 EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
+    RETURN_IF_INJECTED("cuGetExportTable", nullptr, nullptr);
     (void)id;
     if (table != nullptr) *table = nullptr;
     return NOT_SUPPORTED;
@@ -2316,7 +2493,7 @@ EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
 
 // ---- the stand-in's own controls, for tests (not part of the CUDA API) ------------------------------
 
-// The last error's details (what cudarc's error codes cannot say), or "" when none.
+// The last error's details (what a bare error code cannot say), or "" when none.
 EXPORT const char* celer_standin_last_error() {
     static thread_local std::string copy;
     std::lock_guard<std::mutex> lock(last_error_mutex);
@@ -2335,6 +2512,18 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
     uint64_t at = nth == 0 ? 0 : counters.launches_enqueued.load() + nth;
     if (kind == 0) counters.fail_launch_at = at;
     if (kind == 1) counters.sticky_launch_at = at;
+}
+
+// Arms `code` as the answer of the `nth` call of entry point `entry` from now (1: the
+// next; 0 disarms `entry`), as CELER_CUDA_STANDIN_RETURN does: 0, or
+// CUDA_ERROR_INVALID_VALUE (and the reason as the last error) for an entry point this
+// library does not export, CUDA_SUCCESS, or a code newer than this driver's version.
+EXPORT int celer_standin_inject_return(const char* entry, long long code, uint64_t nth) {
+    std::string why;
+    if (arm_return(entry != nullptr ? entry : "", code, nth, &why) != SUCCESS) {
+        return fail(INVALID_VALUE, "celer_standin_inject_return: " + why);
+    }
+    return SUCCESS;
 }
 
 // The execution order (CELER_CUDA_STANDIN_ORDER's values) from the next launch that runs

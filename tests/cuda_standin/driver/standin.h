@@ -12,8 +12,9 @@
 
 namespace standin {
 
-// CUresult values the stand-in returns (a subset of cuda.h; cudarc turns any of them
-// into its DriverError, so only values of the real enum may be returned).
+// CUresult values the stand-in's own checks return (a subset of cuda.h). Any other code
+// reaches callers only when a test injects it (CELER_CUDA_STANDIN_RETURN), as a driver
+// newer than the caller's headers would return it; codes.cpp knows them all.
 enum Result : int {
     SUCCESS = 0,
     INVALID_VALUE = 1,
@@ -40,8 +41,17 @@ enum Result : int {
     UNKNOWN = 999,
 };
 
+// codes.cpp: every code of cuda.h up to CUDA 13.4, with the version that introduced it.
+// The name (or "CUresult N (in no cuda.h)") and description of a code, for messages.
 const char* result_name(int result);
 const char* result_string(int result);
+// Whether this driver's version defines `result` (cuGetErrorName answers for it).
+bool code_defined(int result);
+// The version that introduced `result` (cuDriverGetVersion's encoding), 0 for none.
+int code_since(int result);
+// Whether the context's error is sticky after `result`: the sticky codes of cuda.h, and
+// any code the stand-in does not know.
+bool code_is_lost(int result);
 
 // Records `message` as the last error (celer_standin_last_error) and prints it to
 // stderr unless CELER_CUDA_STANDIN_QUIET is set; returns `result` for `return fail(...)`.

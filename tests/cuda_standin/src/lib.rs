@@ -1,7 +1,7 @@
 //! celer's stand-in CUDA driver, for the tests: a `libcuda.so.1` (built by build.rs from
-//! driver/ and the kernels' `.cu` sources) that cudarc loads as it loads the real driver,
-//! and that runs celer's kernels on the CPU with a GPU's rules (driver/driver.cpp says
-//! which). This crate only says where the library is and reaches its test controls.
+//! driver/ and the kernels' `.cu` sources) that cudarc's loader (celer's driver layer
+//! resolves through it) finds as it finds the real driver, and that runs celer's kernels
+//! on the CPU with a GPU's rules (driver/driver.cpp says which). This crate only says where the library is and reaches its test controls.
 //!
 //! Two ways in:
 //! - another process: start it with [`library_dir`] on `LD_LIBRARY_PATH`; cudarc's search
@@ -18,11 +18,11 @@
 //! (driver/celer_standin_work.h), with Rust closures, for the stand-in's own tests.
 //!
 //! The stand-in's modes (driver/driver.cpp's header: execution order, `__shared__` and
-//! device memory poison, cross-stream hazards, launch limits) are set by environment
-//! variables at `cuInit`; in this process [`StandIn::set_order`],
+//! device memory poison, cross-stream hazards, launch limits, chosen return codes) are set
+//! by environment variables at `cuInit`; in this process [`StandIn::set_order`],
 //! [`StandIn::set_shared_poison`], [`StandIn::set_hazards`], [`StandIn::mark_writes`],
-//! [`StandIn::poison_written`] and [`StandIn::poison_live`] change or use them, and
-//! [`StandIn::counters`] says what the code did on the device.
+//! [`StandIn::poison_written`], [`StandIn::poison_live`] and [`StandIn::inject_return`]
+//! change or use them, and [`StandIn::counters`] says what the code did on the device.
 //!
 //! Pinned host memory is of two kinds, treated alike by copies (asynchronous DMA, checked
 //! when the stream gets there): `cuMemHostAlloc`'s, and the caller's own memory registered
@@ -270,6 +270,7 @@ pub struct StandIn {
     last_error: unsafe extern "C" fn() -> *const c_char,
     clear_last_error: unsafe extern "C" fn(),
     inject: unsafe extern "C" fn(c_int, u64),
+    inject_return: unsafe extern "C" fn(*const c_char, i64, u64) -> c_int,
     counter: unsafe extern "C" fn(*const c_char) -> u64,
     set_order: unsafe extern "C" fn(*const c_char) -> c_int,
     order: unsafe extern "C" fn() -> *const c_char,
@@ -307,6 +308,9 @@ impl StandIn {
                             .map_err(|e| e.to_string())?,
                         inject: *library
                             .get(b"celer_standin_inject\0")
+                            .map_err(|e| e.to_string())?,
+                        inject_return: *library
+                            .get(b"celer_standin_inject_return\0")
                             .map_err(|e| e.to_string())?,
                         counter: *library
                             .get(b"celer_standin_counter\0")
@@ -366,6 +370,22 @@ impl StandIn {
         };
         // SAFETY: plain values; the stand-in stores them in atomics.
         unsafe { (self.inject)(kind, nth) }
+    }
+
+    /// Makes the `nth` call of entry point `entry` from now (1: the next) answer `code`
+    /// instead of doing anything, as `CELER_CUDA_STANDIN_RETURN=entry:code@nth` does from
+    /// `cuInit` (`nth` 0 disarms `entry`). A code meaning a lost context (cuda.h's sticky
+    /// ones, `CUDA_ERROR_CONTAINED` among them) or one the stand-in does not know (1000,
+    /// say) makes the context's error sticky: every later call in it answers the same.
+    /// `Err` (nothing armed) for an entry point this version does not export, 0, or a code
+    /// a later CUDA introduced (226 before 12.8): such a driver never returns it.
+    pub fn inject_return(&self, entry: &str, code: u32, nth: u64) -> Result<(), String> {
+        let entry = CString::new(entry).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated name that outlives the call, and plain values.
+        match unsafe { (self.inject_return)(entry.as_ptr(), i64::from(code), nth) } {
+            0 => Ok(()),
+            _ => Err(self.last_error()),
+        }
     }
 
     /// Queues `run` on `stream` (a `CUstream` of the context current on this thread, or
@@ -548,7 +568,7 @@ counters! {
     /// `cuMemcpyDtoDAsync` calls.
     dtod_copies,
     dtod_bytes,
-    /// `cuMemsetD8` and `cuMemsetD8Async` calls (cudarc's `alloc_zeros`, `memset_zeros`).
+    /// `cuMemsetD8` and `cuMemsetD8Async` calls (`alloc_zeros`, `memset_zeros`).
     memsets,
     memset_bytes,
     /// Contexts made (a primary context retained after its last release or a reset).
