@@ -1,8 +1,10 @@
 //! celer's CUDA driver floor, CUDA 12.2 (NVIDIA R535), on the stand-in CUDA driver built
 //! as each driver version it can be (11.8, below the floor, then 12.2, 12.4, 12.8, 13.0):
-//! each reports its version and exports only the entry points that version has; a call of
-//! a newer entry point (planted here: `cuEventElapsedTime_v2`, CUDA 12.8's) fails under
-//! the floor's driver, looked up as cudarc looks it up; and a driver below the floor is
+//! each reports its version and exports only the entry points that version has; every
+//! entry point celer's driver layer can resolve (`celer::cuda::driver::sys::ENTRY_POINTS`)
+//! is in the floor's driver; a call of a newer entry point (planted here:
+//! `cuEventElapsedTime_v2`, CUDA 12.8's) fails under the floor's driver, looked up as
+//! celer's layer looks it up (through cudarc's loader); and a driver below the floor is
 //! refused by the probe, with the error the README quotes, while `celer serve` stays up on
 //! the CPU. The GPU suite itself runs at the floor and at 13.0 in `make test`
 //! (CELER_TEST_CUDA_DRIVER).
@@ -68,9 +70,68 @@ fn each_driver_version_reports_itself_and_lacks_the_newer_entry_points() {
     }
 }
 
-/// In the child: the driver on LD_LIBRARY_PATH, found as cudarc finds it, and `name`
-/// looked up as cudarc's loader looks up every entry point before calling it (it panics
-/// with "Missing symbol" when the lookup fails).
+#[test]
+fn every_entry_point_of_celers_driver_layer_is_in_the_floor_driver() {
+    let layer = celer::cuda::driver::sys::ENTRY_POINTS;
+    assert!(layer.len() > 40, "{layer:?}");
+    // None of the newer entry points planted above.
+    assert!(!layer.contains(&"cuEventElapsedTime_v2"));
+    for version in ["12.2", "13.0"] {
+        let path = library_of(version).unwrap();
+        // SAFETY: the stand-in's initialisers only fill its kernel tables; nothing of this
+        // copy is called, and it stays loaded (RTLD_LOCAL) until dropped.
+        let library = unsafe { libloading::Library::new(&path) }
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let missing: Vec<&str> = layer
+            .iter()
+            .copied()
+            // SAFETY: only whether the symbol exists is read; it is never called.
+            .filter(|name| unsafe { library.get::<*const ()>(name.as_bytes()) }.is_err())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the CUDA {version} driver lacks entry points celer's driver layer resolves: {missing:?}"
+        );
+    }
+}
+
+/// Set in the child process of a_missing_entry_point_is_an_error_naming_it.
+const LAYER_CHILD: &str = "CELER_TEST_DRIVER_FLOOR_LAYER_CHILD";
+
+#[test]
+fn a_missing_entry_point_is_an_error_naming_it() {
+    let name = "a_missing_entry_point_is_an_error_naming_it";
+    if std::env::var(LAYER_CHILD).is_ok() {
+        // The stand-in of CUDA 11.8 lacks cuCtxSetFlags (12.1): celer's layer answers an
+        // error naming it, where cudarc's loader would panic.
+        let context = celer::cuda::driver::CudaContext::new(0).expect("a context on 11.8");
+        let err = context
+            .set_blocking_synchronize()
+            .expect_err("no cuCtxSetFlags before 12.1");
+        println!("ANSWER {err}");
+        return;
+    }
+    let dir = library_of("11.8").unwrap().parent().unwrap().to_path_buf();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(LAYER_CHILD, "1")
+        .env("LD_LIBRARY_PATH", &dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the test binary runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains(
+            "ANSWER cuCtxSetFlags cannot be called: the CUDA driver does not export cuCtxSetFlags"
+        ),
+        "{said}"
+    );
+}
+
+/// In the child: the driver on LD_LIBRARY_PATH, found as cudarc's loader finds it, and
+/// `name` looked up as celer's driver layer (src/cuda/driver/sys.rs) looks up every entry
+/// point on its first call (a failed lookup is then an error naming it).
 fn look_up_in_child(name: &str) {
     // SAFETY: loads the driver cudarc would load (the stand-in, first on the path).
     let driver = unsafe { cudarc::driver::sys::culib() };
@@ -104,8 +165,8 @@ fn a_planted_call_of_a_newer_entry_point_fails_on_the_floor_driver() {
     if let Ok(name) = std::env::var(CHILD) {
         return look_up_in_child(&name);
     }
-    // CUDA 12.8's event timing, which cudarc's cuda-12080 and later call: missing on the
-    // floor's driver (where it would panic), there on 12.8 and 13.0.
+    // CUDA 12.8's event timing (what cudarc's cuda-12080 and later bindings call): missing
+    // on the floor's driver, there on 12.8 and 13.0.
     let planted = "cuEventElapsedTime_v2";
     for (version, found) in [
         ("12.2", false),
@@ -120,7 +181,7 @@ fn a_planted_call_of_a_newer_entry_point_fails_on_the_floor_driver() {
             "CUDA {version}: {said}"
         );
     }
-    // What celer's cudarc calls instead is there on the floor's.
+    // What celer's driver layer calls instead is there on the floor's.
     assert!(look_up("12.2", "cuEventElapsedTime").contains("RESOLVED cuEventElapsedTime"));
 }
 
