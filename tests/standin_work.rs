@@ -691,12 +691,10 @@ fn each_device_has_its_own_compute_capability() {
             text: PLANTED_KERNELS,
             headers: &[],
         };
-        let bytes =
-            Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
-                .expect("NVRTC (make python)")
-                .compile_cubin(&source, arch, &COMPILE_OPTIONS)
-                .expect("the planted kernels compile");
-        bytes
+        Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
+            .expect("NVRTC (make python)")
+            .compile_cubin(&source, arch, &COMPILE_OPTIONS)
+            .expect("the planted kernels compile")
     };
     gpus[0]
         .load_module(&cubin(Arch::new(9, 0)))

@@ -1,12 +1,15 @@
-//! The GPU as celer computes on it: the probe (which GPUs, what they are), one GPU's
-//! context and kernels (`device`), NVRTC and the kernels (`kernels/*.cu`, compiled at
-//! start-up for each GPU's architecture), their typed launchers (`launch`, `taps`), the
-//! fast guided filter's buffers and steps (`guided`), model tensors on the device
-//! (`tensor`) and a TensorRT engine with its own buffers (`trt_model`). How a replica
-//! orders these for a request is `crate::replica::gpu`. The CPU stages in
-//! `crate::stages` are the reference every kernel is tested against. Nothing here may
-//! panic on a machine without a GPU: the probe comes first and says "no CUDA driver".
-//! `unsafe` lives here (FFI, launches, the TensorRT model), each block with its reason.
+//! The GPU as celer computes on it: celer's own layer over the CUDA driver API (`driver`:
+//! every entry point with a raw integer result, so that a code newer than any bindings is
+//! never undefined behaviour; `DriverError`; the safe handles; counters of what celer asks
+//! of the driver), the probe (which GPUs, what they are), one GPU's context and kernels
+//! (`device`), NVRTC and the kernels (`kernels/*.cu`, compiled at start-up for each GPU's
+//! architecture), their typed launchers (`launch`, `taps`), the fast guided filter's
+//! buffers and steps (`guided`), model tensors on the device (`tensor`) and a TensorRT
+//! engine with its own buffers (`trt_model`). How a replica orders these for a request is
+//! `crate::replica::gpu`. The CPU stages in `crate::stages` are the reference every kernel
+//! is tested against. Nothing here may panic on a machine without a GPU: the probe comes
+//! first and says "no CUDA driver". `unsafe` lives here (FFI, launches, the TensorRT
+//! model), each block with its reason.
 
 pub mod arch;
 pub mod device;

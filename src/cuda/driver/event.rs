@@ -1,5 +1,5 @@
-//! `CudaEvent`: a point in a stream, recorded there (`record`) and waited for by the host
-//! (`synchronize`) or another stream (`CudaStream::wait`); made with timing, two recorded
+//! `CudaEvent`: a point in a stream, recorded there (`record`, `CudaStream::record_event`)
+//! and waited for by the host (`synchronize`) or another stream (`CudaStream::wait`); made with timing, two recorded
 //! ones give the GPU time between them (`elapsed_ms`).
 
 use std::sync::Arc;
@@ -101,5 +101,25 @@ impl Drop for CudaEvent {
             unsafe { sys::cuEventDestroy_v2(self.cu_event) }.result()
         });
         self.context.record_release("an event", destroyed);
+    }
+}
+
+impl CudaStream {
+    /// A new event recording where this stream is now (`None`: without timing).
+    pub fn record_event(
+        self: &Arc<Self>,
+        flags: Option<CUevent_flags>,
+    ) -> Result<CudaEvent, DriverError> {
+        let event = self.context().new_event(flags)?;
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Makes everything queued on this stream from now on wait until `event`'s record has
+    /// run (`cuStreamWaitEvent`).
+    pub fn wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
+        self.context().bind_to_thread()?;
+        // SAFETY: both handles are live while `self` and `event` are; flags 0 (default).
+        unsafe { sys::cuStreamWaitEvent(self.cu_stream(), event.cu_event(), 0) }.result()
     }
 }

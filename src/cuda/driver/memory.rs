@@ -352,6 +352,8 @@ impl<T> Drop for PinnedHostSlice<T> {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Bound;
+
     use super::bounds;
 
     #[test]
@@ -360,7 +362,7 @@ mod tests {
         assert_eq!(bounds(2..5, 10), Some((2, 5)));
         assert_eq!(bounds(..=9, 10), Some((0, 10)));
         assert_eq!(bounds(..11, 10), None);
-        assert_eq!(bounds(5..2, 10), None);
+        assert_eq!(bounds((Bound::Included(5), Bound::Excluded(2)), 10), None);
         assert_eq!(bounds(..=usize::MAX, 10), None);
     }
 }

@@ -20,6 +20,7 @@ mod event;
 mod launch;
 mod memory;
 mod module;
+mod queued;
 pub mod result;
 mod stream;
 pub mod sys;
