@@ -335,9 +335,11 @@ fn counters_count_each_kind_of_call() {
     let gpu = Gpu::new();
     let s = &gpu.stream;
     let before = gpu.standin.counters();
+    let celer_before = celer::cuda::driver::counters();
     // One of each: an allocation (zeroed: a memset), an upload, a copy on the device, a
     // launch, a download into pageable memory (a host wait), a stream, event and context
-    // synchronisation, a pinned allocation and its free, a device free.
+    // synchronisation, a pinned allocation and its free, a device free, a host
+    // registration and its end.
     let mut a = s.alloc_zeros::<f32>(256).unwrap();
     s.memcpy_htod(&[1.0f32; 256], &mut a).unwrap();
     let mut b = s.alloc_zeros::<f32>(256).unwrap();
@@ -357,6 +359,11 @@ fn counters_count_each_kind_of_call() {
     drop(pinned);
     drop(a);
     s.synchronize().unwrap();
+    let pages = HostPages::new(1);
+    // SAFETY: the pages outlive their registration, ended two lines down; no copy uses them.
+    unsafe { gpu.context.register_host(pages.at(0), pages.bytes(), 0) }.unwrap();
+    // SAFETY: as above.
+    unsafe { gpu.context.unregister_host(pages.at(0)) }.unwrap();
     let d = gpu.standin.counters() - before;
     assert_eq!(host, vec![2.0f32; 256]);
     assert_eq!(d.device_allocs, 2, "{d:?}");
@@ -381,6 +388,45 @@ fn counters_count_each_kind_of_call() {
         "the pageable download waits too: {d:?}"
     );
     assert_eq!(d.sticky_errors, 0, "{d:?}");
+    // celer's own counters (what a check on a real GPU reads) count the same calls.
+    let c = celer::cuda::driver::counters() - celer_before;
+    assert_eq!(c.launches, d.launches_enqueued, "{c:?}");
+    assert_eq!(
+        (c.memsets, c.memset_bytes),
+        (d.memsets, d.memset_bytes),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.htod_copies, c.htod_bytes),
+        (d.htod_copies, d.htod_bytes),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.dtoh_copies, c.dtoh_bytes),
+        (d.dtoh_copies, d.dtoh_bytes),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.dtod_copies, c.dtod_bytes),
+        (d.dtod_copies, d.dtod_bytes),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.stream_syncs, c.event_syncs, c.context_syncs),
+        (d.stream_syncs, d.event_syncs, d.ctx_syncs),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.pinned_allocs, c.pinned_alloc_bytes),
+        (d.pinned_allocs, d.pinned_alloc_bytes),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.host_registrations, c.host_registration_bytes),
+        (d.host_registers, d.host_register_bytes),
+        "{c:?}"
+    );
+    assert_eq!(c.host_registrations, 1, "{c:?}");
     // Every field is a counter the driver knows.
     for name in celer_cuda_standin::Counters::NAMES {
         assert_ne!(gpu.standin.counter(name), u64::MAX, "{name}");
