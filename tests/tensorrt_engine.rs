@@ -14,6 +14,10 @@
 //! numerics or speed, where the stand-in runs the model in float32), and on a GPU machine
 //! with the real TensorRT (`make tensorrt-test`, `make gpu-check`): a test that lacks a GPU
 //! or TensorRT fails, saying which.
+//!
+//! Also: an engine and an execution context dropped on a thread with no CUDA context
+//! current are destroyed in their own (TensorRT frees their device memory through the
+//! current context; the stand-in aborts the process otherwise).
 
 mod engine_support;
 mod gpu_support;
@@ -29,4 +33,22 @@ fn u2netp_engines_match_onnx_runtime() {
 #[test]
 fn the_matting_model_fixture_runs_from_engines() {
     engines_match_onnx_runtime(&engine_support::repo("onnx/fixtures/classes-matting"));
+}
+
+#[test]
+fn an_engine_and_its_context_dropped_on_a_thread_without_a_cuda_context_go_in_their_own() {
+    let (mut engines, _dir) =
+        engine_support::engines_of(&engine_support::repo("onnx/fixtures/prob-guided"));
+    let (_, engine) = engines.pop().expect("the segmentation engine");
+    let context = engine
+        .create_context()
+        .expect("a context with its own memory");
+    // A new thread has no current CUDA context, and nothing here binds one: the drops
+    // must make the engine's own current themselves.
+    std::thread::spawn(move || {
+        drop(context);
+        drop(engine);
+    })
+    .join()
+    .expect("dropped on another thread");
 }
