@@ -1,11 +1,13 @@
 //! What TensorRT needs of a GPU's CUDA context, in one place: the scope in which its
-//! objects are made and destroyed with the context current (`TrtContext`). These are the
-//! TensorRT path's only direct driver calls (cuCtxGetCurrent, cuCtxSetCurrent).
+//! objects are made and destroyed with the context current (`TrtContext`), and whether a
+//! failed enqueue lost the context (`sticky_error`). These are the TensorRT path's only
+//! direct driver calls (cuCtxGetCurrent, cuCtxSetCurrent, cuStreamQuery).
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 
+use super::CudaError;
 use crate::tensorrt::CudaContextScope;
 
 /// A GPU's context as the TensorRT objects made in it need it: retained while they live
@@ -53,5 +55,23 @@ impl Drop for Restore {
         // failure leaves the engine's context current, which is harmless: cudarc binds its
         // own before each use.
         let _ = unsafe { result::ctx::set_current(previous) };
+    }
+}
+
+/// The sticky error of `stream`'s context, if it has one: asked when an enqueue failed, to
+/// tell a refusal (that request's failure) from a lost context (the GPU's, for every
+/// replica on it). cuStreamQuery, because it does not wait (the work queued before goes
+/// on) and, as every call in a context whose error is sticky, returns that error; a
+/// healthy stream answers done or not ready. Not cuCtxSynchronize: it would wait for every
+/// replica's stream on the GPU.
+pub fn sticky_error(stream: &CudaStream) -> Option<DriverError> {
+    // SAFETY: `stream` owns a live stream handle; cuStreamQuery only reads its state.
+    let status = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+    match status {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_NOT_READY => None,
+        code => {
+            let error = DriverError(code);
+            CudaError::from(error).is_device_lost().then_some(error)
+        }
     }
 }

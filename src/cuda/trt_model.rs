@@ -14,14 +14,16 @@ use half::f16;
 
 use super::launch::{Launcher, ModelInput};
 use super::tensor::{GpuTensor, TensorElement};
+use super::trt_context;
 use super::CudaError;
 use crate::tensorrt::{
     CudaStream as TrtStream, DataType, DevicePtr, Engine, ExecutionContext, TrtError,
 };
 
 /// Why a TensorRT model failed: TensorRT itself (a context, a binding, an enqueue), or the
-/// CUDA work around it (its buffers, the float16 conversion). Kept apart, so that a lost
-/// context is still told by `CudaError::is_device_lost`.
+/// CUDA work around it (its buffers, the float16 conversion; an enqueue that found the
+/// context lost). Kept apart, so that a lost context is still told by
+/// `CudaError::is_device_lost`.
 #[derive(Debug, thiserror::Error)]
 pub enum TrtModelError {
     #[error(transparent)]
@@ -200,14 +202,36 @@ impl TrtModel {
         // SAFETY: every I/O tensor was bound in `new` to a buffer this model owns, and
         // dynamic shapes were set then; the stream is the model's own, of the context
         // current on this thread, and `drop` waits for it before anything is freed.
-        unsafe {
+        let enqueued = unsafe {
             let raw = TrtStream::from_raw(self.stream.cu_stream() as *mut c_void);
-            self.context.enqueue(raw)?;
+            self.context.enqueue(raw)
+        };
+        if let Err(refused) = enqueued {
+            return Err(self.enqueue_failed(refused));
         }
         if let Some(half) = &self.half_output {
             launcher.f16_to_f32(half, self.output_shape.iter().product(), &mut self.output)?;
         }
         Ok(())
+    }
+
+    /// An enqueue TensorRT refused: that request's failure, unless the context's error is
+    /// sticky (a kernel TensorRT launched met an illegal address, or the context was lost
+    /// before): then the GPU's, told as the driver's error, so that the device is known
+    /// lost at once (`CudaError::is_device_lost`) rather than at the next request's
+    /// synchronisation.
+    fn enqueue_failed(&self, refused: TrtError) -> TrtModelError {
+        match trt_context::sticky_error(&self.stream) {
+            Some(error) => CudaError::Driver {
+                error,
+                context: format!(
+                    "{}: enqueueV3 failed ({refused}), and the GPU's context is lost: ",
+                    self.label
+                ),
+            }
+            .into(),
+            None => refused.into(),
+        }
     }
 }
 
