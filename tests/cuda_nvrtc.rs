@@ -244,7 +244,8 @@ fn fp64_uses(ptx: &str) -> Vec<Fp64Use> {
                 let (file, number) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
                 at = format!("{at} (inlined at {})", place(file, number));
             }
-        } else if text.split(|c: char| c.is_whitespace() || c == ',' || c == ';')
+        } else if text
+            .split(|c: char| c.is_whitespace() || c == ',' || c == ';')
             .any(|word| word.ends_with(".f64") || word.contains(".f64."))
         {
             uses.push(Fp64Use {
@@ -317,8 +318,7 @@ fn no_kernel_a_request_runs_computes_in_fp64() {
         for arch in TESTED_ARCHS {
             for file in &FILES {
                 let target = format!("{arch} by NVRTC {}", nvrtc.version());
-                for report in fp64_report(nvrtc, (file.name, file.source, file.kernels), arch)
-                {
+                for report in fp64_report(nvrtc, (file.name, file.source, file.kernels), arch) {
                     match found.iter_mut().find(|(r, _)| *r == report) {
                         Some((_, targets)) => targets.push(target.clone()),
                         None => found.push((report, vec![target.clone()])),
