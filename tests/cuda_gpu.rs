@@ -302,13 +302,14 @@ impl PlaneDiff {
             ..Self::default()
         };
         for (a, b) in got.iter().zip(want) {
-            if a.to_bits() != b.to_bits() {
+            if a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()) {
                 d.differ += 1;
                 let e = (a - b).abs();
                 d.max = d.max.max(e);
                 d.sum += f64::from(e);
                 let ulp = f32::from_bits(b.abs().to_bits() + 1) - b.abs();
-                if !(e <= ulp.max(Self::NEAR)) {
+                // A NaN on one side only is far too.
+                if e.is_nan() || e > ulp.max(Self::NEAR) {
                     d.far += 1;
                 }
             }
@@ -447,6 +448,7 @@ fn gpu_resize_plane(
 ///   photo-1920x1080.jpg, photo-4032x3024.jpg) down to 320x320: 3, 2, 2, 3, 4; the same
 ///   at 320x320 up to the photo's size (the alpha path): 2, 2, 2, 3, 3, quantised to 8
 ///   bits 0, 1, 0, 3 and 56 pixels moved by 1 LSB (at most 0.0007%).
+///
 /// And the kernels compute exactly `mirror::resize_plane`: the same f32 operations in
 /// the same order, bit for bit.
 #[test]
