@@ -976,7 +976,8 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
         // 320x320 mask, `fast_guided_filter_matches_the_cpu_stage`; a matting model's
         // resized alpha: 0.03%, `plane_resize_is_held_to_the_cpu`), or one pixel of a
         // tiny image. Measured: at most 1392 of 12192768 (0.011%, a texture through the
-        // guided filter at subsample 1); the photos through U2NetP at most 12 pixels.
+        // guided filter at subsample 4; 46 through the matting model); the photos through
+        // U2NetP at most 12 pixels (photo-4032x3024.jpg).
         assert!(worst <= 1, "{name}: alpha differs by {worst}");
         let pixels = want.alpha.as_raw().len() as f64;
         assert!(
