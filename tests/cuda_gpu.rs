@@ -64,6 +64,33 @@ fn unit_pattern(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
+/// The guided filter's settings the box-sum and whole-filter tests sweep: radius,
+/// epsilon and subsample, the served one (8, 1e-3, 4) first. (1, 1e-4, 1) leaves the least
+/// slack: the smallest epsilon divides the sums' errors by the least, at full resolution.
+const GUIDED_SETTINGS: [(u32, f32, u32); 9] = [
+    (8, 1e-3, 4),
+    (1, 1e-4, 4),
+    (30, 1e-2, 4),
+    (8, 1e-3, 2),
+    (1, 1e-4, 2),
+    (30, 1e-2, 2),
+    (8, 1e-3, 1),
+    (1, 1e-4, 1),
+    (30, 1e-2, 1),
+];
+
+/// The settings the sweeps also run at 12 MP: the served one, the one that moved the most
+/// pixels (r = 1, eps = 1e-4, subsample 4) and the one with the least slack.
+const TWELVE_MP_SETTINGS: [(u32, f32, u32); 3] = [(8, 1e-3, 4), (1, 1e-4, 4), (1, 1e-4, 1)];
+
+/// AWKWARD below 12 MP: what the guided filter's setting sweeps run at every setting;
+/// at 12 MP they run TWELVE_MP_SETTINGS only (each 12 MP fit runs on the stand-in and on
+/// the CPU, and all nine settings at 12 MP in both tests more than doubled cuda_gpu's
+/// time, the longest of CI). The sums' precision depends on the window (the radius) and
+/// the values, which the smaller sizes sweep at every setting, and on the rows' length,
+/// which the 12 MP cases keep.
+const SWEPT: [(u32, u32); 5] = [(1, 1), (7, 5), (333, 517), (1001, 3), (1918, 1077)];
+
 /// Sizes that catch indexing mistakes: 1x1, odd, not multiples of 4, the largest photo.
 const AWKWARD: [(u32, u32); 6] = [
     (1, 1),
@@ -741,13 +768,15 @@ fn guided_fit_box_sums_are_held_to_the_cpu() {
             .collect();
         Plane::new(w, h, data)
     };
-    for (w, h) in AWKWARD {
-        let settings: Vec<(u32, f32, u32)> = [1, 2, 4]
-            .into_iter()
-            .flat_map(|s| [(8, 1e-3, s), (1, 1e-4, s), (30, 1e-2, s)])
-            .collect();
-        check("texture", &texture(w, h, 7), &noise, &settings);
+    for (w, h) in SWEPT {
+        check("texture", &texture(w, h, 7), &noise, &GUIDED_SETTINGS);
     }
+    check(
+        "texture",
+        &texture(4032, 3024, 7),
+        &noise,
+        &TWELVE_MP_SETTINGS,
+    );
     // The largest radius: the fewest fraction bits (43).
     for (w, h) in [(333, 517), (1918, 1077)] {
         check("texture", &texture(w, h, 9), &noise, &[(256, 1e-3, 1)]);
@@ -812,25 +841,25 @@ fn fast_guided_filter_matches_the_cpu_stage() {
             .collect(),
     );
     let mut failed = Vec::new();
-    for subsample in [1, 2, 4] {
-        for (radius, eps) in [(8, 1e-3), (1, 1e-4), (30, 1e-2)] {
-            let setting = (radius, eps, subsample);
-            // One allocation for every size, as GpuStages does for its limits.
-            let mut filter = guided_filter_for(&s, setting, (mw, mh));
-            for (w, h) in AWKWARD {
-                let image = texture(w, h, 7);
-                let (a, b, alpha) = guided_differences(&l, &mut filter, setting, &image, &mask);
-                let low = (w.div_ceil(subsample), h.div_ceil(subsample));
-                let dp = celer::cuda::taps::mirror::resize_bound(mw, mh, low.0, low.1, 1.2);
-                let dq = (1.0 + 0.5 / eps.sqrt()) * dp;
-                let share_bound = 2.0 * 255.0 * f64::from(dq) * 100.0;
-                let line = format!(
-                    "texture {w}x{h} r={radius} eps={eps} s={subsample}: mean_a {a}; mean_b {b}; alpha {alpha} (bound {share_bound:.3}%)"
-                );
-                let _ = writeln!(std::io::stderr(), "fast guided filter {line}");
-                if alpha.max > 1 || alpha.percent() > share_bound {
-                    failed.push(line);
-                }
+    for setting in GUIDED_SETTINGS {
+        let (radius, eps, subsample) = setting;
+        // One allocation for every size, as GpuStages does for its limits.
+        let mut filter = guided_filter_for(&s, setting, (mw, mh));
+        let twelve_mp = TWELVE_MP_SETTINGS.contains(&setting);
+        let sizes = SWEPT.iter().chain(twelve_mp.then_some(&(4032, 3024)));
+        for &(w, h) in sizes {
+            let image = texture(w, h, 7);
+            let (a, b, alpha) = guided_differences(&l, &mut filter, setting, &image, &mask);
+            let low = (w.div_ceil(subsample), h.div_ceil(subsample));
+            let dp = celer::cuda::taps::mirror::resize_bound(mw, mh, low.0, low.1, 1.2);
+            let dq = (1.0 + 0.5 / eps.sqrt()) * dp;
+            let share_bound = 2.0 * 255.0 * f64::from(dq) * 100.0;
+            let line = format!(
+                "texture {w}x{h} r={radius} eps={eps} s={subsample}: mean_a {a}; mean_b {b}; alpha {alpha} (bound {share_bound:.3}%)"
+            );
+            let _ = writeln!(std::io::stderr(), "fast guided filter {line}");
+            if alpha.max > 1 || alpha.percent() > share_bound {
+                failed.push(line);
             }
         }
     }
