@@ -95,7 +95,7 @@ pub struct GpuServing {
     pub pool: HostPool,
     /// Image sizes each replica runs once at load, after the small warm-up every replica
     /// runs: the sizes the first requests will be (`--warmup-size`), whose first run
-    /// would otherwise pay the uploads of its resize tables and the first launches of
+    /// would otherwise pay the making of its resize tables and the first launches of
     /// kernels at its grid sizes. The tables of the last stay in place.
     pub warmup: Vec<(u32, u32)>,
 }
@@ -426,7 +426,7 @@ impl Executor for GpuExecutor {
     }
 
     /// Each warm-up size once more, timed, every plane: its first run was the load's
-    /// (`GpuStages::warm_up_at`), which paid for the resize tables' uploads and the first
+    /// (`GpuStages::warm_up_at`), which made its resize tables and paid for the first
     /// launches at its grid sizes. The pixels are in a block of the page-locked pool, as a
     /// decoded request's are, so that the upload is timed as a request's. The device's
     /// first prices come from these runs, not from the first requests.
