@@ -239,8 +239,8 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
     let (oh, wh) = taps_capacity(w, 320);
     let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
     let mut vt = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
-    ht.set_fixed(&s, w, 320).unwrap();
-    vt.set_fixed(&s, h, 320).unwrap();
+    ht.set_fixed(&l, w, 320).unwrap();
+    vt.set_fixed(&l, h, 320).unwrap();
     let (mut tmp, mut resized, mut max, mut input) = (
         zeros::<u8>(&s, 320 * h as usize * 3),
         zeros::<u8>(&s, 320 * 320 * 3),
@@ -256,13 +256,13 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         zeros::<u8>(&s, 320 * 320),
     );
     let mut nearest = GpuNearest::alloc(&s, w, h).unwrap();
-    nearest.set(&s, (320, 320), (w, h)).unwrap();
+    nearest.set(&l, (320, 320), (w, h)).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
     let (ch, cwh) = taps_capacity(320, w);
     let mut pht = GpuTaps::<f32>::alloc(&s, ch, cwh).unwrap();
     let mut pvt = GpuTaps::<f32>::alloc(&s, ch, cwh).unwrap();
-    pht.set_convolution(&s, 320, w).unwrap();
-    pvt.set_convolution(&s, 320, h).unwrap();
+    pht.set_convolution(&l, 320, w).unwrap();
+    pvt.set_convolution(&l, 320, h).unwrap();
     let (mut ptmp, mut p, mut luma) = (
         zeros::<f32>(&s, w as usize * 320),
         zeros::<f32>(&s, n),
@@ -484,8 +484,8 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
     let (oh, wh) = taps_capacity(w, 320);
     let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
     let mut vt = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
-    ht.set_fixed(&s, w, 320).unwrap();
-    vt.set_fixed(&s, h, 320).unwrap();
+    ht.set_fixed(&l, w, 320).unwrap();
+    vt.set_fixed(&l, h, 320).unwrap();
     let (mut tmp, mut dresized, mut max, mut dinput) = (
         zeros::<u8>(&s, 320 * h as usize * 3),
         zeros::<u8>(&s, 320 * 320 * 3),
@@ -501,7 +501,7 @@ fn time_pre_post(dev: &GpuDevice) -> serde_json::Value {
         zeros::<u8>(&s, 320 * 320),
     );
     let mut nearest = GpuNearest::alloc(&s, w, h).unwrap();
-    nearest.set(&s, (320, 320), (w, h)).unwrap();
+    nearest.set(&l, (320, 320), (w, h)).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
     let params = GuidedParams {
         radius,

@@ -131,8 +131,8 @@ fn preprocess_is_bit_exact_in_f32_and_f16() {
             let (ov, wv) = taps_capacity(sw.max(sh), dh);
             let mut ht = GpuTaps::<i32>::alloc(&s, oh, wh).unwrap();
             let mut vt = GpuTaps::<i32>::alloc(&s, ov, wv).unwrap();
-            ht.set_fixed(&s, sw, dw).unwrap();
-            vt.set_fixed(&s, sh, dh).unwrap();
+            ht.set_fixed(&l, sw, dw).unwrap();
+            vt.set_fixed(&l, sh, dh).unwrap();
             let src = up(&s, image.as_raw());
             let px = (dw * dh) as usize;
             for norm in norms() {
@@ -288,7 +288,7 @@ fn erosion_and_nearest_resize_are_exact() {
         for (dw, dh) in [(1, 1), (5, 7), (4032, 3024), (w * 3 + 1, h)] {
             let want = resample::resize_nearest(&t, dw, dh);
             let mut idx = GpuNearest::alloc(&s, dw, dh).unwrap();
-            idx.set(&s, (w, h), (dw, dh)).unwrap();
+            idx.set(&l, (w, h), (dw, dh)).unwrap();
             let mut dst = zeros::<u8>(&s, (dw * dh) as usize);
             l.resize_nearest(&up(&s, t.as_raw()), &idx, &mut dst)
                 .unwrap();
@@ -435,8 +435,8 @@ fn gpu_resize_plane(
     let (ov, wv) = taps_capacity(h, dh);
     let mut ht = GpuTaps::<f32>::alloc(s, oh, wh).unwrap();
     let mut vt = GpuTaps::<f32>::alloc(s, ov, wv).unwrap();
-    ht.set_convolution(s, w, dw).unwrap();
-    vt.set_convolution(s, h, dh).unwrap();
+    ht.set_convolution(l, w, dw).unwrap();
+    vt.set_convolution(l, h, dh).unwrap();
     let mut tmp = zeros::<f32>(s, (dw * h) as usize);
     let mut dst = zeros::<f32>(s, (dw * dh) as usize);
     l.resize_plane(&up(s, src), (w, h), &ht, &vt, &mut tmp, &mut dst)
@@ -577,8 +577,8 @@ fn guided_alpha_applies_the_cpu_model_exactly() {
             let (oy, wy) = taps_capacity(lh, h);
             let mut xs = GpuTaps::<f32>::alloc(&s, ox, wx).unwrap();
             let mut ys = GpuTaps::<f32>::alloc(&s, oy, wy).unwrap();
-            xs.set_upsample(&s, lw, w).unwrap();
-            ys.set_upsample(&s, lh, h).unwrap();
+            xs.set_upsample(&l, lw, w).unwrap();
+            ys.set_upsample(&l, lh, h).unwrap();
             let (mut alpha, mut rgba) = (zeros::<u8>(&s, n), zeros::<u8>(&s, 4 * n));
             l.guided_alpha(
                 &up(&s, &model.mean_a.data),

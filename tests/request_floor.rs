@@ -13,8 +13,10 @@
 //! Runs on the stand-in only (the counters are its own); on a real GPU it fails, saying
 //! so.
 
+mod common;
 mod engine_support;
 mod gpu_support;
+mod serve_support;
 mod trt_support;
 
 use std::collections::BTreeMap;
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use celer::codec::decode::{decode_into, DecodeLimits};
 use celer::cuda::HostPool;
 use celer::matte::{Planes, StageTimings};
+use celer::pixels::HostAlloc;
 use celer::pixels::RgbPixels;
 use celer::replica::gpu::{host_pool, GpuLimits, GpuStages, DEFAULT_BLOCK_PIXELS};
 use celer_cuda_standin::StandIn;
@@ -33,7 +36,7 @@ const W: u32 = 1920;
 const H: u32 = 1080;
 
 /// The counters a request moves, by name (driver.cpp's `celer_standin_counter`).
-const COUNTED: [&str; 13] = [
+const COUNTED: [&str; 14] = [
     "launches_enqueued",
     "memsets",
     "htod_copies",
@@ -45,6 +48,7 @@ const COUNTED: [&str; 13] = [
     "ctx_syncs",
     "host_syncs",
     "pinned_allocs",
+    "host_registers",
     "pageable_htod_copies",
     "pageable_dtoh_copies",
 ];
@@ -150,27 +154,22 @@ fn photo_pixel(x: u32, y: u32) -> Rgb<u8> {
     Rgb([v, (v as u32 + x % 17) as u8, (v as u32 + y % 13) as u8])
 }
 
-/// `--warmup-size`: a size run at load is served, the first time a client sends it, with
-/// no upload but its pixels (its resize tables went up at load); the same first request
-/// on stages not warmed up at that size uploads its tables too.
+/// A size's first request uploads only its pixels: its resize tables are made on the
+/// device (tables.cu), whether the size was run at load (`--warmup-size`) or never seen.
 #[test]
-fn a_size_warmed_up_at_load_uploads_only_its_pixels_on_its_first_request() {
+fn a_sizes_first_request_uploads_only_its_pixels() {
     let _alone = counting_alone();
     let _ = standin();
     let pool = pool_of(DEFAULT_BLOCK_PIXELS);
     let (mut stages, _engines) = u2netp_on_engines(&pool);
     let image = decoded(&photo(), &pool);
     let cold = one_request(&mut stages, &image, Planes::CUTOUT);
-    assert!(
-        cold["htod_copies"] > 1,
-        "a first request of a size not warmed up uploads its tables: {cold:?}"
-    );
-    // Warmed up at another size: the first request of that size uploads only its pixels.
+    assert_eq!(cold["htod_copies"], 1, "a size never seen: {cold:?}");
     stages.warm_up_at(&[(1280, 720)]).expect("warm-up");
     let small = RgbImage::from_fn(1280, 720, photo_pixel);
     let small = decoded(&small, &pool);
     let warm = one_request(&mut stages, &small, Planes::CUTOUT);
-    assert_eq!(warm["htod_copies"], 1, "{warm:?}");
+    assert_eq!(warm["htod_copies"], 1, "a size run at load: {warm:?}");
 }
 
 #[test]
@@ -182,8 +181,9 @@ fn a_1920x1080_request_copies_once_each_way_and_synchronises_once() {
     // Decoded into the pool's page-locked blocks, as a GPU server's decoder does.
     let image = decoded(&photo(), &pool);
     assert!(image.as_raw().is_leased(), "decoded into a pool block");
-    // The first request of a size uploads its resize tables (from pageable memory, while
-    // the stream is idle); every later one of that size finds them in place.
+    // The first request of a size makes its resize tables on the device (and launches
+    // its kernels at their grid sizes for the first time); every later one of that size
+    // finds them in place.
     stages
         .run(&image, Planes::ALL, &mut StageTimings::default())
         .expect("the first request");
@@ -255,7 +255,10 @@ const MEMSETS: u64 = 1;
 fn pixel_blocks_are_page_locked_at_load_and_grown_in_the_background() {
     let _alone = counting_alone();
     let s = standin();
-    let pool = pool_of(640 * 480);
+    // Four blocks of a 640x480 cut-out and room to grow (not the server's rule, whose
+    // start-up blocks hold a 12 MP request: the growth is what is tested here).
+    let block = 4 * 640 * 480;
+    let pool = HostPool::new(4, block, 16 * block);
     let at_load = pool.stats();
     assert_eq!(
         (at_load.blocks, at_load.bytes),
@@ -265,8 +268,8 @@ fn pixel_blocks_are_page_locked_at_load_and_grown_in_the_background() {
     let (mut stages, _engines) = u2netp_on_engines(&pool);
     let pageable = || s.counter("pageable_htod_copies") + s.counter("pageable_dtoh_copies");
     // One cut-out of `w` x `h`, decoded into the pool as a server's decoder does: whether
-    // its image got a block, how many copies the driver staged through pageable memory (a
-    // size's first request also uploads its resize tables from the heap), the cut-out.
+    // its image got a block, how many copies the driver staged through pageable memory,
+    // the cut-out.
     let mut run = |w: u32, h: u32| {
         let photo = RgbImage::from_fn(w, h, |x, y| photo_pixel(x * W / w, y * H / h));
         let image = decoded(&photo, &pool);
@@ -306,4 +309,170 @@ fn pixel_blocks_are_page_locked_at_load_and_grown_in_the_background() {
     );
     let grown = pool.stats();
     assert!(grown.blocks > at_load.blocks, "{grown:?}");
+}
+
+/// What `moved` must be for a cut-out of `pixels` that changed the replica's image size:
+/// the floor of a repeated size (one copy each way, DMA, one host synchronisation,
+/// nothing pinned or registered while it runs); its resize tables are made on the
+/// device, so it launches `TABLE_LAUNCHES` kernels more than a repeated size.
+fn assert_size_change_at_the_floor(what: &str, moved: &BTreeMap<&str, u64>, pixels: u64) {
+    let expected = [
+        ("htod_copies", 1),
+        ("htod_bytes", 3 * pixels),
+        ("dtoh_copies", 1),
+        ("dtoh_bytes", 4 * pixels),
+        ("host_syncs", 1),
+        ("pageable_htod_copies", 0),
+        ("pageable_dtoh_copies", 0),
+        ("pinned_allocs", 0),
+        ("host_registers", 0),
+    ];
+    for (name, value) in expected {
+        assert_eq!(moved[name], value, "{what}: {name}: {moved:?}");
+    }
+}
+
+/// Kernels a size change launches to make its resize tables on U2NetP's pipeline
+/// (guided filter, subsample 4): the preprocess's two axes, the trimap's NEAREST indices
+/// (one launch, both axes), the guided filter's mask resize and guide (two axes each) and
+/// its upsampling (two axes).
+const TABLE_LAUNCHES: u64 = 9;
+
+/// A size change costs what a repeated size does, plus the launches that make its
+/// tables: a 1920x1080 cut-out after a 1024x768 one, and a 4032x3024 cut-out (12 MP:
+/// its blocks made at start-up by the server's pool rule) after a 1920x1080 one.
+#[test]
+fn a_size_change_copies_once_each_way_and_pins_nothing() {
+    let _alone = counting_alone();
+    let _ = standin();
+    let pool = pool_of(DEFAULT_BLOCK_PIXELS);
+    let (mut stages, _engines) = u2netp_on_engines(&pool);
+    let small = decoded(&RgbImage::from_fn(1024, 768, photo_pixel), &pool);
+    let hd = decoded(&photo(), &pool);
+    let large = RgbImage::from_fn(4032, 3024, |x, y| photo_pixel(x * W / 4032, y * H / 3024));
+    let large = decoded(&large, &pool);
+    for (name, image) in [
+        ("1024x768", &small),
+        ("1920x1080", &hd),
+        ("4032x3024", &large),
+    ] {
+        assert!(
+            image.as_raw().is_leased(),
+            "{name} decoded into a pool block"
+        );
+    }
+    // Each size once, so that what is counted below is a change of size, not a first
+    // kernel launch at a grid size.
+    for image in [&large, &small, &hd] {
+        one_request(&mut stages, image, Planes::CUTOUT);
+    }
+    let repeated = one_request(&mut stages, &hd, Planes::CUTOUT);
+    one_request(&mut stages, &small, Planes::CUTOUT);
+    let to_hd = one_request(&mut stages, &hd, Planes::CUTOUT);
+    assert_size_change_at_the_floor("1920x1080 after 1024x768", &to_hd, u64::from(W * H));
+    let to_large = one_request(&mut stages, &large, Planes::CUTOUT);
+    assert_size_change_at_the_floor("4032x3024 after 1920x1080", &to_large, 4032 * 3024);
+    assert_eq!(
+        to_hd["launches_enqueued"],
+        repeated["launches_enqueued"] + TABLE_LAUNCHES,
+        "a size change launches its table kernels: {to_hd:?} against {repeated:?}"
+    );
+    assert_eq!(to_hd["memsets"], repeated["memsets"]);
+}
+
+/// The server's pool holds a 12 MP request's two blocks from start-up: leasing its RGB8
+/// pixels and its RGBA answer (after a 1080p request's) pins nothing and misses nothing.
+#[test]
+fn the_servers_pool_holds_a_12_mp_request_from_start_up() {
+    let pool = host_pool(1, GpuLimits::default().max_pixels, DEFAULT_BLOCK_PIXELS);
+    let hd_pixels = pool.alloc(3 * (W * H) as usize);
+    let hd_answer = pool.alloc(4 * (W * H) as usize);
+    let large_pixels = pool.alloc(3 * 4032 * 3024);
+    let large_answer = pool.alloc(4 * 4032 * 3024);
+    for (what, block) in [
+        ("1080p pixels", &hd_pixels),
+        ("1080p answer", &hd_answer),
+        ("12 MP pixels", &large_pixels),
+        ("12 MP answer", &large_answer),
+    ] {
+        assert!(block.is_leased(), "{what}: {:?}", pool.stats());
+    }
+    assert_eq!(pool.stats().misses, 0);
+}
+
+/// The same floor counted from outside: `celer serve --devices 0 --replicas 1
+/// --build-engines` (the binary, over HTTP, with the stand-in TensorRT), its stand-in
+/// driver writing every counter to a file at each host synchronisation
+/// (CELER_CUDA_STANDIN_COUNTERS_FILE), read after each response.
+#[test]
+fn a_server_serves_a_size_change_at_the_floor() {
+    let _ = standin();
+    assert!(
+        trt_support::is_standin(),
+        "the counts are the stand-ins': run on the stand-in CUDA driver and TensorRT"
+    );
+    let dir = tempfile::tempdir().expect("a folder");
+    let source = common::model_dir("u2netp");
+    for file in ["celer.toml", "u2netp.onnx"] {
+        std::fs::copy(source.join(file), dir.path().join(file)).expect("the model");
+    }
+    let counts = dir.path().join("counters");
+    let counts_env = counts.to_str().expect("a UTF-8 path").to_string();
+    let mut command = serve_support::Server::command(
+        dir.path(),
+        ["--devices", "0", "--replicas", "1", "--build-engines"],
+        &[
+            ("CELER_CUDA_STANDIN_QUIET", "1"),
+            ("CELER_CUDA_STANDIN_COUNTERS_FILE", &counts_env),
+            // A 12 MP photo and its cut-out are larger than the realtime defaults.
+            ("CELER_MAX_BODY_BYTES", "100000000"),
+            ("CELER_MAX_RESPONSE_BYTES", "100000000"),
+        ],
+    );
+    trt_support::use_tensorrt(&mut command);
+    let server = serve_support::Server::spawn(command, std::time::Duration::from_secs(300));
+    // Until the engine is built, the CPU serves: count only once the GPU took over.
+    server.wait_for_log(
+        "the interim device takes no new request",
+        std::time::Duration::from_secs(300),
+    );
+    let read = || -> BTreeMap<String, u64> {
+        let text = std::fs::read_to_string(&counts).expect("the stand-in's counters file");
+        text.lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(' ')?;
+                Some((name.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    };
+    let small = png(&RgbImage::from_fn(1024, 768, photo_pixel));
+    let hd = std::fs::read(common::fetched("photo-1920x1080.jpg")).expect("the photo");
+    let large = std::fs::read(common::fetched("photo-4032x3024.jpg")).expect("the photo");
+    let send = |body: &[u8], kind: &str| -> BTreeMap<&'static str, u64> {
+        let before = read();
+        let answer = server.post("/invocations", &[("Content-Type", kind)], body);
+        assert_eq!(answer.status, 200, "{}", server.log());
+        let after = read();
+        COUNTED
+            .iter()
+            .map(|&name| (name, after[name] - before[name]))
+            .collect()
+    };
+    // Each size once first (its first launches at its grid sizes), then the changes.
+    send(&large, "image/jpeg");
+    send(&small, "image/png");
+    send(&hd, "image/jpeg");
+    send(&small, "image/png");
+    let to_hd = send(&hd, "image/jpeg");
+    assert_size_change_at_the_floor("served: 1920x1080 after 1024x768", &to_hd, 1920 * 1080);
+    let to_large = send(&large, "image/jpeg");
+    assert_size_change_at_the_floor("served: 4032x3024 after 1920x1080", &to_large, 4032 * 3024);
+    let served = String::from_utf8(server.get("/metrics").1).expect("metrics text");
+    assert!(
+        served
+            .lines()
+            .any(|l| l.starts_with("celer_inference_request_success") && l.contains("gpu0")),
+        "served on the GPU: {served}"
+    );
+    server.stop_cleanly();
 }

@@ -90,7 +90,8 @@ pub struct DeviceArgs {
     /// and, on the CPU, are priced from a timed run instead of the prior; repeat it, or
     /// list sizes with commas, for several (the last one's tables stay in place). The
     /// page-locked blocks for requests' pixels are sized for the largest, at least
-    /// 1920x1080. Every GPU replica also runs a small image at load.
+    /// 1920x1080 (and each GPU replica has blocks for a 12 MP request besides). Every GPU
+    /// replica also runs a small image at load.
     #[arg(long = "warmup-size", env = "CELER_WARMUP_SIZES", value_delimiter = ',', value_parser = image_size)]
     pub warmup_sizes: Vec<(u32, u32)>,
 

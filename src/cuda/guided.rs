@@ -127,22 +127,22 @@ impl FastGuidedFilter {
     }
 
     /// Every table `fit` and `alpha` need for a source of `size` and a mask of
-    /// `mask_size` (nothing when already there), so that a caller can upload them while
-    /// its stream is idle.
-    pub fn upload_tables(
+    /// `mask_size`, made on the device (nothing when already there), so that a caller
+    /// can queue them before its request's first copy.
+    pub fn make_tables(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         size: (u32, u32),
         mask_size: (u32, u32),
     ) -> Result<(), CudaError> {
         let low = self.params.low_size(size);
-        self.mask_resize.set(stream, mask_size, low)?;
+        self.mask_resize.set(launcher, mask_size, low)?;
         if self.params.s() > 1 {
-            self.guide_horizontal.set_fixed(stream, size.0, low.0)?;
-            self.guide_vertical.set_fixed(stream, size.1, low.1)?;
+            self.guide_horizontal.set_fixed(launcher, size.0, low.0)?;
+            self.guide_vertical.set_fixed(launcher, size.1, low.1)?;
         }
-        self.up_x.set_upsample(stream, low.0, size.0)?;
-        self.up_y.set_upsample(stream, low.1, size.1)
+        self.up_x.set_upsample(launcher, low.0, size.0)?;
+        self.up_y.set_upsample(launcher, low.1, size.1)
     }
 
     /// `guided_filter::fit`: the model of `coarse` (`mask_size`) for the RGB8 `image`
@@ -155,7 +155,6 @@ impl FastGuidedFilter {
         coarse: &CudaSlice<f32>,
         mask_size: (u32, u32),
     ) -> Result<(), CudaError> {
-        let stream = launcher.stream;
         let low = self.params.low_size(size);
         let low_px = u64::from(low.0) * u64::from(low.1);
         self.fitted = None;
@@ -166,8 +165,8 @@ impl FastGuidedFilter {
             reason: format!("{}x{} does not fit the kernels' 32-bit sizes", low.0, low.1),
         })?;
         if self.params.s() > 1 {
-            self.guide_horizontal.set_fixed(stream, size.0, low.0)?;
-            self.guide_vertical.set_fixed(stream, size.1, low.1)?;
+            self.guide_horizontal.set_fixed(launcher, size.0, low.0)?;
+            self.guide_vertical.set_fixed(launcher, size.1, low.1)?;
             // The resize's vertical pass makes the luma itself: the resized RGB8 (and
             // its max, which only the preprocess's "max" scale needs) is never stored.
             launcher.resize_rgb8_luma(
@@ -213,8 +212,8 @@ impl FastGuidedFilter {
                 reason: format!("no model fitted for a {}x{} source", size.0, size.1),
             });
         }
-        self.up_x.set_upsample(launcher.stream, low.0, size.0)?;
-        self.up_y.set_upsample(launcher.stream, low.1, size.1)?;
+        self.up_x.set_upsample(launcher, low.0, size.0)?;
+        self.up_y.set_upsample(launcher, low.1, size.1)?;
         launcher.guided_alpha(
             &self.mean_a,
             &self.mean_b,

@@ -207,23 +207,35 @@ pub struct PoolStats {
 impl HostPool {
     /// `blocks` blocks of `block_bytes` now; growing to at most `max_bytes`.
     pub fn new(blocks: usize, block_bytes: usize, max_bytes: usize) -> Self {
-        let block_bytes = block_bytes.max(1).next_multiple_of(PAGE);
+        Self::with_blocks(&vec![block_bytes; blocks], max_bytes)
+    }
+
+    /// A block of each of `sizes` bytes now (rounded up to whole pages); growing to at
+    /// most `max_bytes`. A grown block is at least as large as the smallest of `sizes`.
+    pub fn with_blocks(sizes: &[usize], max_bytes: usize) -> Self {
+        let page = |len: usize| len.max(1).next_multiple_of(PAGE);
+        let block_bytes = sizes.iter().copied().map(page).min().unwrap_or(PAGE);
+        let made = sizes
+            .iter()
+            .copied()
+            .map(page)
+            .fold(0, usize::saturating_add);
         let shared = Arc::new(Shared {
-            free: Mutex::new(Vec::with_capacity(blocks)),
+            free: Mutex::new(Vec::with_capacity(sizes.len())),
             registry: Mutex::new(Registry {
                 blocks: Vec::new(),
                 contexts: Vec::new(),
                 bytes: 0,
             }),
             block_bytes,
-            max_bytes: max_bytes.max(blocks * block_bytes),
+            max_bytes: max_bytes.max(made),
             growing: AtomicBool::new(false),
             leases: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         });
-        for _ in 0..blocks {
-            if !shared.add_block(block_bytes) {
-                tracing::warn!(block_bytes, "cannot allocate a pixel block");
+        for &len in sizes {
+            if !shared.add_block(page(len)) {
+                tracing::warn!(block_bytes = len, "cannot allocate a pixel block");
                 break;
             }
         }

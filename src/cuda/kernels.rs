@@ -88,7 +88,27 @@ pub const COMPOSITE: KernelFile = KernelFile {
     ],
 };
 
-pub const FILES: [KernelFile; 5] = [PREPROCESS, TRIMAP, RESAMPLE, GUIDED_FILTER, COMPOSITE];
+/// The resampling tables of a size change, made on the device from their sizes (FP64:
+/// `tables.cu` says why).
+pub const TABLES: KernelFile = KernelFile {
+    name: "tables.cu",
+    source: include_str!("kernels/tables.cu"),
+    kernels: &[
+        "taps_pil_fixed",
+        "taps_pil_f32",
+        "taps_convolution_f32",
+        "nearest_indices",
+    ],
+};
+
+pub const FILES: [KernelFile; 6] = [
+    PREPROCESS,
+    TRIMAP,
+    RESAMPLE,
+    GUIDED_FILTER,
+    COMPOSITE,
+    TABLES,
+];
 
 /// NVRTC options for every file. `--fmad=false`: no contraction of `a * b + c` into an
 /// FMA, which would round once where the CPU rounds twice; IEEE division and square root;

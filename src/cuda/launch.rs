@@ -108,7 +108,7 @@ fn as_u32(what: &'static str, v: u64) -> Result<u32, CudaError> {
     })
 }
 
-/// A separable resize as its taps were uploaded: the target size, and the source rows
+/// A separable resize as its taps were made: the target size, and the source rows
 /// `row0..row0 + rows` that the horizontal pass covers.
 struct Separable {
     dst: (u32, u32),
@@ -118,7 +118,7 @@ struct Separable {
 
 impl Separable {
     /// The resize the taps describe for a `src`-sized source; an error naming `stage`
-    /// when none were uploaded, or when they were for another source size.
+    /// when none were made, or when they were for another source size.
     fn of<W: DeviceRepr>(
         stage: &'static str,
         src: (u32, u32),
@@ -128,7 +128,7 @@ impl Separable {
         let (Some((hin, dst_w)), Some((vin, dst_h))) = (horizontal.sizes, vertical.sizes) else {
             return Err(CudaError::Stage {
                 stage,
-                reason: "no taps uploaded".into(),
+                reason: "no taps made".into(),
             });
         };
         if (hin, vin) != src {
@@ -158,7 +158,7 @@ impl Separable {
 /// Launches kernel `$name` over `$threads` threads with the arguments in order. The
 /// argument list must match the kernel's C signature, type for type.
 macro_rules! launch {
-    ($self:expr, $name:literal, $threads:expr, $block:expr; $($arg:expr),* $(,)?) => {{
+    ($self:expr, $name:expr, $threads:expr, $block:expr; $($arg:expr),* $(,)?) => {{
         let function = $self.kernels.get($name)?;
         if let Some(cfg) = config($threads, $block)? {
             let mut builder = $self.stream.launch_builder(function);
@@ -173,7 +173,8 @@ macro_rules! launch {
     }};
 }
 
-/// Taps of one axis on the device, sized at start-up for the largest table accepted.
+/// Taps of one axis on the device, sized at start-up for the largest table accepted,
+/// and made there (tables.cu) when the sizes change: nothing is uploaded.
 pub struct GpuTaps<W: DeviceRepr> {
     pub first: CudaSlice<u32>,
     pub count: CudaSlice<u32>,
@@ -181,7 +182,7 @@ pub struct GpuTaps<W: DeviceRepr> {
     pub stride: u32,
     /// Source samples read: `span.0..span.1`.
     pub span: (u32, u32),
-    /// The (source, target) sizes of the uploaded table, to skip re-uploads.
+    /// The (source, target) sizes of the table made, to skip remaking it.
     pub sizes: Option<(u32, u32)>,
 }
 
@@ -190,6 +191,13 @@ pub struct GpuTaps<W: DeviceRepr> {
 pub fn taps_capacity(in_max: u32, out_max: u32) -> (usize, usize) {
     let weights = 2 * in_max as usize + 4 * out_max as usize + 16;
     (out_max as usize, weights)
+}
+
+/// What a table's launches need from the host: its stride and the source samples it
+/// reads, from the host's own table of the same sizes (taps.rs; computed, never
+/// uploaded), so that the host and the device agree on the layout by construction.
+fn layout<W: Copy + Default>(taps: &FlatTaps<W>) -> (u32, (u32, u32)) {
+    (taps.stride, taps.span())
 }
 
 impl<W: DeviceRepr + ValidAsZeroBits> GpuTaps<W> {
@@ -208,92 +216,89 @@ impl<W: DeviceRepr + ValidAsZeroBits> GpuTaps<W> {
         })
     }
 
-    fn upload(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        first: &[u32],
-        count: &[u32],
-        weights: &[W],
-        stride: u32,
-        span: (u32, u32),
-    ) -> Result<(), CudaError> {
-        need("taps", &self.first, first.len() as u64)?;
-        need("tap weights", &self.weights, weights.len() as u64)?;
-        stream.memcpy_htod(first, &mut self.first)?;
-        stream.memcpy_htod(count, &mut self.count)?;
-        stream.memcpy_htod(weights, &mut self.weights)?;
-        self.stride = stride;
-        self.span = span;
-        Ok(())
-    }
-}
-
-impl<W: DeviceRepr + ValidAsZeroBits + Copy + Default> GpuTaps<W> {
-    /// Uploads `make(in_size, out_size)` unless these sizes are already there.
+    /// Makes the table of `in_size` -> `out_size` with `kernel` (tables.cu) on the
+    /// launcher's stream, unless these sizes are already there; `layout` gives its
+    /// stride and span.
     fn set_with(
         &mut self,
-        stream: &Arc<CudaStream>,
-        in_size: u32,
-        out_size: u32,
-        make: fn(u32, u32) -> FlatTaps<W>,
+        launcher: &Launcher<'_>,
+        (in_size, out_size): (u32, u32),
+        kernel: &'static str,
+        layout: fn(u32, u32) -> (u32, (u32, u32)),
     ) -> Result<(), CudaError> {
         if self.sizes == Some((in_size, out_size)) {
             return Ok(());
         }
-        let taps = make(in_size, out_size);
-        self.upload(
-            stream,
-            &taps.first,
-            &taps.count,
-            &taps.weights,
-            taps.stride,
-            taps.span(),
+        // A launch that fails leaves no table of any size behind.
+        self.sizes = None;
+        let (stride, span) = layout(in_size, out_size);
+        need("taps", &self.first, u64::from(out_size))?;
+        need(
+            "tap weights",
+            &self.weights,
+            u64::from(out_size) * u64::from(stride),
         )?;
+        launch!(launcher, kernel, u64::from(out_size), BLOCK;
+            &in_size, &out_size, &stride, &mut self.first, &mut self.count,
+            &mut self.weights)?;
+        self.stride = stride;
+        self.span = span;
         self.sizes = Some((in_size, out_size));
         Ok(())
     }
 }
 
 impl GpuTaps<i32> {
-    /// Uploads PIL's fixed-point taps for `in_size` -> `out_size` unless already there.
+    /// PIL's fixed-point taps for `in_size` -> `out_size` (`FixedTaps::bilinear`),
+    /// made on the device unless already there.
     pub fn set_fixed(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        self.set_with(stream, in_size, out_size, FixedTaps::bilinear)
+        self.set_with(launcher, (in_size, out_size), "taps_pil_fixed", |i, o| {
+            layout(&FixedTaps::bilinear(i, o))
+        })
     }
 }
 
 impl GpuTaps<f32> {
-    /// Uploads fast_image_resize's coefficients for `in_size` -> `out_size`, rounded to
-    /// the f32 the plane resize computes in, unless already there. A `GpuTaps<f32>`
-    /// holds one kind of table for its life: these, or `set_upsample`'s.
+    /// fast_image_resize's coefficients for `in_size` -> `out_size`, rounded to the f32
+    /// the plane resize computes in (`ConvolutionTaps::bilinear(..).to_f32()`), made on
+    /// the device unless already there. A `GpuTaps<f32>` holds one kind of table for its
+    /// life: these, or `set_upsample`'s.
     pub fn set_convolution(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        self.set_with(stream, in_size, out_size, |i, o| {
-            ConvolutionTaps::bilinear(i, o).to_f32()
-        })
+        self.set_with(
+            launcher,
+            (in_size, out_size),
+            "taps_convolution_f32",
+            |i, o| layout(&ConvolutionTaps::bilinear(i, o)),
+        )
     }
 
-    /// Uploads the guided filter's upsampling taps (PIL's bilinear weights in f32) for
-    /// `in_size` -> `out_size` unless already there.
+    /// The guided filter's upsampling taps (PIL's bilinear weights in f32,
+    /// `UpsampleTaps::bilinear`) for `in_size` -> `out_size`, made on the device unless
+    /// already there.
     pub fn set_upsample(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        self.set_with(stream, in_size, out_size, UpsampleTaps::bilinear)
+        self.set_with(launcher, (in_size, out_size), "taps_pil_f32", |i, o| {
+            layout(&UpsampleTaps::bilinear(i, o))
+        })
     }
 }
 
-/// PIL NEAREST's indices for both axes on the device.
+/// PIL NEAREST's indices for both axes on the device, made there (tables.cu) when the
+/// sizes change.
 pub struct GpuNearest {
     pub xs: CudaSlice<u32>,
     pub ys: CudaSlice<u32>,
@@ -309,22 +314,22 @@ impl GpuNearest {
         })
     }
 
-    /// Uploads the indices for `src` -> `dst` unless already there.
+    /// Makes the indices for `src` -> `dst` on the launcher's stream unless already
+    /// there (`taps::nearest_indices`, one thread per axis).
     pub fn set(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         src: (u32, u32),
         dst: (u32, u32),
     ) -> Result<(), CudaError> {
         if self.sizes == Some((src, dst)) {
             return Ok(());
         }
-        let xs = super::taps::nearest_indices(src.0, dst.0);
-        let ys = super::taps::nearest_indices(src.1, dst.1);
-        need("nearest columns", &self.xs, xs.len() as u64)?;
-        need("nearest rows", &self.ys, ys.len() as u64)?;
-        stream.memcpy_htod(&xs, &mut self.xs)?;
-        stream.memcpy_htod(&ys, &mut self.ys)?;
+        self.sizes = None;
+        need("nearest columns", &self.xs, u64::from(dst.0))?;
+        need("nearest rows", &self.ys, u64::from(dst.1))?;
+        launch!(launcher, "nearest_indices", 2, 32;
+            &src.0, &dst.0, &src.1, &dst.1, &mut self.xs, &mut self.ys)?;
         self.sizes = Some((src, dst));
         Ok(())
     }
@@ -373,7 +378,7 @@ impl Launcher<'_> {
         if resize.dst != (dst_w, dst_h) {
             return Err(CudaError::Stage {
                 stage: "preprocess",
-                reason: "taps uploaded for other sizes".into(),
+                reason: "taps made for other sizes".into(),
             });
         }
         let Separable { row0, rows, .. } = resize;
@@ -588,7 +593,7 @@ impl Launcher<'_> {
         launch!(self, "erode_columns", n, BLOCK; trimap, &*flags, &w, &h, &radius)
     }
 
-    /// PIL NEAREST resize of a u8 plane with the uploaded indices.
+    /// PIL NEAREST resize of a u8 plane with the indices made (`GpuNearest::set`).
     pub fn resize_nearest(
         &self,
         src: &CudaSlice<u8>,
@@ -598,7 +603,7 @@ impl Launcher<'_> {
         let Some(((sw, sh), (dw, dh))) = indices.sizes else {
             return Err(CudaError::Stage {
                 stage: "resize nearest",
-                reason: "no indices uploaded".into(),
+                reason: "no indices made".into(),
             });
         };
         need("nearest source", src, u64::from(sw) * u64::from(sh))?;
@@ -733,7 +738,7 @@ impl Launcher<'_> {
 
     /// The guided filter's alpha at the source size (`LinearModel::alpha`): 255 / 0
     /// where `trimap` is certain, elsewhere `mean_a` / `mean_b` (`low` size) upsampled
-    /// with the uploaded taps and applied to the luma of `rgb`. With `cutout`, also the
+    /// with the taps made and applied to the luma of `rgb`. With `cutout`, also the
     /// RGBA cut-out.
     #[allow(clippy::too_many_arguments)]
     pub fn guided_alpha(

@@ -35,11 +35,10 @@ impl PlaneResize {
         })
     }
 
-    /// The tables for `src` -> `dst` (nothing when already there), for upload while the
-    /// stream is idle.
-    pub fn set(&mut self, stream: &Arc<CudaStream>, src: Size, dst: Size) -> Result<(), CudaError> {
-        self.horizontal.set_convolution(stream, src.0, dst.0)?;
-        self.vertical.set_convolution(stream, src.1, dst.1)
+    /// The tables for `src` -> `dst`, made on the device (nothing when already there).
+    pub fn set(&mut self, launcher: &Launcher<'_>, src: Size, dst: Size) -> Result<(), CudaError> {
+        self.horizontal.set_convolution(launcher, src.0, dst.0)?;
+        self.vertical.set_convolution(launcher, src.1, dst.1)
     }
 
     /// `plane` (`src`) resized to `dst` size into `out`.
@@ -51,7 +50,7 @@ impl PlaneResize {
         dst: Size,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        self.set(launcher.stream, src, dst)?;
+        self.set(launcher, src, dst)?;
         launcher.resize_plane(
             plane,
             src,

@@ -1,11 +1,12 @@
-//! Resampling tables computed on the host and uploaded once per (source size, target
-//! size): PIL's 22-bit fixed-point bilinear taps (the preprocess resize and the guided
-//! filter's guide), the coefficients of fast_image_resize's bilinear convolution (mask
-//! and alpha resize: computed in f64 as the CPU's, uploaded rounded to f32, which the
-//! kernels compute in), PIL's bilinear weights in f32 (the guided filter's model
-//! upsampled to the source) and PIL NEAREST's source indices (trimap resize). Each is
-//! flattened to the fixed-stride layout the kernels read: `first[i]`, `count[i]`, then
-//! `stride` weights per output.
+//! Resampling tables as the host computes them, the reference the device's own
+//! (kernels/tables.cu, made once per (source size, target size) without an upload) are
+//! held to bit for bit, and the source of each table's stride and span: PIL's 22-bit
+//! fixed-point bilinear taps (the preprocess resize and the guided filter's guide), the
+//! coefficients of fast_image_resize's bilinear convolution (mask and alpha resize:
+//! computed in f64 as the CPU's, rounded to f32, which the kernels compute in), PIL's
+//! bilinear weights in f32 (the guided filter's model upsampled to the source) and PIL
+//! NEAREST's source indices (trimap resize). Each is flattened to the fixed-stride layout
+//! the kernels read: `first[i]`, `count[i]`, then `stride` weights per output.
 
 use crate::stages::preprocess::{bilinear_weights, Taps};
 

@@ -1,6 +1,6 @@
 //! A model input on the GPU: PIL's bilinear resize of the uploaded image to the model's
 //! input size, normalised into the model's own input tensor (f32 or f16). The resize
-//! tables are uploaded once per source size, while the stream is idle.
+//! tables are made on the device once per source size (`GpuTaps::set_fixed`).
 
 use std::sync::Arc;
 
@@ -46,14 +46,16 @@ impl InputStage {
         (self.spec.width, self.spec.height)
     }
 
-    /// The resize tables for a source of `size` (nothing when already there).
-    pub fn upload_taps(
+    /// The resize tables for a source of `size`, made on the device (nothing when already
+    /// there).
+    pub fn make_taps(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         size: (u32, u32),
     ) -> Result<(), CudaError> {
-        self.horizontal.set_fixed(stream, size.0, self.spec.width)?;
-        self.vertical.set_fixed(stream, size.1, self.spec.height)
+        self.horizontal
+            .set_fixed(launcher, size.0, self.spec.width)?;
+        self.vertical.set_fixed(launcher, size.1, self.spec.height)
     }
 
     /// Resize + normalise `image` (on the device, `size`) into `out`.
@@ -64,7 +66,7 @@ impl InputStage {
         size: (u32, u32),
         out: ModelInput<'_>,
     ) -> Result<(), CudaError> {
-        self.upload_taps(launcher.stream, size)?;
+        self.make_taps(launcher, size)?;
         launcher.preprocess(
             image,
             size,

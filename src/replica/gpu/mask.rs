@@ -56,13 +56,14 @@ impl MaskStage {
         (self.shape[3] as u32, self.shape[2] as u32)
     }
 
-    /// The NEAREST indices to a source of `size` (nothing when already there).
-    pub fn upload_tables(
+    /// The NEAREST indices to a source of `size`, made on the device (nothing when already
+    /// there).
+    pub fn make_tables(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         size: (u32, u32),
     ) -> Result<(), CudaError> {
-        self.to_source.set(stream, self.size(), size)
+        self.to_source.set(launcher, self.size(), size)
     }
 
     /// The trimap of the segmentation output `mask`, eroded, at the output's resolution
@@ -114,7 +115,7 @@ impl MaskStage {
             spec.trimap.erode_px,
             &mut self.flags,
         )?;
-        self.to_source.set(launcher.stream, small, source)?;
+        self.to_source.set(launcher, small, source)?;
         launcher.resize_nearest(&self.trimap, &self.to_source, trimap)
     }
 }

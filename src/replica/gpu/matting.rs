@@ -106,22 +106,22 @@ impl Matting {
         })))
     }
 
-    /// Every table the matting of a source of `size` needs (nothing when already there),
-    /// for upload while the stream is idle.
-    pub fn upload_tables(
+    /// Every table the matting of a source of `size` needs, made on the device (nothing
+    /// when already there).
+    pub fn make_tables(
         &mut self,
-        stream: &Arc<CudaStream>,
+        launcher: &Launcher<'_>,
         size: (u32, u32),
         mask: &MaskStage,
     ) -> Result<(), CudaError> {
         let mask_size = mask.size();
         match self {
-            Self::GuidedFilter(filter) => filter.upload_tables(stream, size, mask_size),
+            Self::GuidedFilter(filter) => filter.make_tables(launcher, size, mask_size),
             Self::Model(m) => {
-                m.input.upload_taps(stream, size)?;
-                m.trimap_nearest.set(stream, mask_size, m.input.size())?;
+                m.input.make_taps(launcher, size)?;
+                m.trimap_nearest.set(launcher, mask_size, m.input.size())?;
                 let alpha_size = m.alpha_size();
-                m.alpha_resize.set(stream, alpha_size, size)
+                m.alpha_resize.set(launcher, alpha_size, size)
             }
         }
     }
@@ -185,11 +185,10 @@ impl ModelMatting {
         size: (u32, u32),
         mask: &MaskStage,
     ) -> Result<Option<HostRun>, GpuError> {
-        let stream = launcher.stream;
         self.input
             .run(launcher, image, size, self.model.input(0)?)?;
         let (iw, ih) = self.input.size();
-        self.trimap_nearest.set(stream, mask.size(), (iw, ih))?;
+        self.trimap_nearest.set(launcher, mask.size(), (iw, ih))?;
         launcher.resize_nearest(&mask.trimap, &self.trimap_nearest, &mut self.trimap_small)?;
         launcher.trimap_to_unit(&self.trimap_small, iw * ih, self.model.input(1)?)?;
         let host = self.model.run(launcher)?;

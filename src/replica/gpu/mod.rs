@@ -95,7 +95,7 @@ pub struct GpuServing {
     pub pool: HostPool,
     /// Image sizes each replica runs once at load, after the small warm-up every replica
     /// runs: the sizes the first requests will be (`--warmup-size`), whose first run
-    /// would otherwise pay the uploads of its resize tables and the first launches of
+    /// would otherwise pay the making of its resize tables and the first launches of
     /// kernels at its grid sizes. The tables of the last stay in place.
     pub warmup: Vec<(u32, u32)>,
 }
@@ -119,15 +119,46 @@ const BLOCKS_PER_REQUEST: usize = 2;
 /// cut-out (8.3 MB).
 pub const DEFAULT_BLOCK_PIXELS: u64 = 1920 * 1080;
 
+/// The pixels of a 12 MP photo (4032x3024, a phone camera's): the pool made at start-up
+/// holds, for each GPU replica, a block for such a request's RGB8 pixels (36.6 MB) and
+/// one for its RGBA answer (48.8 MB), so that one after smaller requests pins nothing
+/// while it runs and its download is DMA.
+pub const LARGE_REQUEST_PIXELS: u64 = 4032 * 3024;
+
+/// Bytes of `n` as a block size.
+fn block_len(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 /// The page-locked host pool a server's decoders and GPU replicas share, for
-/// `gpu_replicas` replicas in all and images up to `max_pixels`: blocks for two requests
-/// per replica (one on the GPU, one decoding or encoding beside it), each holding a
-/// `block_pixels` RGBA plane (at most `max_pixels`), made at start-up; growing, by a
-/// block each time the free ones cannot serve a lease, to four times that.
+/// `gpu_replicas` replicas in all and images up to `max_pixels`, made at start-up:
+/// - blocks for two requests per replica (one on the GPU, one decoding or encoding beside
+///   it), each holding a `block_pixels` RGBA plane (at most `max_pixels`);
+/// - for each replica, a block for the RGB8 pixels and one for the RGBA answer of a
+///   `LARGE_REQUEST_PIXELS` request (at most `max_pixels`; none where the blocks above
+///   already hold it).
+///
+/// A lease the free blocks cannot serve grows the pool in the background, by a block of
+/// 1.5 times the lease; the ceiling leaves room for each replica to grow the two blocks
+/// of one `max_pixels` request that way, so that any image the decoder accepts is, after
+/// its first request, served from page-locked blocks.
 pub fn host_pool(gpu_replicas: usize, max_pixels: u64, block_pixels: u64) -> HostPool {
-    let block_bytes = usize::try_from(4 * block_pixels.min(max_pixels)).unwrap_or(usize::MAX);
-    let blocks = 2 * BLOCKS_PER_REQUEST * gpu_replicas.max(1);
-    HostPool::new(blocks, block_bytes, 4 * blocks * block_bytes)
+    let replicas = gpu_replicas.max(1);
+    let block_pixels = block_pixels.min(max_pixels);
+    let mut blocks = vec![block_len(4 * block_pixels); 2 * BLOCKS_PER_REQUEST * replicas];
+    let large = LARGE_REQUEST_PIXELS.min(max_pixels);
+    if large > block_pixels {
+        for _ in 0..replicas {
+            blocks.push(block_len(3 * large));
+            blocks.push(block_len(4 * large));
+        }
+    }
+    let made = blocks.iter().fold(0usize, |a, b| a.saturating_add(*b));
+    let growth = block_len(7 * max_pixels)
+        .saturating_mul(3)
+        .saturating_div(2)
+        .saturating_mul(replicas);
+    HostPool::with_blocks(&blocks, made.saturating_add(growth))
 }
 
 /// One GPU and its replicas' stages. A CUDA context is shared by every replica of a
@@ -395,7 +426,7 @@ impl Executor for GpuExecutor {
     }
 
     /// Each warm-up size once more, timed, every plane: its first run was the load's
-    /// (`GpuStages::warm_up_at`), which paid for the resize tables' uploads and the first
+    /// (`GpuStages::warm_up_at`), which made its resize tables and paid for the first
     /// launches at its grid sizes. The pixels are in a block of the page-locked pool, as a
     /// decoded request's are, so that the upload is timed as a request's. The device's
     /// first prices come from these runs, not from the first requests.

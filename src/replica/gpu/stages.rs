@@ -228,17 +228,20 @@ impl GpuStages {
         self.finish(size, planes, timings)
     }
 
-    /// Everything a request of `size` needs before its first copy, while the stream is
-    /// idle: the last request's blocks given back, and every resize table. The tables come from pageable host
-    /// memory, whose copies the driver may serialise with the stream: made mid-request,
-    /// after an engine is queued, they would wait for it. The stages' own calls then find
-    /// the tables in place and upload nothing.
+    /// Everything a request of `size` needs before its first copy: the last request's
+    /// blocks given back (the stream is idle), and every resize table, made on the
+    /// device by the table kernels (tables.cu) queued on the stream when the size
+    /// changed (nothing uploaded, nothing waited for; nothing launched for the size the
+    /// tables are already for). The stages' own calls then find the tables in place.
     fn prepare(&mut self, size: (u32, u32)) -> Result<(), GpuError> {
-        let stream = &self.stream;
         self.transfer.settle();
-        self.segmentation.input.upload_taps(stream, size)?;
-        self.mask.upload_tables(stream, size)?;
-        self.matting.upload_tables(stream, size, &self.mask)?;
+        let launcher = Launcher {
+            stream: &self.stream,
+            kernels: self.device.kernels(),
+        };
+        self.segmentation.input.make_taps(&launcher, size)?;
+        self.mask.make_tables(&launcher, size)?;
+        self.matting.make_tables(&launcher, size, &self.mask)?;
         Ok(())
     }
 

@@ -76,6 +76,11 @@
 //   `poison_live [<byte>]`; anything else is reported (stderr, last error) and ignored.
 //   A test writes `mark` before the first request, `poison` before the next: that
 //   request's first enqueue poisons what the first request wrote, before it runs.
+// - CELER_CUDA_STANDIN_COUNTERS_FILE=PATH, the counters (celer_standin_counter) of a server
+//   in another process: every counter as a `name value` line, the file rewritten whole
+//   (written beside it, then renamed) at each host synchronisation, host registration and
+//   pinned allocation. A request's last host synchronisation comes before its response, so
+//   a test reads the file after each response and counts what the request moved.
 // - Cross-stream hazards, CELER_CUDA_STANDIN_HAZARDS (1 default, 0 off;
 //   celer_standin_set_hazards in-process): each stream, event and context carries a vector
 //   clock (per stream, the last of its operations ordered before this point); each
@@ -340,6 +345,15 @@ struct Counters {
 };
 Counters counters;
 
+// Every counter celer_standin_counter and CELER_CUDA_STANDIN_COUNTERS_FILE report, by name.
+#define EVERY_COUNTER(X)                                                                     \
+    X(launches_enqueued) X(launches_run) X(htod_copies) X(htod_bytes) X(dtoh_copies)         \
+    X(dtoh_bytes) X(dtod_copies) X(dtod_bytes) X(memsets) X(memset_bytes) X(contexts_created) \
+    X(stream_syncs) X(event_syncs) X(ctx_syncs) X(host_syncs) X(device_allocs)                \
+    X(device_frees) X(pinned_allocs) X(pinned_alloc_bytes) X(pinned_frees) X(host_registers)  \
+    X(host_register_bytes) X(host_unregisters) X(pageable_htod_copies)                        \
+    X(pageable_dtoh_copies) X(sticky_errors) X(work_enqueued) X(work_run)
+
 // What fresh device memory holds (CELER_CUDA_STANDIN_POISON_DEVICE), and what the poison
 // controls write unless told another byte: as a float, 0xCDCDCDCD is about -4.3e8.
 constexpr unsigned char kPoison = 0xCD;
@@ -529,6 +543,8 @@ struct State {
     bool poison_device = true;
     // CELER_CUDA_STANDIN_POISON_FILE: commands for write tracking and poisoning.
     std::string poison_file;
+    // CELER_CUDA_STANDIN_COUNTERS_FILE: where every counter is written (dump_counters).
+    std::string counters_file;
     // By allocation base: the last write and the reads since, per stream.
     std::map<uintptr_t, struct AllocationAccesses> accesses;
     // celer_standin_mark_writes: allocations written since the mark (or last poison).
@@ -976,9 +992,39 @@ Clock clock_until(Stream* s, uint64_t seq) {
     return clock;
 }
 
+// CELER_CUDA_STANDIN_COUNTERS_FILE=PATH: every counter as `name value` lines, rewritten
+// whole (PATH.tmp, then renamed over PATH, so a reader never sees half a file) at each
+// host synchronisation, host registration and pinned allocation: the counts of a server
+// in another process, read by a test after each response (a request's last host
+// synchronisation precedes its response). The path is set once, when the driver starts.
+void dump_counters() {
+    const std::string& path = state().counters_file;
+    if (path.empty()) return;
+    std::string text;
+#define DUMP(field) text += format("%s %llu\n", #field, static_cast<unsigned long long>(counters.field.load()));
+    EVERY_COUNTER(DUMP)
+#undef DUMP
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "w");
+    if (f == nullptr) {
+        fprintf(stderr, "cuda stand-in: CELER_CUDA_STANDIN_COUNTERS_FILE %s: cannot write %s\n", path.c_str(),
+                tmp.c_str());
+        return;
+    }
+    fwrite(text.data(), 1, text.size(), f);
+    fclose(f);
+    rename(tmp.c_str(), path.c_str());
+}
+
+// A host synchronisation, counted (and reported to CELER_CUDA_STANDIN_COUNTERS_FILE).
+void count_host_sync() {
+    counters.host_syncs++;
+    dump_counters();
+}
+
 // Runs `s` up to `seq` for a call that returns only then (a synchronous copy or memset).
 void wait_for(Stream* s, uint64_t seq) {
-    counters.host_syncs++;
+    count_host_sync();
     Clock seen = clock_until(s, seq);
     run_until(s, seq);
     host_saw(s->context, seen);
@@ -1398,6 +1444,8 @@ EXPORT CUresult cuInit(unsigned int flags) {
         set_shared_poison(shared);
         const char* poison_file = getenv("CELER_CUDA_STANDIN_POISON_FILE");
         st.poison_file = poison_file != nullptr ? poison_file : "";
+        const char* counters_file = getenv("CELER_CUDA_STANDIN_COUNTERS_FILE");
+        st.counters_file = counters_file != nullptr ? counters_file : "";
         st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
         long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
         long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
@@ -1652,7 +1700,7 @@ EXPORT CUresult cuCtxSynchronize() {
     for (Stream* s : streams) run_until(s, UINT64_MAX);
     host_saw(c, seen);
     counters.ctx_syncs++;
-    counters.host_syncs++;
+    count_host_sync();
     return sticky_error(c);
 }
 
@@ -1781,7 +1829,7 @@ EXPORT CUresult cuStreamSynchronize(void* stream) {
     run_until(s, UINT64_MAX);
     host_saw(s->context, seen);
     counters.stream_syncs++;
-    counters.host_syncs++;
+    count_host_sync();
     return sticky_error(s->context);
 }
 
@@ -1931,7 +1979,7 @@ EXPORT CUresult cuEventSynchronize(void* event) {
     if (s != nullptr) run_until(s, seq);
     host_saw(c, seen);
     counters.event_syncs++;
-    counters.host_syncs++;
+    count_host_sync();
     return sticky_error(c);
 }
 
@@ -2106,6 +2154,7 @@ EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags)
     if (p == nullptr) return fail(OUT_OF_MEMORY, format("cuMemHostAlloc(%zu bytes): no memory", bytes));
     counters.pinned_allocs++;
     counters.pinned_alloc_bytes += bytes;
+    dump_counters();
     *pointer = p;
     return SUCCESS;
 }
@@ -2143,6 +2192,7 @@ EXPORT CUresult cuMemHostRegister_v2(void* pointer, size_t bytes, unsigned int f
     if (int r = host_register(pointer, bytes, flags, current->generation)) return r;
     counters.host_registers++;
     counters.host_register_bytes += bytes;
+    dump_counters();
     return SUCCESS;
 }
 
@@ -2646,34 +2696,7 @@ EXPORT uint64_t celer_standin_counter(const char* name) {
     std::string n = name == nullptr ? "" : name;
 #define COUNTER(field) \
     if (n == #field) return counters.field;
-    COUNTER(launches_enqueued)
-    COUNTER(launches_run)
-    COUNTER(htod_copies)
-    COUNTER(htod_bytes)
-    COUNTER(dtoh_copies)
-    COUNTER(dtoh_bytes)
-    COUNTER(dtod_copies)
-    COUNTER(dtod_bytes)
-    COUNTER(memsets)
-    COUNTER(memset_bytes)
-    COUNTER(contexts_created)
-    COUNTER(stream_syncs)
-    COUNTER(event_syncs)
-    COUNTER(ctx_syncs)
-    COUNTER(host_syncs)
-    COUNTER(device_allocs)
-    COUNTER(device_frees)
-    COUNTER(pinned_allocs)
-    COUNTER(pinned_alloc_bytes)
-    COUNTER(pinned_frees)
-    COUNTER(host_registers)
-    COUNTER(host_register_bytes)
-    COUNTER(host_unregisters)
-    COUNTER(pageable_htod_copies)
-    COUNTER(pageable_dtoh_copies)
-    COUNTER(sticky_errors)
-    COUNTER(work_enqueued)
-    COUNTER(work_run)
+    EVERY_COUNTER(COUNTER)
 #undef COUNTER
     if (n == "device_bytes") return device_bytes_in_use();
     return UINT64_MAX;
