@@ -92,7 +92,8 @@ DRIVER_FLOOR := 12.2
 DRIVER_NEWEST := 13.0
 ORDER_SEED ?= 7
 GPU_SUITE := --test cuda_gpu --test gpu_recovery --test driver_codes --test serve_gpu --test standin_work --test standin_catches \
-	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test serve_tensorrt --test request_floor)
+	$(if $(CARGO_FEATURES),--test tensorrt_engine --test tensorrt_standin_rules --test tensorrt_enqueue_faults \
+		--test serve_tensorrt --test request_floor)
 # CELER_FP32=1: every served model FP32, so that a variant `make int8` left in onnx/u2netp
 # changes none of the comparisons (tests/quantize.rs asks for variants itself).
 test: reference tensorrt-headers kubectl

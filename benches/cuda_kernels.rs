@@ -295,8 +295,8 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo, (w, h): (u32, u32)) -> Vec<serd
     nearest.set(&s, (320, 320), (w, h)).unwrap();
     let mut trimap_full = zeros::<u8>(&s, n);
     let (ch, cwh) = taps_capacity(320, w);
-    let mut pht = GpuTaps::<f64>::alloc(&s, ch, cwh).unwrap();
-    let mut pvt = GpuTaps::<f64>::alloc(&s, ch, cwh).unwrap();
+    let mut pht = GpuTaps::<f32>::alloc(&s, ch, cwh).unwrap();
+    let mut pvt = GpuTaps::<f32>::alloc(&s, ch, cwh).unwrap();
     pht.set_convolution(&s, 320, w).unwrap();
     pvt.set_convolution(&s, 320, h).unwrap();
     let (mut ptmp, mut p, mut luma) = (

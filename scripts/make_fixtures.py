@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Generate the tiny ONNX fixture models in onnx/fixtures/ (committed; a few hundred bytes each).
 
-Owns onnx/fixtures/{seg3,prob,matting}.onnx. All: opset 17, IR version 9, float32,
-dynamic batch dim "batch", fixed 64x64. With m = mean of the 3 image channels:
+Owns onnx/fixtures/{seg3,prob,matting,prob-nonzero}.onnx. All: opset 17, IR version 9,
+float32 images, dynamic batch dim "batch", fixed 64x64. With m = mean of the 3 image channels:
   seg3.onnx     image[b,3,64,64] -> scores[b,3,64,64], scores_c = w_c*m + b_c,
                 w = [-3, 0, 3], b = [1, 0, -2]: argmax is 0 for m<1/3, 1 between, 2 for m>2/3
   prob.onnx     image[b,3,64,64] -> mask[b,1,64,64] = Sigmoid(8*(m - 0.5))
   matting.onnx  image[b,3,64,64], trimap[b,1,64,64] -> alpha[b,1,64,64]
                 = Clip(0.75*trimap + 0.25*m, 0, 1)
-Each is a 1x1 Conv (plus Sigmoid/Clip), checked with onnx.checker and with onnxruntime
-against numpy on random input. Run with .venv/bin/python; the output is deterministic.
+  prob-nonzero.onnx  prob.onnx's mask, and a second output whose size depends on the
+                pixels' values, not on the input's shape: foreground[4, n] (int64) =
+                NonZero(mask > 0.5), the indices of the n foreground pixels (what TensorRT
+                calls a data-dependent shape: -1 until the engine runs)
+Each is a 1x1 Conv (plus Sigmoid/Clip/NonZero), checked with onnx.checker and with
+onnxruntime against numpy on random input. Run with .venv/bin/python; the output is
+deterministic.
 """
 from pathlib import Path
 
@@ -62,6 +67,17 @@ def matting() -> onnx.ModelProto:
                  [value("image", 3), value("trimap", 1)], [value("alpha", 1)])
 
 
+def prob_nonzero() -> onnx.ModelProto:
+    node, inits = conv("image", "logit", [[8.0 / 3] * 3], [-4.0])
+    sig = helper.make_node("Sigmoid", ["logit"], ["mask"])
+    inits.append(numpy_helper.from_array(np.float32(0.5), "half"))
+    above = helper.make_node("Greater", ["mask", "half"], ["above"])
+    nonzero = helper.make_node("NonZero", ["above"], ["foreground"])
+    foreground = helper.make_tensor_value_info("foreground", TensorProto.INT64, [4, "foreground_pixels"])
+    return model("prob-nonzero", [node, sig, above, nonzero], inits, [value("image", 3)],
+                 [value("mask", 1), foreground])
+
+
 def check(path: Path, feeds: dict, output: str, want: np.ndarray) -> None:
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (got,) = sess.run([output], feeds)
@@ -71,7 +87,7 @@ def check(path: Path, feeds: dict, output: str, want: np.ndarray) -> None:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, build in [("seg3", seg3), ("prob", prob), ("matting", matting)]:
+    for name, build in [("seg3", seg3), ("prob", prob), ("matting", matting), ("prob-nonzero", prob_nonzero)]:
         onnx.save(build(), OUT / f"{name}.onnx")
 
     rng = np.random.default_rng(17)
@@ -83,6 +99,10 @@ def main() -> None:
     check(OUT / "prob.onnx", {"image": image}, "mask", 1 / (1 + np.exp(-8 * (m - 0.5))))
     check(OUT / "matting.onnx", {"image": image, "trimap": trimap}, "alpha",
           np.clip(0.75 * trimap + 0.25 * m, 0, 1))
+    mask = 1 / (1 + np.exp(-8 * (m - 0.5)))
+    check(OUT / "prob-nonzero.onnx", {"image": image}, "mask", mask)
+    check(OUT / "prob-nonzero.onnx", {"image": image}, "foreground",
+          np.stack(np.nonzero(mask > 0.5)).astype(np.int64))
     # seg3's classes on flat grey images: m = 0.1 -> 0, 0.5 -> 1, 0.9 -> 2.
     sess = ort.InferenceSession(str(OUT / "seg3.onnx"), providers=["CPUExecutionProvider"])
     grey = np.float32([0.1, 0.5, 0.9])[:, None, None, None] * np.ones((1, 3, HW, HW), np.float32)

@@ -2,13 +2,14 @@
 //! GPU: the real one where there is a CUDA driver, celer's stand-in driver otherwise
 //! (tests/gpu_support). Nothing here skips: a test that gets no GPU fails.
 //!
-//! Tolerances: preprocess (f32 and f16), trimap, erosion, NEAREST and composite are
-//! exact. The f32 plane resize is exact on an AVX2 host (the CPU stage's summation order)
-//! and within 1 ulp elsewhere. The fast guided filter's fit (mask resize, guide resize,
-//! box means in the CPU's f64 running-sum order, no FMA) is asserted bit-exact on an AVX2
-//! host; its alpha step on the CPU's own model is asserted exact everywhere; the alpha
-//! of fit + apply within 1 LSB. The pipelines agree exactly on the trimap and within
-//! 1 LSB on alpha.
+//! Tolerances: preprocess (f32 and f16), trimap, erosion, NEAREST, luma, the guided
+//! filter's alpha step and composite are exact (integer and IEEE f32 in the CPU's
+//! order). No kernel computes in FP64 (tests/cuda_nvrtc.rs), so where the CPU does the
+//! kernels are held to it by a bound each test states and derives, with what was
+//! measured: the plane resize in f32 (a few 2^-24); the guided filter's box sums in fixed
+//! point and float-float (the CPU's bits but for residues below 2^-40); the whole fast
+//! guided filter and the pipelines within 1 LSB of alpha, on a bounded share of pixels.
+//! The pipelines agree exactly on the trimap.
 
 mod gpu_support;
 
@@ -273,14 +274,215 @@ fn erosion_and_nearest_resize_are_exact() {
     }
 }
 
+/// How an f32 plane from the GPU differs from the CPU's: values not bit-identical, those
+/// further than [`PlaneDiff::NEAR`], and the largest and the mean |GPU - CPU|.
+#[derive(Debug, Default, Clone, Copy)]
+struct PlaneDiff {
+    values: usize,
+    differ: usize,
+    far: usize,
+    max: f32,
+    sum: f64,
+}
+
+impl PlaneDiff {
+    fn of(got: &[f32], want: &[f32]) -> Self {
+        let mut d = PlaneDiff {
+            values: want.len(),
+            ..Self::default()
+        };
+        for (a, b) in got.iter().zip(want) {
+            if a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()) {
+                d.differ += 1;
+                let e = (a - b).abs();
+                d.max = d.max.max(e);
+                d.sum += f64::from(e);
+                let ulp = f32::from_bits(b.abs().to_bits() + 1) - b.abs();
+                // A NaN on one side only is far too.
+                if e.is_nan() || e > ulp.max(Self::NEAR) {
+                    d.far += 1;
+                }
+            }
+        }
+        d
+    }
+
+    /// What two running sums of the same values may leave where their exact sum is about
+    /// 0: 2^-40, about n x 2^-48 x their largest value (guided_filter.cu, WideSum).
+    const NEAR: f32 = 1.0 / (1u64 << 40) as f32;
+
+    fn mean(&self) -> f64 {
+        self.sum / self.values.max(1) as f64
+    }
+}
+
+impl std::fmt::Display for PlaneDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} differ ({} by more than 1 ulp and 2^-40), max {:.2e}, mean {:.2e}",
+            self.differ,
+            self.values,
+            self.far,
+            self.max,
+            self.mean()
+        )
+    }
+}
+
+/// How an 8-bit plane from the GPU differs from the CPU's: values that differ, the most.
+#[derive(Debug, Default, Clone, Copy)]
+struct ByteDiff {
+    values: usize,
+    differ: usize,
+    max: u8,
+}
+
+impl ByteDiff {
+    fn of(got: &[u8], want: &[u8]) -> Self {
+        assert_eq!(got.len(), want.len());
+        let differ = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        ByteDiff {
+            values: want.len(),
+            differ,
+            max: max_difference(got, want),
+        }
+    }
+
+    /// The share of values that differ, in percent.
+    fn percent(&self) -> f64 {
+        100.0 * self.differ as f64 / self.values.max(1) as f64
+    }
+}
+
+impl std::fmt::Display for ByteDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} differ ({:.4}%), max {} LSB",
+            self.differ,
+            self.values,
+            self.percent(),
+            self.max
+        )
+    }
+}
+
+/// The test photos (tests/data/fetched, `make models`), as RGB8. Missing ones fail.
+fn photos() -> Vec<(String, RgbImage)> {
+    let fetched = repo("tests/data/fetched");
+    [
+        "astronaut.png",
+        "chelsea.png",
+        "chelsea-exif6.jpg",
+        "photo-1920x1080.jpg",
+        "photo-4032x3024.jpg",
+    ]
+    .iter()
+    .map(|name| {
+        let path = fetched.join(name);
+        let image = image::open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run `make models`)", path.display()));
+        (name.to_string(), image.into_rgb8())
+    })
+    .collect()
+}
+
+/// A plane that is 0 left of column w/2 and above row h/2 or right and below, 1
+/// elsewhere: hard edges across both axes, large flat areas.
+fn edge_plane(w: u32, h: u32) -> Vec<f32> {
+    (0..w * h)
+        .map(|k| f32::from(u8::from((k % w < w / 2) != (k / w < h / 2))))
+        .collect()
+}
+
+/// The GPU's plane resize of `src` (`w` x `h`) to `dw` x `dh`.
+fn gpu_resize_plane(
+    l: &Launcher<'_>,
+    src: &[f32],
+    (w, h): (u32, u32),
+    (dw, dh): (u32, u32),
+) -> Vec<f32> {
+    let s = l.stream;
+    let (oh, wh) = taps_capacity(w, dw);
+    let (ov, wv) = taps_capacity(h, dh);
+    let mut ht = GpuTaps::<f32>::alloc(s, oh, wh).unwrap();
+    let mut vt = GpuTaps::<f32>::alloc(s, ov, wv).unwrap();
+    ht.set_convolution(s, w, dw).unwrap();
+    vt.set_convolution(s, h, dh).unwrap();
+    let mut tmp = zeros::<f32>(s, (dw * h) as usize);
+    let mut dst = zeros::<f32>(s, (dw * dh) as usize);
+    l.resize_plane(&up(s, src), (w, h), &ht, &vt, &mut tmp, &mut dst)
+        .unwrap();
+    down(s, &dst, (dw * dh) as usize)
+}
+
+/// The plane resize (the mask to the guided filter's size, a matting model's alpha to
+/// the source's) computes in f32 where the CPU's fast_image_resize computes in f64.
+///
+/// The bound: `mirror::resize_bound` (src/cuda/taps.rs), from the roundings of the f32
+/// sums: (n_h + n_v + 4) x 2^-24 x max|s| for passes of n_h and n_v taps; 10 x 2^-24 =
+/// 6e-7 upscaling a plane in [0, 1]. An alpha quantised to 8 bits then moves by at most
+/// 1 LSB, and only where 255 x alpha lies within 255 x that of a rounding boundary: a
+/// share of at most 2 x 255 x the bound of spread values (0.03% upscaling; asserted).
+///
+/// Measured on the stand-in (x86-64, the kernels as host C++ with -ffp-contract=off, as
+/// NVRTC's --fmad=false runs them), the largest |GPU - CPU| in units of 2^-24:
+/// - textures 320x320 to 4032x3024, 1x1, 333x517; 7x5 to 3x2; 1x1 to 1918x1077; 320 to
+///   320: 3 (mean 0.33 over all values; 8-bit: 71 of 12192768 pixels moved, 1 LSB),
+///   3, 2, 1, 0, 0;
+/// - hard 0/1 edges up to 4032x3024 and down to 320x320: 1 and 2, no 8-bit change; the
+///   4032 taps of 4032x7 to 1x7: 4; a flat 0.7 up to 4032x3024: 2, which moves 9% of
+///   the 8-bit values by 1 (0.7 x 255 rounds at 178.49999);
+/// - each photo's luma (astronaut.png, chelsea.png, chelsea-exif6.jpg,
+///   photo-1920x1080.jpg, photo-4032x3024.jpg) down to 320x320: 3, 2, 2, 3, 4; the same
+///   at 320x320 up to the photo's size (the alpha path): 2, 2, 2, 3, 3, quantised to 8
+///   bits 0, 1, 0, 3 and 56 pixels moved by 1 LSB (at most 0.0007%).
+///
+/// And the kernels compute exactly `mirror::resize_plane`: the same f32 operations in
+/// the same order, bit for bit.
 #[test]
-fn plane_resize_matches_fast_image_resize() {
+fn plane_resize_is_held_to_the_cpu() {
     let dev = gpu_support::gpu();
-    let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
         kernels: dev.kernels(),
+    };
+    let mut failed = Vec::new();
+    let mut check = |name: &str, src: &[f32], w: u32, h: u32, dw: u32, dh: u32| {
+        let got = gpu_resize_plane(&l, src, (w, h), (dw, dh));
+        let mirror = celer::cuda::taps::mirror::resize_plane(src, w, h, dw, dh);
+        assert!(
+            got.iter()
+                .zip(&mirror)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name} {w}x{h} -> {dw}x{dh}: the kernels are not their mirror's f32 sums"
+        );
+        let plane = Plane::new(w, h, src.to_vec());
+        let want = resample::resize_plane(&mut Resizer::new(), &plane, dw, dh).unwrap();
+        let diff = PlaneDiff::of(&got, &want.data);
+        let max_abs = src.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let bound = celer::cuda::taps::mirror::resize_bound(w, h, dw, dh, max_abs);
+        let quantised = ByteDiff::of(
+            composite::quantize_alpha(&Plane::new(dw, dh, got.clone())).as_raw(),
+            composite::quantize_alpha(&want).as_raw(),
+        );
+        let line = format!(
+            "{name} {w}x{h} -> {dw}x{dh}: {diff} ({:.1} x 2^-24, bound {:.1}); 8-bit: {quantised}",
+            diff.max / f32::EPSILON * 2.0,
+            bound / f32::EPSILON * 2.0,
+        );
+        let _ = writeln!(std::io::stderr(), "plane resize {line}");
+        // Spread values move across an 8-bit rounding boundary with a probability of at
+        // most 2 x 255 x the bound. A flat plane sits wherever its value is: on a
+        // boundary every pixel may move (0.7 x 255 = 178.49999: 9% do), so its share is
+        // not bounded, only the step.
+        let share_bound = 2.0 * 255.0 * f64::from(bound) * 100.0;
+        let spread = name != "flat";
+        if diff.max > bound || quantised.max > 1 || (spread && quantised.percent() > share_bound) {
+            failed.push(line);
+        }
     };
     for ((w, h), (dw, dh)) in [
         ((320, 320), (4032, 3024)),
@@ -290,30 +492,24 @@ fn plane_resize_matches_fast_image_resize() {
         ((1, 1), (1918, 1077)),
         ((320, 320), (320, 320)),
     ] {
-        let src = Plane::new(w, h, unit_pattern((w * h) as usize, dw));
-        let want = resample::resize_plane(&mut Resizer::new(), &src, dw, dh).unwrap();
-        let (oh, wh) = taps_capacity(w, dw);
-        let (ov, wv) = taps_capacity(h, dh);
-        let mut ht = GpuTaps::<f64>::alloc(&s, oh, wh).unwrap();
-        let mut vt = GpuTaps::<f64>::alloc(&s, ov, wv).unwrap();
-        ht.set_convolution(&s, w, dw).unwrap();
-        vt.set_convolution(&s, h, dh).unwrap();
-        let mut tmp = zeros::<f32>(&s, (dw * h) as usize);
-        let mut dst = zeros::<f32>(&s, (dw * dh) as usize);
-        l.resize_plane(&up(&s, &src.data), (w, h), &ht, &vt, &mut tmp, &mut dst)
-            .unwrap();
-        let got = down(&s, &dst, (dw * dh) as usize);
-        let worst = got
-            .iter()
-            .zip(&want.data)
-            .map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs())
-            .max()
-            .unwrap_or(0);
-        assert!(
-            worst <= if exact { 0 } else { 1 },
-            "{w}x{h} -> {dw}x{dh}: {worst} ulp"
-        );
+        check("texture", &unit_pattern((w * h) as usize, dw), w, h, dw, dh);
     }
+    check("edges", &edge_plane(320, 320), 320, 320, 4032, 3024);
+    check("flat", &vec![0.7; 320 * 320], 320, 320, 4032, 3024);
+    check("edges", &edge_plane(4032, 3024), 4032, 3024, 320, 320);
+    check("4032 taps", &unit_pattern(4032 * 7, 3), 4032, 7, 1, 7);
+    for (name, photo) in photos() {
+        let (w, h) = photo.dimensions();
+        let luma = guided_filter::luma(photo.as_raw(), w, h);
+        check(&name, &luma.data, w, h, 320, 320);
+        let small = resample::resize_plane(&mut Resizer::new(), &luma, 320, 320).unwrap();
+        check(&name, &small.data, 320, 320, w, h);
+    }
+    assert!(
+        failed.is_empty(),
+        "beyond the bound:\n{}",
+        failed.join("\n")
+    );
 }
 
 /// A trimap with all three values in runs, so every branch of the alpha step is taken.
@@ -393,107 +589,256 @@ fn guided_alpha_applies_the_cpu_model_exactly() {
     }
 }
 
+/// A disc of 1 on 0 (radius a third of the shorter side) with a linear edge `ramp`
+/// pixels wide (0: a hard edge): a segmentation mask's shape, large flat areas.
+fn disc_mask(w: u32, h: u32, ramp: f32) -> Plane {
+    let (cx, cy) = (w as f32 / 2.0, h as f32 / 2.0);
+    let radius = w.min(h) as f32 / 3.0;
+    let data = (0..w * h)
+        .map(|k| {
+            let (dx, dy) = ((k % w) as f32 + 0.5 - cx, (k / w) as f32 + 0.5 - cy);
+            let inside = radius - (dx * dx + dy * dy).sqrt();
+            if ramp > 0.0 {
+                (inside / ramp + 0.5).clamp(0.0, 1.0)
+            } else {
+                f32::from(u8::from(inside >= 0.0))
+            }
+        })
+        .collect();
+    Plane::new(w, h, data)
+}
+
+/// One allocation per filter setting, as `GpuStages` makes for its limits: sources up to
+/// 4032x3024, masks up to `mask_max`.
+fn guided_filter_for(
+    s: &Arc<CudaStream>,
+    (radius, epsilon, subsample): (u32, f32, u32),
+    mask_max: (u32, u32),
+) -> FastGuidedFilter {
+    let params = GuidedParams {
+        radius,
+        epsilon,
+        subsample,
+    };
+    FastGuidedFilter::alloc(s, params, 4032 * 3024, 4032, mask_max).expect("guided filter")
+}
+
+/// How the GPU's fit of `mask` to `image` (mean_a, mean_b) and its alpha under a banded
+/// trimap differ from the CPU stage's; the cut-out is checked to be the alpha's.
+fn guided_differences(
+    l: &Launcher<'_>,
+    filter: &mut FastGuidedFilter,
+    (radius, epsilon, subsample): (u32, f32, u32),
+    image: &RgbImage,
+    mask: &Plane,
+) -> (PlaneDiff, PlaneDiff, ByteDiff) {
+    let s = l.stream;
+    let (w, h) = image.dimensions();
+    let n = (w * h) as usize;
+    let trimap = banded_trimap(w, h);
+    let model = guided_filter::fit(
+        Lanes::ONE,
+        &mut Resizer::new(),
+        image,
+        mask,
+        radius,
+        epsilon,
+        subsample,
+    )
+    .unwrap();
+    let want = model.alpha(Lanes::ONE, image, &trimap);
+    let rgb = up(s, image.as_raw());
+    filter
+        .fit(
+            l,
+            &rgb,
+            (w, h),
+            &up(s, &mask.data),
+            (mask.width, mask.height),
+        )
+        .unwrap();
+    let fitted = filter.model().expect("fitted");
+    let (lw, lh) = fitted.size;
+    assert_eq!((lw, lh), (model.mean_a.width, model.mean_a.height));
+    let low = (lw * lh) as usize;
+    let mean_a = PlaneDiff::of(&down(s, fitted.mean_a, low), &model.mean_a.data);
+    let mean_b = PlaneDiff::of(&down(s, fitted.mean_b, low), &model.mean_b.data);
+    let (mut alpha, mut rgba) = (zeros::<u8>(s, n), zeros::<u8>(s, 4 * n));
+    let tri = up(s, trimap.as_raw());
+    filter
+        .alpha(l, &rgb, (w, h), &tri, &mut alpha, Some(&mut rgba))
+        .unwrap();
+    let got = down(s, &alpha, n);
+    let alpha_diff = ByteDiff::of(&got, want.as_raw());
+    let got_image = GrayImage::from_raw(w, h, got).unwrap();
+    assert_eq!(
+        &down(s, &rgba, 4 * n),
+        composite::cutout(image, &got_image).as_raw(),
+        "rgba {w}x{h}"
+    );
+    (mean_a, mean_b, alpha_diff)
+}
+
+/// The guided filter's box sums without FP64 (guided_filter.cu): pass 1 in fixed point,
+/// pass 2 in float-float. Fed the CPU's own inputs (a mask at the fit's size, which the
+/// plane resize copies exactly), so that only the sums differ.
+///
+/// The bound, by construction: pass 1's sums of I (and of I*I for r <= 127) are the
+/// CPU's exactly; those of p and I*p are within 2^-K (K >= 43) of the exact sums, and the
+/// CPU's f64 ones within about 2^-40 of their largest, so their f32 means are the CPU's
+/// but where the exact mean lies that close to a midpoint between two f32 values (about
+/// 1 in 10^5), by 1 ulp then, and a and b by up to 1 ulp / (var + eps). Pass 2's
+/// float-float and the CPU's f64 running sums round to the same f32 but within 2^-34 of
+/// a midpoint, and leave residues below 2^-40 where their exact sum is about 0 (a = 0
+/// under a flat mask). Asserted: mean_a and mean_b further than 1 ulp and 2^-40 from the
+/// CPU's on at most 0.01% of values; alpha at most 1 LSB, on at most 0.01% of pixels.
+///
+/// Measured on the stand-in (x86-64, the kernels as host C++ with -ffp-contract=off, as
+/// NVRTC's --fmad=false runs them): textures at every size, subsample 1, 2, 4, radius 1,
+/// 8, 30 and 256, and a flat 12 MP image: mean_a, mean_b and alpha the CPU's bit for bit.
+/// The photos under a soft-edged disc mask: mean_b and alpha bit for bit; mean_a too at
+/// subsample 4, and at subsample 1 all but 0.06% to 0.4% of values (photo-4032x3024.jpg:
+/// 18594 of 12192768; astronaut.png: 504 of 262144), which differ by at most 1.2e-14,
+/// none by more than 1 ulp and 2^-40: residues of sums of a whose exact value is about 0.
+#[test]
+fn guided_fit_box_sums_are_held_to_the_cpu() {
+    let dev = gpu_support::gpu();
+    let s = dev.new_stream().unwrap();
+    let l = Launcher {
+        stream: &s,
+        kernels: dev.kernels(),
+    };
+    let mut failed = Vec::new();
+    let mut check = |name: &str,
+                     image: &RgbImage,
+                     mask: &dyn Fn(u32, u32) -> Plane,
+                     settings: &[(u32, f32, u32)]| {
+        for &setting in settings {
+            let (radius, epsilon, subsample) = setting;
+            let (w, h) = image.dimensions();
+            let low = (w.div_ceil(subsample), h.div_ceil(subsample));
+            let mut filter = guided_filter_for(&s, setting, low);
+            let mask = mask(low.0, low.1);
+            let (a, b, alpha) = guided_differences(&l, &mut filter, setting, image, &mask);
+            let line = format!(
+                "{name} {w}x{h} r={radius} eps={epsilon} s={subsample}: mean_a {a}; mean_b {b}; alpha {alpha}"
+            );
+            let _ = writeln!(std::io::stderr(), "box sums {line}");
+            if a.far * 10_000 > a.values
+                || b.far * 10_000 > b.values
+                || alpha.max > 1
+                || alpha.percent() > 0.01
+            {
+                failed.push(line);
+            }
+        }
+    };
+    let noise = |w: u32, h: u32| {
+        // Values beyond [0, 1] too: the fit clamps them.
+        let data = unit_pattern((w * h) as usize, 3)
+            .iter()
+            .map(|v| v * 1.4 - 0.2)
+            .collect();
+        Plane::new(w, h, data)
+    };
+    for (w, h) in AWKWARD {
+        let settings: Vec<(u32, f32, u32)> = [1, 2, 4]
+            .into_iter()
+            .flat_map(|s| [(8, 1e-3, s), (1, 1e-4, s), (30, 1e-2, s)])
+            .collect();
+        check("texture", &texture(w, h, 7), &noise, &settings);
+    }
+    // The largest radius: the fewest fraction bits (43).
+    for (w, h) in [(333, 517), (1918, 1077)] {
+        check("texture", &texture(w, h, 9), &noise, &[(256, 1e-3, 1)]);
+    }
+    // A flat 12 MP image: var is 0 everywhere, a = cov / eps, where a sum that drifted
+    // would show at once.
+    let flat = RgbImage::from_pixel(4032, 3024, Rgb([128, 128, 128]));
+    check(
+        "flat",
+        &flat,
+        &|w, h| disc_mask(w, h, 0.0),
+        &[(8, 1e-3, 4), (1, 1e-4, 1)],
+    );
+    for (name, photo) in photos() {
+        check(
+            &name,
+            &photo,
+            &|w, h| disc_mask(w, h, 4.0),
+            &[(8, 1e-3, 4), (8, 1e-3, 1), (1, 1e-4, 1)],
+        );
+    }
+    assert!(
+        failed.is_empty(),
+        "beyond the bound:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// The whole fast guided filter against the CPU stage: a 320x320 mask (the model's)
+/// resized to the fit's size in f32 (`plane_resize_is_held_to_the_cpu`), then the box
+/// sums (`guided_fit_box_sums_are_held_to_the_cpu`), then the model applied at full size
+/// (exact: `guided_alpha_applies_the_cpu_model_exactly`).
+///
+/// The bound: the resized mask p is within dp = `mirror::resize_bound` of the CPU's. That
+/// moves mean_p and corr_Ip by at most dp, cov by at most sqrt(var) dp, a by at most
+/// sqrt(var) dp / (var + eps) <= dp / (2 sqrt(eps)), and q = A I + B by at most
+/// dq = (1 + 1 / (2 sqrt(eps))) dp (16.8 dp at eps = 1e-3, 51 dp at 1e-4): with dp a few
+/// 2^-24, far below an 8-bit step, so the alpha moves by at most 1 LSB, on a share of at
+/// most 2 x 255 x dq of pixels (about 0.5% at eps = 1e-3, 1.5% at 1e-4; asserted).
+/// mean_a and mean_b are not the CPU's bits on most values (reported, not asserted).
+///
+/// Measured on the stand-in: alpha within 1 LSB everywhere; the most pixels moved were
+/// 0.014% at r = 1, eps = 1e-4, subsample 4 (333x517: 24 of 172161; 4032x3024: 1444 of
+/// 12192768), 0.003% at the served settings (r = 8, eps = 1e-3, subsample 4), and 1 pixel
+/// of the 3003 of 1001x3; mean_a moved by at most 1.7e-4 (at eps = 1e-4).
 #[test]
 fn fast_guided_filter_matches_the_cpu_stage() {
     let dev = gpu_support::gpu();
-    let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
     let s = dev.new_stream().unwrap();
     let l = Launcher {
         stream: &s,
         kernels: dev.kernels(),
     };
     let (mw, mh) = (320u32, 320u32);
+    // Values beyond [0, 1] too: the fit clamps them.
+    let mask = Plane::new(
+        mw,
+        mh,
+        unit_pattern((mw * mh) as usize, 3)
+            .iter()
+            .map(|v| v * 1.4 - 0.2)
+            .collect(),
+    );
+    let mut failed = Vec::new();
     for subsample in [1, 2, 4] {
         for (radius, eps) in [(8, 1e-3), (1, 1e-4), (30, 1e-2)] {
-            let params = GuidedParams {
-                radius,
-                epsilon: eps,
-                subsample,
-            };
+            let setting = (radius, eps, subsample);
             // One allocation for every size, as GpuStages does for its limits.
-            let mut filter = FastGuidedFilter::alloc(&s, params, 4032 * 3024, 4032, (mw, mh))
-                .expect("guided filter buffers");
+            let mut filter = guided_filter_for(&s, setting, (mw, mh));
             for (w, h) in AWKWARD {
-                let n = (w * h) as usize;
                 let image = texture(w, h, 7);
-                // Values beyond [0, 1] too: the fit clamps them.
-                let mask = Plane::new(
-                    mw,
-                    mh,
-                    unit_pattern((mw * mh) as usize, 3)
-                        .iter()
-                        .map(|v| v * 1.4 - 0.2)
-                        .collect(),
+                let (a, b, alpha) = guided_differences(&l, &mut filter, setting, &image, &mask);
+                let low = (w.div_ceil(subsample), h.div_ceil(subsample));
+                let dp = celer::cuda::taps::mirror::resize_bound(mw, mh, low.0, low.1, 1.2);
+                let dq = (1.0 + 0.5 / eps.sqrt()) * dp;
+                let share_bound = 2.0 * 255.0 * f64::from(dq) * 100.0;
+                let line = format!(
+                    "texture {w}x{h} r={radius} eps={eps} s={subsample}: mean_a {a}; mean_b {b}; alpha {alpha} (bound {share_bound:.3}%)"
                 );
-                let trimap = banded_trimap(w, h);
-                let model = guided_filter::fit(
-                    Lanes::ONE,
-                    &mut Resizer::new(),
-                    &image,
-                    &mask,
-                    radius,
-                    eps,
-                    subsample,
-                )
-                .unwrap();
-                let want = model.alpha(Lanes::ONE, &image, &trimap);
-
-                let rgb = up(&s, image.as_raw());
-                filter
-                    .fit(&l, &rgb, (w, h), &up(&s, &mask.data), (mw, mh))
-                    .unwrap();
-                let fitted = filter.model().expect("fitted");
-                let (lw, lh) = fitted.size;
-                assert_eq!((lw, lh), (model.mean_a.width, model.mean_a.height));
-                let low = (lw * lh) as usize;
-                let (ga, gb) = (down(&s, fitted.mean_a, low), down(&s, fitted.mean_b, low));
-                let same = |got: &[f32], want: &[f32]| {
-                    got.iter()
-                        .zip(want)
-                        .filter(|(a, b)| a.to_bits() == b.to_bits())
-                        .count()
-                };
-                let (same_a, same_b) =
-                    (same(&ga, &model.mean_a.data), same(&gb, &model.mean_b.data));
-                let mut alpha = zeros::<u8>(&s, n);
-                let mut rgba = zeros::<u8>(&s, 4 * n);
-                let tri = up(&s, trimap.as_raw());
-                filter
-                    .alpha(&l, &rgb, (w, h), &tri, &mut alpha, Some(&mut rgba))
-                    .unwrap();
-                let got = down(&s, &alpha, n);
-                let worst = got
-                    .iter()
-                    .zip(want.as_raw())
-                    .map(|(a, b)| a.abs_diff(*b))
-                    .max()
-                    .unwrap_or(0);
-                let differ = got
-                    .iter()
-                    .zip(want.as_raw())
-                    .filter(|(a, b)| a != b)
-                    .count();
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "fast guided filter {w}x{h} s={subsample} r={radius}: mean_a {same_a}/{low}, mean_b {same_b}/{low} bit-identical; alpha: {differ}/{n} differ, max {worst}"
-                );
-                if exact {
-                    assert_eq!(same_a, low, "mean_a {w}x{h} s={subsample} r={radius}");
-                    assert_eq!(same_b, low, "mean_b {w}x{h} s={subsample} r={radius}");
+                let _ = writeln!(std::io::stderr(), "fast guided filter {line}");
+                if alpha.max > 1 || alpha.percent() > share_bound {
+                    failed.push(line);
                 }
-                assert!(
-                    worst <= 1,
-                    "alpha {w}x{h} s={subsample} r={radius}: {worst} LSB"
-                );
-                let got_image = GrayImage::from_raw(w, h, got).unwrap();
-                assert_eq!(
-                    &down(&s, &rgba, 4 * n),
-                    composite::cutout(&image, &got_image).as_raw(),
-                    "rgba {w}x{h}"
-                );
             }
         }
     }
+    assert!(
+        failed.is_empty(),
+        "beyond the bound:\n{}",
+        failed.join("\n")
+    );
 }
 
 #[test]
@@ -616,7 +961,19 @@ fn compare_pipelines_on(spec: &PipelineSpec, images: &[(String, RgbImage)]) {
             image.width(),
             image.height()
         );
+        // Every stage moves the alpha by far less than an 8-bit step, so by at most 1 LSB,
+        // on a share of pixels of at most 0.5% (the guided filter at eps = 1e-3 with a
+        // 320x320 mask, `fast_guided_filter_matches_the_cpu_stage`; a matting model's
+        // resized alpha: 0.03%, `plane_resize_is_held_to_the_cpu`), or one pixel of a
+        // tiny image. Measured: at most 1392 of 12192768 (0.011%, a texture through the
+        // guided filter at subsample 4; 46 through the matting model); the photos through
+        // U2NetP at most 12 pixels (photo-4032x3024.jpg).
         assert!(worst <= 1, "{name}: alpha differs by {worst}");
+        let pixels = want.alpha.as_raw().len() as f64;
+        assert!(
+            differ as f64 <= (pixels * 0.005).max(1.0),
+            "{name}: {differ} alpha values differ"
+        );
         let cut = gpu_support::plane(&got.cutout).expect("cut-out asked for");
         assert_eq!(
             cut.as_raw(),
@@ -648,26 +1005,12 @@ fn gpu_pipeline_matches_cpu_pipeline_on_the_fixtures() {
 #[test]
 fn gpu_pipeline_matches_cpu_pipeline_on_u2netp_and_photos() {
     let model = repo("onnx/u2netp/u2netp.onnx");
-    let fetched = repo("tests/data/fetched");
     assert!(
         model.is_file(),
         "{} is missing: run `make models`",
         model.display()
     );
-    let images: Vec<(String, RgbImage)> = [
-        "astronaut.png",
-        "photo-1920x1080.jpg",
-        "photo-4032x3024.jpg",
-    ]
-    .iter()
-    .map(|name| {
-        let path = fetched.join(name);
-        let image = image::open(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (run `make models`)", path.display()));
-        (name.to_string(), image.into_rgb8())
-    })
-    .collect();
-    compare_pipelines(&repo("onnx/u2netp"), &images);
+    compare_pipelines(&repo("onnx/u2netp"), &photos());
 }
 
 /// The GPU's plan for the fixture in `dir`: its engines where the TensorRT tests built

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use celer::quantize::variant::{VariantManifest, VARIANT_MANIFEST};
+use celer::quantize::weights::WeightBits;
 use celer::spec::ModelPrecision;
 use image::{Rgb, RgbImage};
 use serve_support::Server;
@@ -133,6 +134,11 @@ fn an_int8_variant_of_the_fixture_passes_its_gate_and_records_how() {
     assert_eq!(m.source_file, "prob.onnx");
     assert_eq!((m.opset_from, m.opset_to), (17, 17));
     assert_eq!(m.quantized_nodes, 1, "the fixture's one convolution");
+    assert_eq!(
+        m.weights,
+        Some(WeightBits::for_this_cpu()),
+        "the width this CPU runs without saturating"
+    );
     assert_eq!(
         m.rewrites,
         Some(vec![

@@ -4,8 +4,9 @@
 //! TensorRT version made stale; `celer serve --devices 0,1` serves the plans (TensorRT
 //! engines on both GPUs, celer's kernels around them) over HTTP with the CPU path's
 //! cut-outs, routes to both GPUs and drains on SIGTERM; `--build-engines` builds a missing
-//! plan at start-up; a GPU whose context fails comes back serving engines, and faults of
-//! TensorRT itself reach clients as statuses.
+//! plan at start-up; a GPU whose context fails (in celer's kernel or inside TensorRT's
+//! enqueue) comes back serving engines, and faults of TensorRT itself reach clients as
+//! statuses.
 //!
 //! These run on the stand-ins (tests/cuda_standin, tests/tensorrt_standin): they shape the
 //! machine (how many GPUs, which compute capabilities) and inject faults through the
@@ -622,7 +623,8 @@ fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses(
     assert_eq!(status, 200, "{}", server.log());
     let before = before.unwrap();
 
-    // An enqueue TensorRT refuses: that request fails with a status, the next one works.
+    // An enqueue TensorRT refuses: that request fails with a status, the next one works,
+    // and the device was never lost.
     std::fs::write(&trt_fault, "enqueue").unwrap();
     let (status, _) = cutout(&server, &photo);
     assert_eq!(
@@ -635,9 +637,9 @@ fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses(
     let (status, again) = cutout(&server, &photo);
     assert_eq!(status, 200, "{}", server.log());
     assert_eq!(again.unwrap(), before);
+    assert!(!server.log().contains("device lost"), "{}", server.log());
+    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 0.0);
 
-    // A sticky CUDA error: the context is lost, outlives celer's references (TensorRT holds
-    // one), is reset, and the GPU serves its engines again.
     let until_served = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut statuses = Vec::new();
@@ -654,12 +656,23 @@ fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses(
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    std::fs::write(&cuda_fault, "sticky").unwrap();
+    // A sticky CUDA error inside enqueueV3 (a kernel of the engine hit an illegal
+    // address): the request that met it fails, and its own failure loses the device at
+    // once (celer asks the driver about the context when an enqueue fails), not the next
+    // request's synchronisation; the context outlives celer's references (TensorRT holds
+    // one), is reset, and the GPU serves its engines again.
+    std::fs::write(&trt_fault, "enqueue-sticky").unwrap();
     let (status, _) = cutout(&server, &photo);
-    assert!(status >= 500, "the request whose kernel faulted: {status}");
-    let (after, _) = until_served("after a lost context");
+    assert!(status >= 500, "the request whose engine faulted: {status}");
+    let (after, _) = until_served("after a sticky error inside enqueueV3");
     assert_eq!(after, before, "the same cut-out from the reloaded engines");
     let log = server.log();
+    assert!(
+        log.lines().any(|l| l.contains("device lost")
+            && l.contains("enqueueV3 failed")
+            && l.contains("CUDA_ERROR_ILLEGAL_ADDRESS")),
+        "the failed enqueue itself lost the device: {log}"
+    );
     assert!(
         log.contains("reset it"),
         "the held context was reset: {log}"
@@ -671,6 +684,20 @@ fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses(
         "the engine was deserialised again: {log}"
     );
     assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 1.0);
+
+    // A sticky CUDA error of celer's own kernel: the same.
+    std::fs::write(&cuda_fault, "sticky").unwrap();
+    let (status, _) = cutout(&server, &photo);
+    assert!(status >= 500, "the request whose kernel faulted: {status}");
+    let (after, _) = until_served("after a lost context");
+    assert_eq!(after, before, "the same cut-out from the reloaded engines");
+    let log = server.log();
+    assert_eq!(
+        log.matches("engine loaded").count(),
+        3,
+        "the engine was deserialised again: {log}"
+    );
+    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 2.0);
 
     // Lost again, and the plan then fails to deserialize once: while the GPU cannot be
     // reopened every request gets a status at once, and it comes back at the next try.

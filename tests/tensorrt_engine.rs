@@ -14,6 +14,12 @@
 //! numerics or speed, where the stand-in runs the model in float32), and on a GPU machine
 //! with the real TensorRT (`make tensorrt-test`, `make gpu-check`): a test that lacks a GPU
 //! or TensorRT fails, saying which.
+//!
+//! Also: an engine with an output of data-dependent shape (NonZero's indices: -1 until the
+//! engine runs) is refused when celer loads it, naming the output, rather than bound to a
+//! buffer it would overrun; and an engine and an execution context dropped on a thread with
+//! no CUDA context current are destroyed in their own (TensorRT frees their device memory
+//! through the current context; the stand-in aborts the process otherwise).
 
 mod engine_support;
 mod gpu_support;
@@ -29,4 +35,44 @@ fn u2netp_engines_match_onnx_runtime() {
 #[test]
 fn the_matting_model_fixture_runs_from_engines() {
     engines_match_onnx_runtime(&engine_support::repo("onnx/fixtures/classes-matting"));
+}
+
+#[test]
+fn an_engine_with_an_output_of_data_dependent_shape_is_refused_at_load() {
+    let device = gpu_support::gpu();
+    let pool = gpu_support::pool(&device);
+    let (loaded, _engines) = engine_support::try_stages_on_engines(
+        &engine_support::repo("onnx/fixtures/prob-nonzero"),
+        celer::replica::gpu::GpuLimits::default(),
+        &pool,
+    );
+    let error = match loaded {
+        Ok(_) => panic!("an engine whose output `foreground` has a data-dependent shape loaded"),
+        Err(e) => e.to_string(),
+    };
+    for words in [
+        "prob-nonzero (TensorRT): output `foreground` has a data-dependent shape [4, -1]",
+        "learns its size only when the engine runs",
+        "data-dependent output shapes are not supported",
+    ] {
+        assert!(error.contains(words), "no `{words}` in: {error}");
+    }
+}
+
+#[test]
+fn an_engine_and_its_context_dropped_on_a_thread_without_a_cuda_context_go_in_their_own() {
+    let (mut engines, _dir) =
+        engine_support::engines_of(&engine_support::repo("onnx/fixtures/prob-guided"));
+    let (_, engine) = engines.pop().expect("the segmentation engine");
+    let context = engine
+        .create_context()
+        .expect("a context with its own memory");
+    // A new thread has no current CUDA context, and nothing here binds one: the drops
+    // must make the engine's own current themselves.
+    std::thread::spawn(move || {
+        drop(context);
+        drop(engine);
+    })
+    .join()
+    .expect("dropped on another thread");
 }

@@ -10,7 +10,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use celer::tensorrt::{LibraryPaths, TensorRt, TrtError, TrtVersion};
+use celer::tensorrt::{CudaContextScope, LibraryPaths, TensorRt, TrtError, TrtVersion};
+
+/// No CUDA context: the fake libraries need none (a runtime's scope runs its calls as is).
+struct NoCuda;
+
+impl CudaContextScope for NoCuda {
+    fn with_current(&self, f: &mut dyn FnMut()) -> Result<(), String> {
+        f();
+        Ok(())
+    }
+}
 
 fn compiled() -> TrtVersion {
     TensorRt::compiled_version().expect("built with the tensorrt feature")
@@ -245,7 +255,7 @@ fn newer_minor_loads_and_a_null_runtime_is_reported() {
         "{}",
         trt.library_file().display()
     );
-    match trt.runtime() {
+    match trt.runtime(std::sync::Arc::new(NoCuda)) {
         Err(TrtError::Call { call, message }) => {
             eprintln!("null runtime: {message}");
             assert_eq!(call, "createInferRuntime");

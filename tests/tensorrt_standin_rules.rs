@@ -4,7 +4,9 @@
 //! stand-in refuses the call or aborts on the broken lifetime, naming the rule; the same
 //! harness with nothing broken must pass, so a stand-in that refused everything would
 //! fail here too. The harness reaches the libraries as celer's shim does: dlopen and the
-//! exported factories. Stand-in only: on real TensorRT these misuses are undefined.
+//! exported factories. Stand-in only: on real TensorRT these misuses are undefined. Also
+//! here: how a CUDA fault surfaces inside `enqueueV3` (a kernel's illegal address, a
+//! context already sticky), as real TensorRT reports it.
 
 mod common;
 mod gpu_support;
@@ -45,8 +47,23 @@ fn harness() -> &'static Path {
     })
 }
 
-/// Runs `scenario` on the stand-ins (two GPUs, sm_90 and sm_80), with `env`.
+/// The model most scenarios run: seg3 (image -> scores, both [b, 3, 64, 64]).
+const SEG3: &str = "onnx/fixtures/seg3.onnx";
+/// The `data-dependent-*` scenarios' model: an output of data-dependent shape.
+const PROB_NONZERO: &str = "onnx/fixtures/prob-nonzero.onnx";
+
+/// Runs `scenario` on seg3 on the stand-ins (two GPUs, sm_90 and sm_80), with `env`.
 fn run(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, String) {
+    run_model(scenario, SEG3, extra, env)
+}
+
+/// Runs `scenario` on `model` (a repository file).
+fn run_model(
+    scenario: &str,
+    model: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, String) {
     let dir = trt_support::standin_dir();
     let mut command = Command::new(harness());
     command
@@ -54,7 +71,7 @@ fn run(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, String)
         .arg(celer_cuda_standin::library())
         .arg(dir.join("libnvinfer.so.10"))
         .arg(dir.join("libnvonnxparser.so.10"))
-        .arg(trt_support::repo("onnx/fixtures/seg3.onnx"))
+        .arg(trt_support::repo(model))
         .args(extra)
         .env("CELER_CUDA_STANDIN_DEVICES", "2")
         .env("CELER_CUDA_STANDIN_SM", "90,80")
@@ -73,7 +90,11 @@ fn run(scenario: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, String)
 
 /// The scenario's call was refused (exit 3) with a message holding each of `words`.
 fn refused(scenario: &str, words: &[&str]) {
-    let (output, text) = run(scenario, &[], &[]);
+    refused_on(scenario, SEG3, words);
+}
+
+fn refused_on(scenario: &str, model: &str, words: &[&str]) {
+    let (output, text) = run_model(scenario, model, &[], &[]);
     assert_eq!(
         output.status.code(),
         Some(3),
@@ -272,4 +293,108 @@ fn what_the_stand_in_does_not_model_fails_loudly() {
         text.contains("IRuntime::setDLACore is not implemented by the stand-in"),
         "{text}"
     );
+}
+
+#[test]
+fn an_engine_is_destroyed_with_its_cuda_context_current() {
+    aborted(
+        "engine-on-a-thread-without-context",
+        &[
+            "ICudaEngine `seg3` destroyed while no CUDA context is current",
+            "not the context it was deserialized in (device 0)",
+            "destroyed with the context they were made in current",
+        ],
+    );
+}
+
+#[test]
+fn an_execution_context_is_destroyed_with_its_cuda_context_current() {
+    aborted(
+        "context-in-another-gpus-context",
+        &[
+            "IExecutionContext of `seg3` destroyed while device 1's CUDA context is current",
+            "not the context it was created in (device 0)",
+        ],
+    );
+}
+
+#[test]
+fn a_builder_is_destroyed_with_its_cuda_context_current() {
+    aborted(
+        "builder-without-context",
+        &["IBuilder destroyed while no CUDA context is current"],
+    );
+}
+
+#[test]
+fn objects_destroyed_on_another_thread_with_their_context_current_pass() {
+    // The twin of the three above: the rule is the context, not the thread.
+    let (output, text) = run("destroyed-on-a-thread-that-binds", &[], &[]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("DONE ok"), "{text}");
+    assert!(!text.contains("rule violated"), "{text}");
+}
+
+#[test]
+fn an_output_of_data_dependent_shape_needs_an_output_allocator() {
+    refused_on(
+        "data-dependent-no-allocator",
+        PROB_NONZERO,
+        &[
+            "SHAPE foreground 2 dims: 4 x -1",
+            "enqueueV3 of `prob-nonzero`: output `foreground` has the data-dependent shape [4x-1]",
+            "needs an IOutputAllocator (setOutputAllocator)",
+            "FAILED enqueueV3",
+        ],
+    );
+}
+
+#[test]
+fn an_output_of_data_dependent_shape_runs_with_an_output_allocator() {
+    // The twin: the same engine, its output given an allocator, runs; the allocator hears
+    // the shape ([4, 2048]) and the indices are right (the harness checks both).
+    let (output, text) = run_model("data-dependent-allocator", PROB_NONZERO, &[], &[]);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("SHAPE foreground 2 dims: 4 x -1"), "{text}");
+    assert!(text.contains("DONE ok"), "{text}");
+    assert!(!text.contains("LOG ERROR"), "{text}");
+}
+
+/// The scenario failed at enqueueV3 with the CUDA error TensorRT's runtime logs for an
+/// illegal address, and the stream's synchronisation then returned the sticky error.
+fn failed_with_a_sticky_error(text: &str, output: &Output) {
+    assert_eq!(output.status.code(), Some(3), "{text}");
+    for word in [
+        "LOG ERROR",
+        "enqueueV3 of `seg3`: Error Code 1: Cuda Runtime (an illegal memory access was encountered)",
+        "CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context's error is sticky",
+        "FAILED enqueueV3",
+        "FAILED cuStreamSynchronize",
+    ] {
+        assert!(text.contains(word), "no `{word}` in:\n{text}");
+    }
+}
+
+#[test]
+fn a_sticky_cuda_error_can_surface_inside_enqueue() {
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("fault");
+    std::fs::write(&fault, "enqueue-sticky").unwrap();
+    let (output, text) = run(
+        "enqueue-sticky",
+        &[],
+        &[("CELER_TRT_STANDIN_FAULT_FILE", fault.to_str().unwrap())],
+    );
+    failed_with_a_sticky_error(&text, &output);
+    assert!(
+        text.contains("a kernel of enqueueV3 hit an illegal address (injected fault"),
+        "{text}"
+    );
+    assert!(!fault.exists(), "the fault was taken");
+}
+
+#[test]
+fn an_enqueue_into_a_sticky_context_fails() {
+    let (output, text) = run("sticky-context", &[], &[]);
+    failed_with_a_sticky_error(&text, &output);
 }

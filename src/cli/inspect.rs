@@ -225,9 +225,10 @@ fn engine_io(
                 probe.summary()
             )
         })?;
-    let _current = crate::cuda::device::bind(device.ordinal)?;
+    let current = crate::cuda::device::bind(device.ordinal)?;
     let bytes = std::fs::read(plan).with_context(|| format!("cannot read {}", plan.display()))?;
-    let engine = trt.runtime()?.deserialize(&bytes)?;
+    let scope = crate::cuda::trt_context::TrtContext::scope(&current);
+    let engine = trt.runtime(scope)?.deserialize(&bytes)?;
     let mut profiles = Vec::new();
     for index in 0..engine.profile_count()? {
         for input in engine.inputs() {

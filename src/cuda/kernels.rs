@@ -92,7 +92,9 @@ pub const FILES: [KernelFile; 5] = [PREPROCESS, TRIMAP, RESAMPLE, GUIDED_FILTER,
 
 /// NVRTC options for every file. `--fmad=false`: no contraction of `a * b + c` into an
 /// FMA, which would round once where the CPU rounds twice; IEEE division and square root;
-/// denormals kept. These are what make the kernels bit-exact with the CPU stages.
+/// denormals kept. These are what make the kernels bit-exact with the CPU stages where
+/// they compute what the CPU does, and their bounds hold where the CPU's f64 is replaced
+/// (docs/gpu.md, "Arithmetic on the GPUs users rent").
 pub const COMPILE_OPTIONS: [&str; 5] = [
     "--fmad=false",
     "--prec-div=true",

@@ -266,20 +266,21 @@ impl GpuTaps<i32> {
     }
 }
 
-impl GpuTaps<f64> {
-    /// Uploads fast_image_resize's coefficients for `in_size` -> `out_size` unless
-    /// already there.
+impl GpuTaps<f32> {
+    /// Uploads fast_image_resize's coefficients for `in_size` -> `out_size`, rounded to
+    /// the f32 the plane resize computes in, unless already there. A `GpuTaps<f32>`
+    /// holds one kind of table for its life: these, or `set_upsample`'s.
     pub fn set_convolution(
         &mut self,
         stream: &Arc<CudaStream>,
         in_size: u32,
         out_size: u32,
     ) -> Result<(), CudaError> {
-        self.set_with(stream, in_size, out_size, ConvolutionTaps::bilinear)
+        self.set_with(stream, in_size, out_size, |i, o| {
+            ConvolutionTaps::bilinear(i, o).to_f32()
+        })
     }
-}
 
-impl GpuTaps<f32> {
     /// Uploads the guided filter's upsampling taps (PIL's bilinear weights in f32) for
     /// `in_size` -> `out_size` unless already there.
     pub fn set_upsample(
@@ -649,13 +650,13 @@ impl Launcher<'_> {
     }
 
     /// fast_image_resize's bilinear resize of an f32 plane (`src_w` x `src_h`) to the
-    /// taps' target size, via `tmp` (the horizontal pass).
+    /// taps' target size (`set_convolution`'s), via `tmp` (the horizontal pass).
     pub fn resize_plane(
         &self,
         src: &CudaSlice<f32>,
         (src_w, src_h): (u32, u32),
-        horizontal: &GpuTaps<f64>,
-        vertical: &GpuTaps<f64>,
+        horizontal: &GpuTaps<f32>,
+        vertical: &GpuTaps<f32>,
         tmp: &mut CudaSlice<f32>,
         dst: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {

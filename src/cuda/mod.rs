@@ -5,7 +5,8 @@
 //! (`device`), NVRTC and the kernels (`kernels/*.cu`, compiled at start-up for each GPU's
 //! architecture), their typed launchers (`launch`, `taps`), the fast guided filter's
 //! buffers and steps (`guided`), model tensors on the device (`tensor`) and a TensorRT
-//! engine with its own buffers (`trt_model`). How a replica orders these for a request is
+//! engine with its own buffers (`trt_model`) and what TensorRT needs of the GPU's context
+//! (`trt_context`). How a replica orders these for a request is
 //! `crate::replica::gpu`. The CPU stages in `crate::stages` are the reference every kernel
 //! is tested against. Nothing here may panic on a machine without a GPU: the probe comes
 //! first and says "no CUDA driver". `unsafe` lives here (FFI, launches, the TensorRT
@@ -23,6 +24,7 @@ pub mod plane_resize;
 pub mod probe;
 pub mod taps;
 pub mod tensor;
+pub mod trt_context;
 pub mod trt_model;
 
 pub use arch::{Arch, UnknownArch};

@@ -1,7 +1,8 @@
 //! NVRTC, the run-time CUDA C compiler, loaded from a file path rather than through
 //! cudarc, whose search is by name only and panics when the library is absent; here a
 //! missing library is an error value. Compiles to CUBIN for one real architecture
-//! (`sm_XY`), so the driver never JIT-compiles PTX.
+//! (`sm_XY`), so the driver never JIT-compiles PTX (PTX only for tests that read which
+//! instructions the kernels became).
 //!
 //! A CUBIN loads on a driver of its NVRTC's CUDA version or a newer one, so a process may
 //! hold several NVRTCs and use, for each driver, the newest that is not newer than it
@@ -49,6 +50,8 @@ struct Api {
     program_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
     cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
     cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
     destroy_program: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
     error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
 }
@@ -60,6 +63,13 @@ pub struct Nvrtc {
     version: CudaVersion,
     // Keeps the code behind `api` mapped; never unloaded (NVRTC keeps global state).
     _library: libloading::Library,
+}
+
+/// What a compile produces: a CUBIN for a real architecture, or PTX for its virtual one.
+#[derive(Debug, Clone, Copy)]
+enum Output {
+    Cubin,
+    Ptx,
 }
 
 /// One source file of a program: NVRTC compiles `source` as `name`, with `headers`
@@ -186,6 +196,31 @@ impl Nvrtc {
         arch: Arch,
         options: &[&str],
     ) -> Result<Vec<u8>, CudaError> {
+        self.compile(source, arch, Output::Cubin, options)
+    }
+
+    /// Compiles `source` to PTX for the virtual architecture of `arch` (`compute_XY`)
+    /// with `options`: the instructions NVRTC chose, in text, for tests that read them
+    /// (which types the kernels compute in). Serving loads CUBINs only.
+    pub fn compile_ptx(
+        &self,
+        source: &Source<'_>,
+        arch: Arch,
+        options: &[&str],
+    ) -> Result<String, CudaError> {
+        let ptx = self.compile(source, arch, Output::Ptx, options)?;
+        // NUL-terminated text.
+        let end = ptx.iter().position(|&b| b == 0).unwrap_or(ptx.len());
+        Ok(String::from_utf8_lossy(&ptx[..end]).into_owned())
+    }
+
+    fn compile(
+        &self,
+        source: &Source<'_>,
+        arch: Arch,
+        output: Output,
+        options: &[&str],
+    ) -> Result<Vec<u8>, CudaError> {
         let cstr = |s: &str| {
             CString::new(s).map_err(|_| CudaError::Compile {
                 arch,
@@ -209,7 +244,11 @@ impl Nvrtc {
             header_texts.iter().map(|c| c.as_ptr()).collect();
         let header_name_ptrs: Vec<*const c_char> =
             header_names.iter().map(|c| c.as_ptr()).collect();
-        let mut all_options = vec![cstr(&format!("--gpu-architecture={}", arch.sm()))?];
+        let target = match output {
+            Output::Cubin => arch.sm(),
+            Output::Ptx => format!("compute_{}{}", arch.major, arch.minor),
+        };
+        let mut all_options = vec![cstr(&format!("--gpu-architecture={target}"))?];
         for option in options {
             all_options.push(cstr(option)?);
         }
@@ -248,13 +287,17 @@ impl Nvrtc {
                 log: format!("{}: {log}", self.describe(status)),
             });
         }
+        let (size_of, copy) = match output {
+            Output::Cubin => (self.api.cubin_size, self.api.cubin),
+            Output::Ptx => (self.api.ptx_size, self.api.ptx),
+        };
         let mut size = 0usize;
         // SAFETY: the program compiled; `size` is valid for a write.
-        self.check(unsafe { (self.api.cubin_size)(program.program, &mut size) })?;
-        let mut cubin = vec![0u8; size];
-        // SAFETY: `cubin` holds the `size` bytes NVRTC reported.
-        self.check(unsafe { (self.api.cubin)(program.program, cubin.as_mut_ptr().cast()) })?;
-        Ok(cubin)
+        self.check(unsafe { size_of(program.program, &mut size) })?;
+        let mut bytes = vec![0u8; size];
+        // SAFETY: `bytes` holds the `size` bytes NVRTC reported.
+        self.check(unsafe { copy(program.program, bytes.as_mut_ptr().cast()) })?;
+        Ok(bytes)
     }
 
     fn log(&self, program: Program) -> Option<String> {
@@ -293,7 +336,7 @@ impl Nvrtc {
     }
 }
 
-/// Destroys the program on every path out of `compile_cubin`.
+/// Destroys the program on every path out of `compile`.
 struct ProgramGuard<'a> {
     nvrtc: &'a Nvrtc,
     program: Program,
@@ -322,6 +365,8 @@ fn resolve(library: &libloading::Library, path: &Path) -> Result<Api, CudaError>
             program_log: *symbol(library, b"nvrtcGetProgramLog\0", path)?,
             cubin_size: *symbol(library, b"nvrtcGetCUBINSize\0", path)?,
             cubin: *symbol(library, b"nvrtcGetCUBIN\0", path)?,
+            ptx_size: *symbol(library, b"nvrtcGetPTXSize\0", path)?,
+            ptx: *symbol(library, b"nvrtcGetPTX\0", path)?,
             destroy_program: *symbol(library, b"nvrtcDestroyProgram\0", path)?,
             error_string: *symbol(library, b"nvrtcGetErrorString\0", path)?,
         })

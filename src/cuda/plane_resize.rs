@@ -13,8 +13,9 @@ use super::{CudaError, Size};
 /// Tables and scratch for planes of at most `src_max` resized to at most `dst_max_side`
 /// a side.
 pub struct PlaneResize {
-    horizontal: GpuTaps<f64>,
-    vertical: GpuTaps<f64>,
+    /// fast_image_resize's coefficients in f32 (`GpuTaps::set_convolution`).
+    horizontal: GpuTaps<f32>,
+    vertical: GpuTaps<f32>,
     tmp: CudaSlice<f32>,
 }
 

@@ -1,7 +1,8 @@
 //! Resampling tables computed on the host and uploaded once per (source size, target
 //! size): PIL's 22-bit fixed-point bilinear taps (the preprocess resize and the guided
-//! filter's guide), the f64 coefficients of fast_image_resize's bilinear convolution
-//! (mask and alpha resize), PIL's bilinear weights in f32 (the guided filter's model
+//! filter's guide), the coefficients of fast_image_resize's bilinear convolution (mask
+//! and alpha resize: computed in f64 as the CPU's, uploaded rounded to f32, which the
+//! kernels compute in), PIL's bilinear weights in f32 (the guided filter's model
 //! upsampled to the source) and PIL NEAREST's source indices (trimap resize). Each is
 //! flattened to the fixed-stride layout the kernels read: `first[i]`, `count[i]`, then
 //! `stride` weights per output.
@@ -135,6 +136,19 @@ impl FlatTaps<f64> {
     }
 }
 
+impl FlatTaps<f64> {
+    /// The same taps with each coefficient rounded to f32: what the plane resize's
+    /// kernels read (they compute in f32; `resample.cu` says what that costs).
+    pub fn to_f32(&self) -> FlatTaps<f32> {
+        FlatTaps {
+            first: self.first.clone(),
+            count: self.count.clone(),
+            weights: self.weights.iter().map(|&w| w as f32).collect(),
+            stride: self.stride,
+        }
+    }
+}
+
 /// PIL NEAREST's source index for each of `dst` samples along an axis of `src`: the
 /// running f64 sum of src/dst from half a step, truncated (as `resample::resize_nearest`).
 pub fn nearest_indices(src: u32, dst: u32) -> Vec<u32> {
@@ -207,44 +221,64 @@ pub mod mirror {
             .collect()
     }
 
-    /// Horizontal sum in the four-lane order of `resample.cu`.
-    pub fn horizontal_sum(s: &[f32], k: &[f64]) -> f32 {
+    /// Horizontal sum in the four-lane order of `resample.cu`, in f32 as the kernel.
+    pub fn horizontal_sum(s: &[f32], k: &[f32]) -> f32 {
         let n = k.len();
-        let (mut l0, mut l1, mut l2, mut l3) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+        let (mut l0, mut l1, mut l2, mut l3) = (0f32, 0f32, 0f32, 0f32);
         let mut t = 0;
         while t + 8 <= n {
-            l0 += f64::from(s[t]) * k[t];
-            l1 += f64::from(s[t + 1]) * k[t + 1];
-            l2 += f64::from(s[t + 2]) * k[t + 2];
-            l3 += f64::from(s[t + 3]) * k[t + 3];
-            l0 += f64::from(s[t + 4]) * k[t + 4];
-            l1 += f64::from(s[t + 5]) * k[t + 5];
-            l2 += f64::from(s[t + 6]) * k[t + 6];
-            l3 += f64::from(s[t + 7]) * k[t + 7];
+            l0 += s[t] * k[t];
+            l1 += s[t + 1] * k[t + 1];
+            l2 += s[t + 2] * k[t + 2];
+            l3 += s[t + 3] * k[t + 3];
+            l0 += s[t + 4] * k[t + 4];
+            l1 += s[t + 5] * k[t + 5];
+            l2 += s[t + 6] * k[t + 6];
+            l3 += s[t + 7] * k[t + 7];
             t += 8;
         }
         if t + 4 <= n {
-            l0 += f64::from(s[t]) * k[t];
-            l1 += f64::from(s[t + 1]) * k[t + 1];
-            l2 += f64::from(s[t + 2]) * k[t + 2];
-            l3 += f64::from(s[t + 3]) * k[t + 3];
+            l0 += s[t] * k[t];
+            l1 += s[t + 1] * k[t + 1];
+            l2 += s[t + 2] * k[t + 2];
+            l3 += s[t + 3] * k[t + 3];
             t += 4;
         }
         if t + 2 <= n {
-            l0 += f64::from(s[t]) * k[t];
-            l1 += f64::from(s[t + 1]) * k[t + 1];
+            l0 += s[t] * k[t];
+            l1 += s[t + 1] * k[t + 1];
             t += 2;
         }
         if t < n {
-            l0 += f64::from(s[t]) * k[t];
+            l0 += s[t] * k[t];
         }
-        ((l0 + l2) + (l1 + l3)) as f32
+        (l0 + l2) + (l1 + l3)
     }
 
-    /// The whole two-pass resize of a `w` x `h` plane to `dw` x `dh`.
+    /// How far the kernels' f32 resize of a `w` x `h` plane whose values are at most
+    /// `max_abs` in size may be from the CPU's f64 one at `dw` x `dh`, by construction:
+    /// a pass of n taps (non-negative coefficients summing to 1) rounds each coefficient
+    /// to f32, each product, and at most n - 1 sums on any tap's way to the result, so it
+    /// is within (n + 1) 2^-24 max|s| of the exact f64 sum; the CPU rounds that sum to
+    /// f32 once (2^-24 max|s|). The vertical pass adds its own (n_v + 1) and the CPU's
+    /// rounding, and carries the horizontal one: (n_h + n_v + 4) 2^-24 max|s| in all
+    /// (0.1% more for the products of the roundings). With at most 3 taps upscaling,
+    /// 10 x 2^-24 = 6e-7: an 8-bit quantisation of the result moves by at most 1 LSB,
+    /// and only where the value is that close to a rounding boundary.
+    pub fn resize_bound(w: u32, h: u32, dw: u32, dh: u32, max_abs: f32) -> f32 {
+        let taps = |src, dst| {
+            let taps = ConvolutionTaps::bilinear(src, dst);
+            taps.count.iter().copied().max().unwrap_or(0)
+        };
+        let roundings = taps(w, dw) + taps(h, dh) + 4;
+        roundings as f32 * f32::EPSILON / 2.0 * max_abs * 1.001
+    }
+
+    /// The whole two-pass resize of a `w` x `h` plane to `dw` x `dh`, in f32 with the
+    /// coefficients rounded to f32, as the kernels compute it.
     pub fn resize_plane(src: &[f32], w: u32, h: u32, dw: u32, dh: u32) -> Vec<f32> {
-        let horiz = ConvolutionTaps::bilinear(w, dw);
-        let vert = ConvolutionTaps::bilinear(h, dh);
+        let horiz = ConvolutionTaps::bilinear(w, dw).to_f32();
+        let vert = ConvolutionTaps::bilinear(h, dh).to_f32();
         let (row0, row_end) = vert.span();
         let (w, dw) = (w as usize, dw as usize);
         let mut tmp = vec![0f32; dw * (row_end - row0) as usize];
@@ -262,11 +296,11 @@ pub mod mirror {
             let f = (vert.first[y] - row0) as usize;
             let k = &vert.weights[y * vert.stride as usize..][..vert.count[y] as usize];
             for (x, o) in line.iter_mut().enumerate() {
-                let mut sum = 0.0f64;
+                let mut sum = 0f32;
                 for (t, &kt) in k.iter().enumerate() {
-                    sum += f64::from(tmp[(f + t) * dw + x]) * kt;
+                    sum += tmp[(f + t) * dw + x] * kt;
                 }
-                *o = sum as f32;
+                *o = sum;
             }
         }
         out
@@ -288,11 +322,32 @@ mod tests {
             .collect()
     }
 
+    /// Planes that stress the f32 resize: texture in [0, 1], a hard 0/1 edge across
+    /// both axes, a large flat area, and values beyond [0, 1] (a model's raw output).
+    fn stress_planes(w: u32, h: u32) -> Vec<(&'static str, Vec<f32>)> {
+        let edge = (0..w * h)
+            .map(|k| f32::from(u8::from((k % w < w / 2) != (k / w < h / 2))))
+            .collect();
+        vec![
+            ("texture", pattern(w, h)),
+            ("edge", edge),
+            ("flat", vec![0.7; (w * h) as usize]),
+            (
+                "beyond",
+                pattern(w, h).iter().map(|v| v * 3.0 - 1.0).collect(),
+            ),
+        ]
+    }
+
     #[test]
-    fn convolution_mirror_equals_fast_image_resize() {
-        // The CPU stage picks AVX2 on x86-64 when it can; the mirror follows that order,
-        // so it is exact there. Elsewhere the sum order differs: 1 ulp is allowed.
-        let exact = cfg!(target_arch = "x86_64") && std::is_x86_feature_detected!("avx2");
+    fn convolution_mirror_is_held_to_fast_image_resize() {
+        // The kernels' f32 arithmetic (the mirror's) against the CPU's f64, within
+        // `mirror::resize_bound` (its doc derives it from the roundings, not from these
+        // runs). Measured here (x86-64 with AVX2): at most 3 x 2^-24 on the texture, the
+        // edges and the flat planes, whatever the scale (the 4032 taps of 4032 -> 1
+        // included), and 6 x 2^-24 on values in [-1, 2]; the bound is 2.7 to 1000 times
+        // that (most for many taps, whose rounding errors mostly cancel).
+        let mut report = Vec::new();
         for [w, h, dw, dh] in [
             // Up and down by uneven ratios.
             [320, 320, 1021, 767],
@@ -305,21 +360,36 @@ mod tests {
             // One axis only.
             [320, 320, 320, 1000],
             [1000, 9, 31, 9],
+            // The extremes served: a 320 mask to 12 MP and back, and 4032 taps.
+            [320, 320, 4032, 3024],
+            [4032, 3024, 320, 320],
+            [4032, 7, 1, 7],
         ] {
-            let src = pattern(w, h);
-            let cpu =
-                resample::resize_plane(&mut Resizer::new(), &Plane::new(w, h, src.clone()), dw, dh)
-                    .unwrap();
-            let mine = mirror::resize_plane(&src, w, h, dw, dh);
-            for (i, (a, b)) in mine.iter().zip(&cpu.data).enumerate() {
-                let ulps = (a.to_bits() as i64 - b.to_bits() as i64).abs();
-                if exact {
-                    assert_eq!(a, b, "{w}x{h}->{dw}x{dh} at {i}");
-                } else {
-                    assert!(ulps <= 1, "{w}x{h}->{dw}x{dh} at {i}: {a} vs {b}");
-                }
+            for (name, src) in stress_planes(w, h) {
+                let cpu = resample::resize_plane(
+                    &mut Resizer::new(),
+                    &Plane::new(w, h, src.clone()),
+                    dw,
+                    dh,
+                )
+                .unwrap();
+                let mine = mirror::resize_plane(&src, w, h, dw, dh);
+                let max_abs = src.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let bound = mirror::resize_bound(w, h, dw, dh, max_abs);
+                let worst = mine
+                    .iter()
+                    .zip(&cpu.data)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                report.push(format!(
+                    "{w}x{h}->{dw}x{dh} {name}: {:.1} x 2^-24 (bound {:.1})",
+                    worst / f32::EPSILON * 2.0,
+                    bound / f32::EPSILON * 2.0
+                ));
+                assert!(worst <= bound, "{}", report.last().unwrap());
             }
         }
+        println!("{}", report.join("\n"));
     }
 
     /// A textured RGB8 image and a mask at another size, for the guided filter.

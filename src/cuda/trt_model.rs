@@ -3,8 +3,9 @@
 //! the trimap and matting kernels; a float16 output is converted into it by a kernel),
 //! scratch for the outputs nobody reads, and its activation memory. Every address is bound
 //! once, in `new`, to buffers this type owns and never reallocates, so an enqueue cannot
-//! reach freed or moved memory and there is no bind step to forget. Enqueued on the
-//! replica's stream between the kernels: nothing crosses the bus.
+//! reach freed or moved memory and there is no bind step to forget (an engine with an
+//! output of data-dependent shape, which no buffer sized at load can hold, is refused
+//! there). Enqueued on the replica's stream between the kernels: nothing crosses the bus.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -14,13 +15,15 @@ use half::f16;
 
 use super::launch::{Launcher, ModelInput};
 use super::tensor::{GpuTensor, TensorElement};
+use super::trt_context;
 use super::CudaError;
 use crate::tensorrt::{
     CudaStream as TrtStream, DataType, DevicePtr, Engine, ExecutionContext, TrtError,
 };
 
-/// Why a TensorRT model failed: TensorRT itself (a context, a binding, an enqueue), or the
-/// CUDA work around it (its buffers, the float16 conversion). Kept apart, so that a lost
+/// Why a TensorRT model failed: TensorRT itself (a context, a binding, an enqueue), the
+/// CUDA work around it (its buffers, the float16 conversion; an enqueue that found the
+/// context lost), or an engine celer's pipeline cannot run. Kept apart, so that a lost
 /// context is still told by `CudaError::is_device_lost`.
 #[derive(Debug, thiserror::Error)]
 pub enum TrtModelError {
@@ -28,6 +31,20 @@ pub enum TrtModelError {
     Cuda(#[from] CudaError),
     #[error(transparent)]
     TensorRt(#[from] TrtError),
+    /// An output whose shape TensorRT knows only when the engine runs (-1 after every
+    /// input shape is set: NonZero's count, say).
+    #[error(
+        "{model}: output `{output}` has a data-dependent shape {shape:?}: TensorRT learns \
+         its size only when the engine runs (it would need an output allocator), and celer \
+         binds every output to a buffer sized when the model loads, so engines with \
+         data-dependent output shapes are not supported; export the model without that \
+         output, or with a fixed size"
+    )]
+    DataDependentOutput {
+        model: String,
+        output: String,
+        shape: Vec<i64>,
+    },
 }
 
 impl From<DriverError> for TrtModelError {
@@ -103,12 +120,13 @@ impl TrtModel {
         let mut context = unsafe {
             engine.create_context_with_memory(DevicePtr::from_raw(memory as *mut c_void), bytes)
         }?;
+        for input in inputs.iter().filter(|i| i.dynamic) {
+            let shape: Vec<i64> = input.shape.iter().map(|&d| d as i64).collect();
+            context.set_input_shape(input.name, &shape)?;
+        }
+        refuse_data_dependent(&context, label)?;
         let mut tensors = Vec::with_capacity(inputs.len());
         for input in inputs {
-            if input.dynamic {
-                let shape: Vec<i64> = input.shape.iter().map(|&d| d as i64).collect();
-                context.set_input_shape(input.name, &shape)?;
-            }
             let tensor = GpuTensor::alloc(stream, input.element, input.shape.iter().product())?;
             // SAFETY: the tensor holds the input's elements in the engine's element type
             // (the contract checked the type; its length is the shape's) and is owned by
@@ -200,15 +218,53 @@ impl TrtModel {
         // SAFETY: every I/O tensor was bound in `new` to a buffer this model owns, and
         // dynamic shapes were set then; the stream is the model's own, of the context
         // current on this thread, and `drop` waits for it before anything is freed.
-        unsafe {
+        let enqueued = unsafe {
             let raw = TrtStream::from_raw(self.stream.cu_stream() as *mut c_void);
-            self.context.enqueue(raw)?;
+            self.context.enqueue(raw)
+        };
+        if let Err(refused) = enqueued {
+            return Err(self.enqueue_failed(refused));
         }
         if let Some(half) = &self.half_output {
             launcher.f16_to_f32(half, self.output_shape.iter().product(), &mut self.output)?;
         }
         Ok(())
     }
+
+    /// An enqueue TensorRT refused: that request's failure, unless the context's error is
+    /// sticky (a kernel TensorRT launched met an illegal address, or the context was lost
+    /// before): then the GPU's, told as the driver's error, so that the device is known
+    /// lost at once (`CudaError::is_device_lost`) rather than at the next request's
+    /// synchronisation.
+    fn enqueue_failed(&self, refused: TrtError) -> TrtModelError {
+        match trt_context::sticky_error(&self.stream) {
+            Some(error) => CudaError::Driver {
+                error,
+                context: format!(
+                    "{}: enqueueV3 failed ({refused}), and the GPU's context is lost: ",
+                    self.label
+                ),
+            }
+            .into(),
+            None => refused.into(),
+        }
+    }
+}
+
+/// Refuses an engine with an output of data-dependent shape: once every input's shape is
+/// set, each output's must be known, so that a buffer can be sized for it.
+fn refuse_data_dependent(context: &ExecutionContext, label: &str) -> Result<(), TrtModelError> {
+    for desc in context.engine().outputs() {
+        let shape = context.tensor_shape(&desc.name)?;
+        if shape.iter().any(|&d| d < 0) {
+            return Err(TrtModelError::DataDependentOutput {
+                model: label.to_string(),
+                output: desc.name.clone(),
+                shape,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Binds tensor `name` of `context` to device address `address`.

@@ -13,7 +13,8 @@ use super::select::{choose_engines, EngineChoice, GpuModels, ModelRef};
 use super::store::{
     build_and_store, choose_precision, BuildOptions, EngineStore, ModelFile, StoreError,
 };
-use crate::cuda::GpuInfo;
+use crate::cuda::trt_context::TrtContext;
+use crate::cuda::{GpuDevice, GpuInfo};
 use crate::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
 use crate::tensorrt::{Engine, TensorRt, TrtError};
 
@@ -171,12 +172,14 @@ pub fn plan_gpus(
 }
 
 impl GpuPlan {
-    /// The GPU's engines, deserialised (built first where the plan says so), or `None`
-    /// when its models run on ONNX Runtime. The GPU's context must be current on this
-    /// thread: engines live in the context they were deserialised in.
+    /// The GPU's engines, deserialised into `gpu`'s context (built first where the plan
+    /// says so, with that context current on this thread), or `None` when its models run
+    /// on ONNX Runtime. Engines live in the context they were deserialised in, and are
+    /// destroyed with it current, wherever they are dropped.
     pub fn load_engines(
         &self,
         spec: &PipelineSpec,
+        gpu: &GpuDevice,
         device: &str,
     ) -> Result<Option<GpuEngines>, PlanError> {
         let GpuModels::TensorRt { version, engines } = &self.models else {
@@ -194,7 +197,9 @@ impl GpuPlan {
             device: device.to_string(),
             source,
         };
-        let runtime = trt.runtime().map_err(trt_error)?;
+        let runtime = trt
+            .runtime(TrtContext::scope(gpu.context()))
+            .map_err(trt_error)?;
         let identity = self.info.identity();
         let (mut segmentation, mut matting) = (None, None);
         for (key, choice) in engines {

@@ -10,6 +10,7 @@ use super::judge::{input_shape, io_err};
 use super::model::OnnxModel;
 use super::qdq::measured_tensors;
 use super::ranges::{Histogram, Method, Range};
+use super::weights::WeightBits;
 use super::QuantizeError;
 use crate::ort::session::{OpThreads, OrtModel};
 use crate::spec::PipelineSpec;
@@ -21,6 +22,9 @@ pub struct Calibrated {
     pub ranges: HashMap<String, Range>,
     /// Each measured activation's number of values in one run (the search's cost model).
     pub elements: HashMap<String, usize>,
+    /// The weights' width on the CPU that calibrates, gates and (the manifest says so)
+    /// serves the variant (`quantize::weights`).
+    pub weights: WeightBits,
 }
 
 /// Each measured activation of `base`, its size and the range `method` picks for it over
@@ -66,6 +70,7 @@ pub fn calibrate(
         return Ok(Calibrated {
             ranges: tensors.into_iter().zip(seen).collect(),
             elements,
+            weights: WeightBits::for_this_cpu(),
         });
     }
     let mut histograms: Vec<Histogram> = seen.iter().map(|r| Histogram::new(*r)).collect();
@@ -82,5 +87,6 @@ pub fn calibrate(
             .map(|(t, (h, r))| (t, h.range(method, *r)))
             .collect(),
         elements,
+        weights: WeightBits::for_this_cpu(),
     })
 }

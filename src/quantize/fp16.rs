@@ -236,6 +236,7 @@ pub fn build_fp16(
         quantized_nodes: 0,
         kept_fp32: Vec::new(),
         rewrites: None,
+        weights: None,
         gate: verdict,
         calibration_figures: None,
     }

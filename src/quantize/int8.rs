@@ -23,6 +23,7 @@ use super::qdq::{name_nodes, rewrite};
 use super::ranges::Method;
 use super::search::search;
 use super::variant::{variant_dir, Calibration, NewVariant, VariantManifest};
+use super::weights::WeightBits;
 use super::QuantizeError;
 use crate::replica::cpu::model_input;
 use crate::spec::{ModelPrecision, PipelineSpec};
@@ -137,9 +138,15 @@ pub fn build_int8(
         &work.0,
     )?;
     say(format!(
-        "int8: {} activations calibrated in {:.1} s",
+        "int8: {} activations calibrated in {:.1} s; weights {} ({})",
         calibrated.ranges.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        calibrated.weights,
+        match calibrated.weights {
+            WeightBits::Eight => "this CPU sums int8 products in 32 bits",
+            WeightBits::Seven =>
+                "this CPU has no VNNI: 8-bit weights would saturate its int16 pair sums",
+        }
     ));
 
     let judge_with = Judge {
@@ -164,7 +171,12 @@ pub fn build_int8(
             unstable.join(", ")
         ));
     }
-    let (full, full_rewrite) = rewrite(&base, &calibrated.ranges, &HashSet::new())?;
+    let (full, full_rewrite) = rewrite(
+        &base,
+        &calibrated.ranges,
+        &HashSet::new(),
+        calibrated.weights,
+    )?;
     let full_report = judge(
         &options.gate,
         &calibration,
@@ -269,6 +281,7 @@ pub fn build_int8(
         quantized_nodes: chosen_rewrite.quantized.len(),
         kept_fp32: kept,
         rewrites: Some(rewrites),
+        weights: Some(calibrated.weights),
         gate: report,
         calibration_figures: Some(calibration_report),
     }

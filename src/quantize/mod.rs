@@ -23,6 +23,7 @@ pub mod qdq;
 pub mod ranges;
 pub mod search;
 pub mod variant;
+pub mod weights;
 
 use std::path::PathBuf;
 

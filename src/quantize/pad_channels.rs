@@ -121,6 +121,7 @@ mod tests {
     use crate::quantize::qdq::{measured_tensors, name_nodes, rewrite};
     use crate::quantize::ranges::Range;
     use crate::quantize::test_support::outputs_before_and_after;
+    use crate::quantize::weights::WeightBits;
     use std::collections::HashSet;
 
     /// The fixture (a 1x1 convolution of the image's three channels, then a sigmoid) in
@@ -146,7 +147,9 @@ mod tests {
                 (t, r)
             })
             .collect();
-        rewrite(&m, &ranges, &HashSet::new()).expect("rewrite").0
+        rewrite(&m, &ranges, &HashSet::new(), WeightBits::for_this_cpu())
+            .expect("rewrite")
+            .0
     }
 
     #[test]

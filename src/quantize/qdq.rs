@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::model::{Initializer, ModelError, Names, Node, OnnxModel};
 use super::ranges::{Range, U8Params};
+use super::weights::WeightBits;
 
 /// Operators that pass an 8-bit input through with its parameters.
 const PASS_THROUGH: &[&str] = &["MaxPool", "Resize"];
@@ -113,11 +114,13 @@ pub struct Rewrite {
 }
 
 /// The QDQ model of `model` (at operator set 13 or above, nodes named) with `ranges` for
-/// its measured tensors, the convolutions in `keep_fp32` left in float.
+/// its measured tensors, the convolutions in `keep_fp32` left in float, the others'
+/// weights on `weights`' levels.
 pub fn rewrite(
     model: &OnnxModel,
     ranges: &HashMap<String, Range>,
     keep_fp32: &HashSet<String>,
+    weights: WeightBits,
 ) -> Result<(OnnxModel, Rewrite), ModelError> {
     let mut m = model.clone();
     let graph_outputs: HashSet<String> = m.output_names().into_iter().collect();
@@ -313,11 +316,12 @@ pub fn rewrite(
         let mut w_scale = Vec::with_capacity(channels);
         let mut w_q = Vec::with_capacity(w.len());
         for ch in w.chunks_exact(per) {
-            let s = weight_scale(ch);
+            let s = weight_scale(ch, weights);
             w_scale.push(s);
+            let levels = weights.levels();
             w_q.extend(
                 ch.iter()
-                    .map(|v| (v / s).round().clamp(-127.0, 127.0) as i8),
+                    .map(|v| (v / s).round().clamp(-levels, levels) as i8),
             );
         }
         let stem = node.name();
@@ -416,11 +420,12 @@ pub fn rewrite(
     Ok((m, report))
 }
 
-/// The int8 scale of one output channel's weights: the clip of their largest magnitude,
+/// The scale of one output channel's weights on `bits`' levels: the clip of their largest magnitude,
 /// from 30 % to all of it, whose rounding and clipping leave the least squared error.
 /// The largest magnitude alone spends the levels on one outlier weight: on U2NetP it
 /// moved the cat photo's mask by 2.0/255 on average against 1.25 with this clip.
-pub fn weight_scale(weights: &[f32]) -> f32 {
+pub fn weight_scale(weights: &[f32], bits: WeightBits) -> f32 {
+    let levels = bits.levels();
     let max = weights.iter().fold(0f32, |m, v| m.max(v.abs()));
     if max <= 0.0 || !max.is_finite() {
         return 1.0;
@@ -429,16 +434,16 @@ pub fn weight_scale(weights: &[f32]) -> f32 {
         weights
             .iter()
             .map(|&v| {
-                let q = (v / scale).round().clamp(-127.0, 127.0) * scale;
+                let q = (v / scale).round().clamp(-levels, levels) * scale;
                 f64::from(v - q).powi(2)
             })
             .sum()
     };
     (30..=100)
-        .map(|percent| max * percent as f32 / 100.0 / 127.0)
+        .map(|percent| max * percent as f32 / 100.0 / levels)
         .map(|scale| (error(scale), scale))
         .min_by(|a, b| a.0.total_cmp(&b.0))
-        .map_or(max / 127.0, |(_, scale)| scale)
+        .map_or(max / levels, |(_, scale)| scale)
 }
 
 #[cfg(test)]
@@ -478,7 +483,8 @@ mod tests {
             measured_tensors(&m).expect("tensors"),
             vec!["image", "logit"]
         );
-        let (q, report) = rewrite(&m, &ranges(&m), &HashSet::new()).expect("rewrite");
+        let (q, report) =
+            rewrite(&m, &ranges(&m), &HashSet::new(), WeightBits::Eight).expect("rewrite");
         assert_eq!(report.quantized, vec!["Conv_0"]);
         let ops: Vec<String> = q.nodes.iter().map(Node::op_type).collect();
         assert_eq!(
@@ -515,19 +521,23 @@ mod tests {
             .map(|i| if i % 2 == 0 { 0.5 } else { -0.5 })
             .collect();
         w.push(1.0);
-        let chosen = weight_scale(&w);
+        let chosen = weight_scale(&w, WeightBits::Eight);
         let largest = 1.0 / 127.0;
         assert!(squared_error(&w, chosen) <= squared_error(&w, largest));
         assert!(chosen < largest, "{chosen}");
         assert!(chosen >= 0.3 * largest - 1e-9);
-        assert_eq!(weight_scale(&[0.0, 0.0]), 1.0, "all zero: any scale");
+        assert_eq!(
+            weight_scale(&[0.0, 0.0], WeightBits::Eight),
+            1.0,
+            "all zero: any scale"
+        );
     }
 
     #[test]
     fn a_kept_conv_keeps_its_float_weights() {
         let m = prob();
         let keep: HashSet<String> = ["Conv_0".to_string()].into();
-        let (q, report) = rewrite(&m, &ranges(&m), &keep).expect("rewrite");
+        let (q, report) = rewrite(&m, &ranges(&m), &keep, WeightBits::Eight).expect("rewrite");
         assert_eq!(report.kept, vec!["Conv_0"]);
         assert!(report.quantized.is_empty());
         assert_eq!(q, m, "nothing to quantize around a float convolution");

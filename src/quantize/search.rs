@@ -86,7 +86,7 @@ pub fn rank(
     for node in candidates {
         let mut keep = all.clone();
         keep.remove(node);
-        let (m, _) = rewrite(base, &calibrated.ranges, &keep)?;
+        let (m, _) = rewrite(base, &calibrated.ranges, &keep, calibrated.weights)?;
         let error = mean_abs_diff(&reference, &judge_with.outputs(&m, sample)?);
         ranked.push(Sensitivity {
             node: node.clone(),
@@ -144,7 +144,7 @@ pub fn search(
     ));
     let candidate = |kept: usize| -> Result<(OnnxModel, Rewrite, GateReport), QuantizeError> {
         let keep: HashSet<String> = ranked[..kept].iter().map(|s| s.node.clone()).collect();
-        let (m, r) = rewrite(base, &calibrated.ranges, &keep)?;
+        let (m, r) = rewrite(base, &calibrated.ranges, &keep, calibrated.weights)?;
         let report = judge(
             gate,
             calibration,

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::gate::GateReport;
 use super::model::OnnxModel;
 use super::ranges::Method;
+use super::weights::{Int8Products, WeightBits};
 use crate::engines::manifest::{model_name, sha256_file};
 use crate::spec::{ImageInputSpec, MattingSpec, ModelPrecision, PipelineSpec};
 
@@ -67,6 +68,10 @@ pub struct VariantManifest {
     /// them, which a build makes again rather than keeps (they still serve).
     #[serde(default)]
     pub rewrites: Option<Vec<String>>,
+    /// INT8: the weights' width (`quantize::weights`); absent in INT8 variants made
+    /// before it, which hold 8-bit weights.
+    #[serde(default)]
+    pub weights: Option<WeightBits>,
     /// The gate's figures on the validation images; absent, the variant is not served.
     pub gate: Option<GateReport>,
     /// The same figures on the calibration images, for the record (the search judged
@@ -111,6 +116,7 @@ pub struct NewVariant<'a> {
     pub quantized_nodes: usize,
     pub kept_fp32: Vec<KeptNode>,
     pub rewrites: Option<Vec<String>>,
+    pub weights: Option<WeightBits>,
     pub gate: GateReport,
     pub calibration_figures: Option<GateReport>,
 }
@@ -142,6 +148,7 @@ impl NewVariant<'_> {
             quantized_nodes: self.quantized_nodes,
             kept_fp32: self.kept_fp32,
             rewrites: self.rewrites,
+            weights: self.weights,
             gate: Some(self.gate),
             calibration_figures: self.calibration_figures,
             celer_version: env!("CARGO_PKG_VERSION").into(),
@@ -323,6 +330,9 @@ fn usable(
             manifest.precision
         ));
     }
+    if precision == ModelPrecision::Int8 {
+        weights_fit(manifest, Int8Products::of_this_cpu())?;
+    }
     match &manifest.gate {
         None => return Err("its manifest records no gate figures".into()),
         Some(g) if !g.passed => return Err("it did not pass its gate".into()),
@@ -344,4 +354,61 @@ fn usable(
         ));
     }
     Ok(path)
+}
+
+/// Whether the INT8 variant's weights compute on `cpu` what its gate measured.
+fn weights_fit(manifest: &VariantManifest, cpu: Int8Products) -> Result<(), String> {
+    let weights = manifest.weights.unwrap_or_default();
+    if weights.runs_exactly_on(cpu) {
+        return Ok(());
+    }
+    Err(format!(
+        "its {weights} weights would saturate this CPU's int8 products (no VNNI); \
+         `celer build --precision int8` here makes 7-bit ones"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int8_manifest(weights: Option<WeightBits>) -> VariantManifest {
+        VariantManifest {
+            format: VARIANT_FORMAT,
+            model: "m".into(),
+            precision: ModelPrecision::Int8,
+            source_file: "m.onnx".into(),
+            source_sha256: String::new(),
+            variant_file: "m.int8.onnx".into(),
+            variant_sha256: String::new(),
+            calibration: None,
+            opset_from: 13,
+            opset_to: 13,
+            quantized_nodes: 1,
+            kept_fp32: Vec::new(),
+            rewrites: None,
+            weights,
+            gate: None,
+            calibration_figures: None,
+            celer_version: String::new(),
+            built_at_unix_s: 0,
+        }
+    }
+
+    #[test]
+    fn an_int8_variant_with_8_bit_weights_is_not_served_where_products_saturate() {
+        let eight = int8_manifest(Some(WeightBits::Eight));
+        let before_the_field = int8_manifest(None);
+        let seven = int8_manifest(Some(WeightBits::Seven));
+        for m in [&eight, &before_the_field] {
+            let refused = weights_fit(m, Int8Products::SaturatingPairs).expect_err("refused");
+            assert!(
+                refused.contains("8-bit weights would saturate"),
+                "{refused}"
+            );
+            assert!(weights_fit(m, Int8Products::Wide).is_ok());
+        }
+        assert!(weights_fit(&seven, Int8Products::SaturatingPairs).is_ok());
+        assert!(weights_fit(&seven, Int8Products::Wide).is_ok());
+    }
 }

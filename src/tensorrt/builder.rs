@@ -1,7 +1,9 @@
 //! Building engines: an ONNX model parsed into a TensorRT network, then built into a
 //! serialized plan with one optimisation profile, a precision, a workspace limit and a
 //! timing cache. Builds run on the CUDA device current on the calling thread; choosing
-//! it is the caller's job (see `crate::cuda::device::bind`). Writing files is `store`'s.
+//! it is the caller's job (see `crate::cuda::device::bind`), and so is keeping it current
+//! until the network is dropped: the builder is destroyed in the context it was made in.
+//! Writing files is `store`'s.
 
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
@@ -14,15 +16,14 @@ use super::sys;
 use super::types::{BuildProgress, BuildSettings, BuiltEngine, Precision, TensorDesc, TrtError};
 
 /// An ONNX model parsed into a TensorRT network, with the builder that will build it.
+/// Neither Send nor Sync (the raw pointer): it is made, built and dropped on one thread,
+/// inside the caller's binding of the GPU's context, in which TensorRT's builder works
+/// and is destroyed.
 pub struct Network {
     raw: NonNull<sys::celer_trt_network>,
     source: PathBuf,
     _lib: Arc<Library>,
 }
-
-// SAFETY: TensorRT's builder may be used by one thread at a time, from any thread;
-// `Network` is not Sync and `build` takes `&mut self`, so Rust enforces that.
-unsafe impl Send for Network {}
 
 impl Drop for Network {
     fn drop(&mut self) {

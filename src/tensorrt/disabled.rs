@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::types::{
-    BuildProgress, BuildSettings, BuiltEngine, CudaStream, DevicePtr, InputProfile, LibraryPaths,
-    TensorDesc, TrtError, TrtVersion,
+    BuildProgress, BuildSettings, BuiltEngine, CudaContextScope, CudaStream, DevicePtr,
+    InputProfile, LibraryPaths, TensorDesc, TrtError, TrtVersion,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +49,7 @@ impl TensorRt {
         match self.never {}
     }
 
-    pub fn runtime(&self) -> Result<Runtime, TrtError> {
+    pub fn runtime(&self, _context: Arc<dyn CudaContextScope>) -> Result<Runtime, TrtError> {
         match self.never {}
     }
 
@@ -161,9 +161,11 @@ impl ExecutionContext {
     }
 }
 
+/// Neither Send nor Sync, as with the feature.
 #[derive(Debug)]
 pub struct Network {
     never: Never,
+    _one_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Network {

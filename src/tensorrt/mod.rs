@@ -10,8 +10,8 @@
 mod types;
 
 pub use types::{
-    BuildProgress, BuildSettings, BuiltEngine, CudaStream, DataType, DevicePtr, InputProfile,
-    LibraryPaths, Precision, TensorDesc, TrtError, TrtParseError, TrtVersion,
+    BuildProgress, BuildSettings, BuiltEngine, CudaContextScope, CudaStream, DataType, DevicePtr,
+    InputProfile, LibraryPaths, Precision, TensorDesc, TrtError, TrtParseError, TrtVersion,
 };
 
 #[cfg(feature = "tensorrt")]

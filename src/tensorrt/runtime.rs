@@ -1,9 +1,11 @@
-//! Loading TensorRT and running engines: the opened libraries (`TensorRt`), the runtime,
-//! engines shared by `Arc`, and one `ExecutionContext` per replica. Ownership mirrors
-//! TensorRT's lifetime rules: a context holds its engine, an engine its runtime, and
-//! everything the libraries, so drops always happen child first. CUDA streams and
-//! device memory come from the caller (the cuda module); this module never allocates
-//! device memory or synchronises a stream.
+//! Loading TensorRT and running engines: the opened libraries (`TensorRt`), the runtime of
+//! one CUDA context, engines shared by `Arc`, and one `ExecutionContext` per replica.
+//! Ownership mirrors TensorRT's lifetime rules: a context holds its engine, an engine its
+//! runtime, and everything the libraries, so drops always happen child first; and each of
+//! them is made and destroyed with its CUDA context current (`CudaContextScope`, given by
+//! the context's owner), on whichever thread drops it last. CUDA streams and device memory
+//! come from the caller (the cuda module); this module never allocates device memory or
+//! synchronises a stream.
 
 use std::ffi::{c_void, OsString};
 use std::path::{Path, PathBuf};
@@ -13,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use super::result::{self, check};
 use super::sys;
 use super::types::{
-    CudaStream, DevicePtr, InputProfile, LibraryPaths, TensorDesc, TrtError, TrtVersion,
+    CudaContextScope, CudaStream, DevicePtr, InputProfile, LibraryPaths, TensorDesc, TrtError,
+    TrtVersion,
 };
 
 /// The TensorRT version of the headers the shim was compiled against. `Option` so
@@ -167,18 +170,24 @@ impl TensorRt {
         &self.lib.file
     }
 
-    pub fn runtime(&self) -> Result<Runtime, TrtError> {
+    /// A runtime for engines of one CUDA context (`context`: its owner's scope), which it
+    /// deserialises into; it, its engines and their execution contexts are made and
+    /// destroyed with that context current.
+    pub fn runtime(&self, context: Arc<dyn CudaContextScope>) -> Result<Runtime, TrtError> {
         let mut raw = std::ptr::null_mut();
-        check(
-            // SAFETY: the library is open (we hold it); `raw` is a valid out pointer.
-            unsafe { sys::celer_trt_runtime_create(self.lib.raw.as_ptr(), &mut raw) },
-            "createInferRuntime",
-        )?;
+        in_context(&*context, "createInferRuntime", || {
+            check(
+                // SAFETY: the library is open (we hold it); `raw` is a valid out pointer.
+                unsafe { sys::celer_trt_runtime_create(self.lib.raw.as_ptr(), &mut raw) },
+                "createInferRuntime",
+            )
+        })?;
         let raw = NonNull::new(raw).ok_or_else(|| null_from("createInferRuntime"))?;
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {
                 raw,
                 deserialize: Mutex::new(()),
+                context,
                 _lib: self.lib.clone(),
             }),
         })
@@ -209,11 +218,56 @@ pub(super) fn null_from(call: &'static str) -> TrtError {
     }
 }
 
+/// Runs `body` (a shim call and its `check`, which must stay on this thread) with
+/// `context` current.
+fn in_context<T>(
+    context: &dyn CudaContextScope,
+    call: &'static str,
+    body: impl FnOnce() -> Result<T, TrtError>,
+) -> Result<T, TrtError> {
+    let mut body = Some(body);
+    let mut result = None;
+    context
+        .with_current(&mut || result = body.take().map(|b| b()))
+        .map_err(|why| TrtError::Call {
+            call,
+            message: format!("cannot make the engine's CUDA context current: {why}"),
+        })?;
+    result.unwrap_or_else(|| {
+        Err(TrtError::Call {
+            call,
+            message: "the CUDA context's scope did not run the call".into(),
+        })
+    })
+}
+
+/// Destroys a TensorRT object (`what`, for the log) with `context` current, as TensorRT
+/// frees its device memory through the current context. When the context cannot be made
+/// current (it is held by `context`, so only a reset could have destroyed it) the object
+/// is destroyed anyway, with an error logged: it must go before its parent.
+fn destroy_in(context: &dyn CudaContextScope, what: &'static str, destroy: impl FnOnce()) {
+    let mut destroy = Some(destroy);
+    let bound = context.with_current(&mut || {
+        if let Some(d) = destroy.take() {
+            d();
+        }
+    });
+    if let Err(why) = bound {
+        tracing::error!(target: "tensorrt", object = what, reason = %why,
+            "destroying a TensorRT object without its CUDA context current");
+    }
+    if let Some(d) = destroy.take() {
+        d();
+    }
+}
+
 struct RuntimeInner {
     raw: NonNull<sys::celer_trt_runtime>,
     /// Serialises deserialisation: TensorRT documents the runtime's thread safety per
     /// execution context, not for concurrent deserializeCudaEngine calls.
     deserialize: Mutex<()>,
+    /// The CUDA context its engines live in.
+    context: Arc<dyn CudaContextScope>,
     _lib: Arc<Library>,
 }
 
@@ -226,9 +280,12 @@ unsafe impl Sync for RuntimeInner {}
 
 impl Drop for RuntimeInner {
     fn drop(&mut self) {
+        let raw = self.raw;
         // SAFETY: created by celer_trt_runtime_create; every engine holds an Arc to this,
         // so none is left (TensorRT's rule: the runtime outlives its engines).
-        unsafe { sys::celer_trt_runtime_destroy(self.raw.as_ptr()) }
+        destroy_in(&*self.context, "IRuntime", || unsafe {
+            sys::celer_trt_runtime_destroy(raw.as_ptr())
+        });
     }
 }
 
@@ -239,8 +296,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Deserialises a plan. Needs the CUDA device the engine is for to be current on this
-    /// thread (the weights are copied to it).
+    /// Deserialises a plan into the runtime's CUDA context (made current for the call: the
+    /// weights are copied to its device).
     pub fn deserialize(&self, plan: &[u8]) -> Result<Arc<Engine>, TrtError> {
         let mut raw = std::ptr::null_mut();
         {
@@ -249,25 +306,29 @@ impl Runtime {
                 .deserialize
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            check(
-                // SAFETY: the runtime is alive; `plan` is readable for `plan.len()` bytes
-                // during the call (TensorRT copies what it keeps); `raw` is a valid out pointer.
-                unsafe {
-                    sys::celer_trt_engine_deserialize(
-                        self.inner.raw.as_ptr(),
-                        plan.as_ptr().cast::<c_void>(),
-                        plan.len(),
-                        &mut raw,
-                    )
-                },
-                "deserializeCudaEngine",
-            )?;
+            in_context(&*self.inner.context, "deserializeCudaEngine", || {
+                check(
+                    // SAFETY: the runtime is alive; `plan` is readable for `plan.len()`
+                    // bytes during the call (TensorRT copies what it keeps); `raw` is a
+                    // valid out pointer.
+                    unsafe {
+                        sys::celer_trt_engine_deserialize(
+                            self.inner.raw.as_ptr(),
+                            plan.as_ptr().cast::<c_void>(),
+                            plan.len(),
+                            &mut raw,
+                        )
+                    },
+                    "deserializeCudaEngine",
+                )
+            })?;
         }
         let raw = NonNull::new(raw).ok_or_else(|| null_from("deserializeCudaEngine"))?;
         let mut engine = Engine {
             raw,
             io: Vec::new(),
             calls: Mutex::new(()),
+            context: self.inner.context.clone(),
             _runtime: self.inner.clone(),
         };
         engine.io = engine.read_io()?;
@@ -282,6 +343,9 @@ pub struct Engine {
     /// Serialises calls into the ICudaEngine (context creation, queries): TensorRT does
     /// not document them as safe to make concurrently.
     calls: Mutex<()>,
+    /// The CUDA context it was deserialised in, current when it or a context of it is
+    /// made or destroyed.
+    context: Arc<dyn CudaContextScope>,
     _runtime: Arc<RuntimeInner>,
 }
 
@@ -295,9 +359,12 @@ unsafe impl Sync for Engine {}
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        let raw = self.raw;
         // SAFETY: created by celer_trt_engine_deserialize; every context holds an
         // Arc<Engine>, so none is left. The runtime (`_runtime`) is dropped after this.
-        unsafe { sys::celer_trt_engine_destroy(self.raw.as_ptr()) }
+        destroy_in(&*self.context, "ICudaEngine", || unsafe {
+            sys::celer_trt_engine_destroy(raw.as_ptr())
+        });
     }
 }
 
@@ -445,17 +512,19 @@ impl Engine {
         let mut raw = std::ptr::null_mut();
         {
             let _guard = self.lock();
-            check(
-                // SAFETY: the engine is alive; `raw` is a valid out pointer.
-                unsafe {
-                    sys::celer_trt_context_create(
-                        self.raw.as_ptr(),
-                        i32::from(user_managed_memory),
-                        &mut raw,
-                    )
-                },
-                "createExecutionContext",
-            )?;
+            in_context(&*self.context, "createExecutionContext", || {
+                check(
+                    // SAFETY: the engine is alive; `raw` is a valid out pointer.
+                    unsafe {
+                        sys::celer_trt_context_create(
+                            self.raw.as_ptr(),
+                            i32::from(user_managed_memory),
+                            &mut raw,
+                        )
+                    },
+                    "createExecutionContext",
+                )
+            })?;
         }
         let raw = NonNull::new(raw).ok_or_else(|| null_from("createExecutionContext"))?;
         Ok(ExecutionContext {
@@ -483,9 +552,12 @@ impl Drop for ExecutionContext {
     fn drop(&mut self) {
         // Destroying a context touches its engine; serialised like every engine call.
         let _guard = self.engine.lock();
+        let raw = self.raw;
         // SAFETY: created by celer_trt_context_create and destroyed once, before the
         // engine (`engine` field, dropped after this).
-        unsafe { sys::celer_trt_context_destroy(self.raw.as_ptr()) }
+        destroy_in(&*self.engine.context, "IExecutionContext", || unsafe {
+            sys::celer_trt_context_destroy(raw.as_ptr())
+        });
     }
 }
 

@@ -1,7 +1,8 @@
 //! The vocabulary shared by the TensorRT wrappers, their stand-in and the engine
-//! manifest: errors, versions, element types, tensor descriptions, precisions, and the
-//! two raw CUDA handles that cross the boundary (streams and device pointers). Compiled
-//! with or without the `tensorrt` feature; nothing here calls TensorRT.
+//! manifest: errors, versions, element types, tensor descriptions, precisions, the two raw
+//! CUDA handles that cross the boundary (streams and device pointers), and the scope in
+//! which the owner of a CUDA context makes it current. Compiled with or without the
+//! `tensorrt` feature; nothing here calls TensorRT.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -288,6 +289,20 @@ impl DevicePtr {
 unsafe impl Send for DevicePtr {}
 // SAFETY: As for Send.
 unsafe impl Sync for DevicePtr {}
+
+/// The CUDA context a runtime's engines live in, as its owner makes it current. TensorRT
+/// works in the context current on the calling thread: it deserialises an engine into it,
+/// and frees an engine's or an execution context's device memory through it when they are
+/// destroyed (with no context current, or another GPU's, that memory leaks or is freed in
+/// the wrong place). So the safe types make, and destroy, every runtime object inside
+/// `with_current`. Implemented by the owner of the context (celer's `crate::cuda`): this
+/// module calls no CUDA itself.
+pub trait CudaContextScope: Send + Sync {
+    /// Runs `f` with the context current on the calling thread, then makes the thread's
+    /// previous context (or none) current again. `Err` (why) when the context cannot be
+    /// made current; `f` has not run then.
+    fn with_current(&self, f: &mut dyn FnMut()) -> Result<(), String>;
+}
 
 /// A build-progress event from TensorRT's builder (IProgressMonitor).
 #[derive(Debug, Clone, PartialEq, Eq)]

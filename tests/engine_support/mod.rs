@@ -7,12 +7,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use celer::cuda::trt_context::TrtContext;
 use celer::cuda::GpuDevice;
 use celer::engines::store::{build_and_store, BuildOptions, EngineStore, ModelFile};
 use celer::matte::{Planes, StageTimings};
-use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
+use celer::replica::gpu::{GpuError, GpuLimits, GpuStages, ModelSource};
 use celer::spec::{PipelineSpec, MATTING_MODEL, SEGMENTATION_MODEL};
-use celer::tensorrt::{Precision, TensorRt};
+use celer::tensorrt::{Engine, Precision, TensorRt};
 use image::RgbImage;
 
 use super::{gpu_support, trt_support};
@@ -115,7 +116,7 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
     let store = EngineStore::new(model_dir, Some(engines.path().to_path_buf()));
     let models = ModelFile::of_pipeline(&spec).unwrap();
     let gpu = device.info.identity();
-    let runtime = trt.runtime().unwrap();
+    let runtime = trt.runtime(TrtContext::scope(device.context())).unwrap();
     for &precision in precisions {
         let options = BuildOptions {
             precision,
@@ -168,21 +169,17 @@ pub fn engines_match_onnx_runtime(model_dir: &Path) {
     }
 }
 
-/// The pipeline in `model_dir` served by `GpuStages` from engines built now (at the
-/// precision TensorRT builds by default: fp32 on 10, the model's own on 11), within
-/// `limits`. The folder holding the engines goes with the stages' last use.
-pub fn stages_on_engines(
-    model_dir: &Path,
-    limits: GpuLimits,
-    pool: &celer::cuda::HostPool,
-) -> (GpuStages, tempfile::TempDir) {
+/// Each model of the pipeline in `model_dir` built now into an engine (at the precision
+/// TensorRT builds by default: fp32 on 10, the model's own on 11) on GPU 0, by its key, and
+/// the folder holding them.
+pub fn engines_of(model_dir: &Path) -> (Vec<(&'static str, Arc<Engine>)>, tempfile::TempDir) {
     let spec = PipelineSpec::load_dir(model_dir)
         .unwrap_or_else(|e| panic!("{}: the pipeline description: {e}", model_dir.display()));
     let (device, trt) = gpu_and_tensorrt();
     device.context().bind_to_thread().unwrap();
     let engines = tempfile::tempdir().unwrap();
     let store = EngineStore::new(model_dir, Some(engines.path().to_path_buf()));
-    let runtime = trt.runtime().unwrap();
+    let runtime = trt.runtime(TrtContext::scope(device.context())).unwrap();
     let options = BuildOptions {
         precision: if trt.version().major >= 11 {
             Precision::FromModel
@@ -193,7 +190,7 @@ pub fn stages_on_engines(
         request: Default::default(),
     };
     let gpu = device.info.identity();
-    let built: Vec<_> = ModelFile::of_pipeline(&spec)
+    let built = ModelFile::of_pipeline(&spec)
         .unwrap()
         .iter()
         .map(|model| {
@@ -203,6 +200,34 @@ pub fn stages_on_engines(
             (model.key, runtime.deserialize(&plan).unwrap())
         })
         .collect();
+    (built, engines)
+}
+
+/// The pipeline in `model_dir` served by `GpuStages` from engines built now (at the
+/// precision TensorRT builds by default: fp32 on 10, the model's own on 11), within
+/// `limits`. The folder holding the engines goes with the stages' last use.
+pub fn stages_on_engines(
+    model_dir: &Path,
+    limits: GpuLimits,
+    pool: &celer::cuda::HostPool,
+) -> (GpuStages, tempfile::TempDir) {
+    let (stages, engines) = try_stages_on_engines(model_dir, limits, pool);
+    let stages = stages.expect("the pipeline on engines");
+    assert_eq!(stages.model_backend(), "TensorRT");
+    (stages, engines)
+}
+
+/// As `stages_on_engines`, with `GpuStages::load`'s answer as it is (the engines are built
+/// and deserialised; the test fails if they cannot be).
+pub fn try_stages_on_engines(
+    model_dir: &Path,
+    limits: GpuLimits,
+    pool: &celer::cuda::HostPool,
+) -> (Result<GpuStages, GpuError>, tempfile::TempDir) {
+    let spec = PipelineSpec::load_dir(model_dir)
+        .unwrap_or_else(|e| panic!("{}: the pipeline description: {e}", model_dir.display()));
+    let (built, engines) = engines_of(model_dir);
+    let device = gpu_support::gpu();
     let engine = |key: &str| built.iter().find(|(k, _)| *k == key).map(|(_, e)| e);
     pool.attach(device.context());
     let blocks: celer::pixels::SharedAlloc = Arc::new(pool.clone());
@@ -215,8 +240,6 @@ pub fn stages_on_engines(
         },
         limits,
         blocks,
-    )
-    .expect("the pipeline on engines");
-    assert_eq!(stages.model_backend(), "TensorRT");
+    );
     (stages, engines)
 }

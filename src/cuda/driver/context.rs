@@ -138,6 +138,23 @@ pub struct PrimaryContextState {
     pub active: bool,
 }
 
+/// The context current on the calling thread (null when none is).
+pub fn current() -> Result<CUcontext, DriverError> {
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: the pointer is valid for one write.
+    unsafe { sys::cuCtxGetCurrent(&mut current) }.result()?;
+    Ok(current)
+}
+
+/// Makes `context` current on the calling thread (null: none).
+///
+/// # Safety
+/// `context` is null, or a context that is alive (retained by someone) while it is current.
+pub unsafe fn set_current(context: CUcontext) -> Result<(), DriverError> {
+    // SAFETY: forwarded to the caller.
+    unsafe { sys::cuCtxSetCurrent(context) }.result()
+}
+
 /// A GPU's primary context, retained while this lives (one per GPU per process, shared
 /// with anyone else who retains it, TensorRT's runtime included). Every handle of this
 /// layer holds an `Arc` of its context, and binds it to the calling thread before each

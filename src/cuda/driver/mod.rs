@@ -25,7 +25,10 @@ pub mod result;
 mod stream;
 pub mod sys;
 
-pub use context::{device_count, driver_version, init, CudaContext, Device, PrimaryContextState};
+pub use context::{
+    current, device_count, driver_version, init, set_current, CudaContext, Device,
+    PrimaryContextState,
+};
 pub use counters::{counters, DriverCounters};
 pub use event::CudaEvent;
 pub use launch::{LaunchArgs, LaunchConfig, PushKernelArg};

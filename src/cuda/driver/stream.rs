@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUstream_flags;
 use super::context::CudaContext;
 use super::counters::{count, LIVE};
 use super::result::DriverError;
-use super::sys::{self, CUstream};
+use super::sys::{self, CUstream, NOT_READY};
 
 /// A stream of a context, destroyed on drop (work already queued still runs).
 #[derive(Debug)]
@@ -74,5 +74,17 @@ impl CudaStream {
         count(&LIVE.stream_syncs);
         // SAFETY: the stream is live while `self` is.
         unsafe { sys::cuStreamSynchronize(self.cu_stream) }.result()
+    }
+
+    /// Whether everything queued so far has run, without waiting (`cuStreamQuery`): the
+    /// context's sticky error, when it has one, comes back as the error.
+    pub fn query(&self) -> Result<bool, DriverError> {
+        self.context.bind_to_thread()?;
+        // SAFETY: the stream is live while `self` is; the call only reads its state.
+        let answer = unsafe { sys::cuStreamQuery(self.cu_stream) };
+        if answer.code == Ok(NOT_READY) {
+            return Ok(false);
+        }
+        answer.result().map(|()| true)
     }
 }

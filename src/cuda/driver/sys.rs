@@ -26,6 +26,9 @@ pub type RawResult = c_uint;
 /// `CUDA_SUCCESS`.
 pub const SUCCESS: RawResult = 0;
 
+/// `CUDA_ERROR_NOT_READY`: queued work has not all run yet (`cuStreamQuery`); not a failure.
+pub const NOT_READY: RawResult = 600;
+
 /// What one call of an entry point came to: the driver's raw answer, or why the entry
 /// point could not be called. `result::Answer::result` turns it into a `Result`.
 #[must_use = "a driver call's answer says whether it worked"]
@@ -141,6 +144,9 @@ entry_points! {
     // ---- streams ----
     fn cuStreamCreate(stream: *mut CUstream, flags: c_uint);
     fn cuStreamSynchronize(stream: CUstream);
+    /// Whether the stream's work has all run, without waiting: `SUCCESS`, or
+    /// `CUDA_ERROR_NOT_READY`, or the context's sticky error.
+    fn cuStreamQuery(stream: CUstream);
     fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
     fn cuStreamDestroy_v2(stream: CUstream);
 

@@ -11,6 +11,7 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef int i32;
+typedef long long i64;
 typedef unsigned long long u64;
 
 // Trimap values (src/stages/trimap.rs).

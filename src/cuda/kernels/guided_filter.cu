@@ -1,10 +1,28 @@
 // Guided filter fit (src/stages/guided_filter.rs, `coefficients`): luma guide I, mask p
 // (clamped to [0, 1] as `fit` does), box means over the (2r+1)^2 window clipped to the
-// image, at the fit's resolution (1/subsample of the source). Each box sum runs in f64 in
-// the CPU's exact order (BoxFilter::mean: a running sum along each row, then along each
-// column of the f32 row sums), so the means, a, b, mean_a and mean_b are the CPU's bit
-// for bit. Fused: the four means of pass 1 are consumed where they are produced, into a
-// and b. The model is applied at full size by composite.cu.
+// image, at the fit's resolution (1/subsample of the source). Each box sum runs in the
+// CPU's order (BoxFilter::mean: a running sum along each row, stored as f32, then a
+// running sum down each column of the f32 row sums), but where the CPU accumulates in
+// f64 these accumulate without FP64 (1/32 to 1/64 of FP32 on T4, A10G, L4):
+// - Pass 1 (I, p, I*p, I*I; every value in [0, 1]) in fixed point: an i64 count of
+//   2^-K, K = 62 - bits((2r+1)^2) (57 at r = 2, 43 at the largest radius), so no window
+//   sum can overflow and a running sum never drifts (integer adds are exact). Every luma
+//   is a multiple of 2^-35 (its least non-zero value, B = 1, is above 2^-12) and so is
+//   every f32 row sum of them, so the sums of I are exact, as the CPU's f64 sums of them
+//   are: mean_I is the CPU's bit for bit. Every I*I is a multiple of 2^-46: exact too
+//   for r <= 127 (K >= 46), and the CPU's f64 is where its sums fit 53 bits. p and I*p
+//   are rounded to the nearest 2^-K each, so their means are off by at most 2^-K
+//   (1e-13) from the exact means: the CPU's f32 means but for those within that of a
+//   rounding boundary. The f32 store of each sum is the CPU's rounding of it.
+// - Pass 2 (a and b, of any sign and size) in float-float: a pair (hi, lo) of f32 with
+//   hi + lo the sum, each add by two exact 2Sums (Knuth's; no FMA) and one rounding
+//   that is 2^-24 of an ulp: the ~2 x 4032 adds of a running sum err by at most 2^-34 of
+//   its largest value (WideSum says why), far below half an f32 step (2^-25) of the
+//   result, which is `hi`, the f32 nearest hi + lo.
+// A NaN (an all-NaN mask region) makes a chain NaN from there on, as it does the CPU's
+// f64 chain. tests/cuda_gpu.rs holds the fit to the CPU stage by a measured bound.
+// Fused: the four means of pass 1 are consumed where they are produced, into a and b.
+// The model is applied at full size by composite.cu.
 //
 // Launch shapes (src/cuda/launch.rs `guided_fit_launches` computes them):
 // - Row passes (box_rows_guide, box_rows_coefficients): 1-D grid of one-warp blocks
@@ -27,23 +45,21 @@
 //   leaving samples are loaded into registers before the current tile is summed, so a
 //   lane waits for memory once a tile rather than once a row (with so few warps, none
 //   hides another's wait).
-// Each lane's chain is sequential by construction (2 dependent f64 adds per sample), so a
+// Each lane's chain is sequential by construction (2 dependent adds per sample), so a
 // pass takes at least w (rows) or h (columns) such steps; the row passes used to take 4w
 // (2w in pass 2) per thread, their sums one after another, on fewer SMs.
 //
-// Why the row passes stay exact: the order of operations that produces each output is a
-// function of (row, sum) alone, and each chain is still run by exactly one lane, in the
-// CPU's order: s = 0.0, then s = s + v for columns 0 ..= min(r, w - 1), then for each x
-// the f32 store of s, s = s + v(x + r + 1) while x + r + 1 < w, s = s - v(x - r) while
-// x >= r. Tiling only changes where v is read from (shared memory, filled from the same
-// floats), and v itself is the same f32 expression as before (I, clamp(p), I * clamp(p),
-// I * I; a; b), selected per lane without changing its rounding. Splitting the four sums
-// of a row across lanes only runs independent chains side by side; no chain is split,
-// reassociated or reordered. Lanes of rows past the image run the same steps on zeros
-// (so that every lane reaches every __syncthreads) and store nothing.
-// The column passes stay exact the same way: each column's chains are run by one lane in
-// the order they always had (box_columns_tiled says it); the tiles only load the same
-// floats earlier.
+// The order of operations that produces each output is a function of (row, sum) alone,
+// and each chain is run by exactly one lane, in the CPU's order: s = 0, then s + v for
+// columns 0 ..= min(r, w - 1), then for each x the f32 store of s, s + v(x + r + 1) while
+// x + r + 1 < w, s - v(x - r) while x >= r. Tiling only changes where v is read from
+// (shared memory, filled from the same floats), and v itself is the same f32 expression
+// as the CPU's (I, clamp(p), I * clamp(p), I * I; a; b), selected per lane without
+// changing its rounding. Splitting the four sums of a row across lanes only runs
+// independent chains side by side; no chain is split or reordered. Lanes of rows past
+// the image run the same steps on zeros (so that every lane reaches every __syncthreads)
+// and store nothing. The column passes keep the CPU's order the same way
+// (box_columns_tiled says it); the tiles only load the same floats earlier.
 #include "common.cuh"
 
 // Luma in [0, 1], BT.601 weights, f32 in the CPU's order.
@@ -64,6 +80,84 @@ __device__ __forceinline__ u32 window_len(u32 i, u32 r, u32 len) {
     u32 lo = i > r ? i - r : 0u;
     return hi - lo + 1u;
 }
+
+// The fixed-point fraction bits of pass 1 for radius r: the most that keep every
+// running sum (at most (2r+1)^2 + 2r+1 values of at most 1 + 2^-23) below 2^63.
+__device__ __forceinline__ i32 fixed_bits(u32 r) {
+    u64 side = 2ull * r + 1ull;
+    u64 area = side * side;
+    i32 bits = 0;
+    for (; area != 0ull; area >>= 1) ++bits;
+    return 62 - bits;
+}
+
+// 2^e, exactly, for -126 <= e <= 127.
+__device__ __forceinline__ float exp2_exact(i32 e) {
+    return __int_as_float((127 + e) << 23);
+}
+
+// A quiet NaN: what a chain that summed a NaN stores.
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+// A pass-1 running sum in fixed point: `units` of 2^-K (see the header). Each value is
+// rounded to its nearest unit (exact for I and for values of at least 2^(23 - K)); the
+// adds are exact, so the sum never drifts, and its f32 value is the f32 nearest it, as
+// the CPU's `s as f32` is of its f64 sum.
+struct FixedSum {
+    i64 units;
+    bool nan;
+    float scale;  // 2^K
+    float unit;   // 2^-K
+    static __device__ __forceinline__ FixedSum start(u32 r) {
+        i32 k = fixed_bits(r);
+        return FixedSum{0, false, exp2_exact(k), exp2_exact(-k)};
+    }
+    __device__ __forceinline__ void add(float v) {
+        if (v != v) nan = true;
+        else units += llrintf(v * scale);
+    }
+    __device__ __forceinline__ void sub(float v) {
+        if (v != v) nan = true;
+        else units -= llrintf(v * scale);
+    }
+    // cvt.rn.f32.s64, then an exact scaling by a power of two (the result is at least
+    // 2^-62 unless 0: never subnormal).
+    __device__ __forceinline__ float value() const {
+        return nan ? quiet_nan() : (float)units * unit;
+    }
+};
+
+// Knuth's 2Sum: returns RN(a + b) and sets *err so that the two add up to a + b exactly,
+// for any finite a and b, in round-to-nearest without FMA (--fmad=false keeps it so).
+__device__ __forceinline__ float two_sum(float a, float b, float* err) {
+    float s = a + b;
+    float b_part = s - a;
+    *err = (a - (s - b_part)) + (b - b_part);
+    return s;
+}
+
+// A pass-2 running sum in float-float: hi + lo, |lo| at most half an ulp of hi. Adding v:
+// (s, e) = 2Sum(hi, v), then (hi, lo) = 2Sum(s, lo + e). Only `lo + e` rounds, by at most
+// 2^-24 of itself, and |lo|, |e| are at most half an ulp of hi and of s: an add errs by
+// at most 2^-48 (|hi| + |s|), so the ~2 x 4032 adds of a row err by at most 2^-34 of its
+// largest running sum (f64: 2^-40). `hi` is the f32 nearest hi + lo: the value stored.
+// An infinite or NaN sum stays in `hi` with lo = 0 (2Sum's error is NaN then), as the f64
+// sum stays infinite until an infinity leaves, and NaN from then on.
+struct WideSum {
+    float hi;
+    float lo;
+    static __device__ __forceinline__ WideSum start(u32) { return WideSum{0.0f, 0.0f}; }
+    __device__ __forceinline__ void add(float v) {
+        float e, lo_sum;
+        float s = two_sum(hi, v, &e);
+        float z = two_sum(s, lo + e, &lo_sum);
+        bool finite = s - s == 0.0f;
+        hi = finite ? z : s;
+        lo = finite ? lo_sum : 0.0f;
+    }
+    __device__ __forceinline__ void sub(float v) { add(-v); }
+    __device__ __forceinline__ float value() const { return hi; }
+};
 
 #if defined(__CUDACC__)
 #define UNROLL _Pragma("unroll")
@@ -135,7 +229,7 @@ __device__ __forceinline__ void box_rows_tiled(
 
     // s = the sum of columns 0 ..= min(r, w - 1), added in column order.
     const u32 first_end = r < w - 1u ? r : w - 1u;
-    double s = 0.0;
+    typename Sums::Acc s = Sums::Acc::start(r);
     for (u64 c0 = 0; c0 <= first_end; c0 += ROW_TILE) {
         __syncthreads();
         u64 col = c0 + lane;
@@ -149,7 +243,7 @@ __device__ __forceinline__ void box_rows_tiled(
         u64 left = (u64)first_end + 1u - c0;
         u32 n = left < ROW_TILE ? (u32)left : ROW_TILE;
         for (u32 j = 0; j < n; ++j) {
-            s = s + (double)Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind);
+            s.add(Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind));
         }
     }
 
@@ -168,12 +262,12 @@ __device__ __forceinline__ void box_rows_tiled(
         UNROLL for (u32 j = 0; j < ROW_TILE; ++j) {
             if (j >= n) break;
             u64 x = x0 + j;
-            t.out[kind][q][j] = (float)s;
+            t.out[kind][q][j] = s.value();
             if (x + r + 1u < w) {
-                s = s + (double)Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind);
+                s.add(Sums::value(t.enter[0][q][j], t.enter[1][q][j], kind));
             }
             if (x >= r) {
-                s = s - (double)Sums::value(t.leave[0][q][j], t.leave[1][q][j], kind);
+                s.sub(Sums::value(t.leave[0][q][j], t.leave[1][q][j], kind));
             }
         }
         __syncthreads();
@@ -189,9 +283,10 @@ __device__ __forceinline__ void box_rows_tiled(
 }
 
 // Pass 1's values: I, p, I * p and I * I, p clamped to [0, 1] (selects, no branches: the
-// four kinds share a warp).
+// four kinds share a warp), all in [0, 1]: summed in fixed point.
 struct GuideSums {
     static constexpr u32 KINDS = 4u;
+    typedef FixedSum Acc;
     static __device__ __forceinline__ float value(float guide, float p, u32 kind) {
         float pc = clamp_unit(p);
         float lhs = kind == 1u ? pc : guide;
@@ -200,9 +295,10 @@ struct GuideSums {
     }
 };
 
-// Pass 2's values: a and b.
+// Pass 2's values: a and b, of any size: summed in float-float.
 struct CoefficientSums {
     static constexpr u32 KINDS = 2u;
+    typedef WideSum Acc;
     static __device__ __forceinline__ float value(float a, float b, u32 kind) {
         return kind == 0u ? a : b;
     }
@@ -244,12 +340,11 @@ __device__ __forceinline__ void load_column_tiles(
 }
 
 // The running window sums down column x = global_index() of the KINDS row-sum planes
-// `in`, each its own f64 chain in the CPU's order: acc = 0.0, then acc = acc + v for rows
-// 0 ..= min(r, h - 1), then for each y `out.store` of the means at (x, y), acc = acc + v
-// of row y + r + 1 while y + r + 1 < h, acc = acc + -v of row y - r while y >= r (the
-// order and the negation the one-element-at-a-time version had). Tiling only changes
-// when the values are loaded: the next ROWS rows' entering and leaving samples are in
-// flight into registers while the current ones are summed from shared memory.
+// `in`, each its own chain (an Out::Acc) in the CPU's order: acc = 0, then acc + v for
+// rows 0 ..= min(r, h - 1), then for each y `out.store` of the means at (x, y), acc + v
+// of row y + r + 1 while y + r + 1 < h, acc - v of row y - r while y >= r. Tiling only
+// changes when the values are loaded: the next ROWS rows' entering and leaving samples
+// are in flight into registers while the current ones are summed from shared memory.
 template <typename Out>
 __device__ __forceinline__ void box_columns_tiled(
     ColumnTiles<Out::KINDS>& t, const float* const (&in)[Out::KINDS], u32 w, u32 h, u32 r,
@@ -260,12 +355,12 @@ __device__ __forceinline__ void box_columns_tiled(
     if (x >= w) return;
     const u32 lane = threadIdx.x;
     float inv_count_x = 1.0f / (float)window_len((u32)x, r, w);
-    double acc[KINDS];
-    UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k] = 0.0;
+    typename Out::Acc acc[KINDS];
+    UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k] = Out::Acc::start(r);
     u32 first_end = r < h - 1u ? r : h - 1u;
     for (u32 y = 0; y <= first_end; ++y) {
         u64 i = (u64)y * w + x;
-        UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k] = acc[k] + (double)in[k][i];
+        UNROLL for (u32 k = 0; k < KINDS; ++k) acc[k].add(in[k][i]);
     }
     float pre[2][KINDS][ROWS];
     load_column_tiles<KINDS>(pre, in, x, w, h, r, 0u);
@@ -284,12 +379,12 @@ __device__ __forceinline__ void box_columns_tiled(
             out.store(acc, inv_count_x, inv_count_y, y * w + x);
             if (y + r + 1u < h) {
                 UNROLL for (u32 k = 0; k < KINDS; ++k) {
-                    acc[k] = acc[k] + (double)t.enter[k][j][lane];
+                    acc[k].add(t.enter[k][j][lane]);
                 }
             }
             if (y >= r) {
                 UNROLL for (u32 k = 0; k < KINDS; ++k) {
-                    acc[k] = acc[k] + -(double)t.leave[k][j][lane];
+                    acc[k].sub(t.leave[k][j][lane]);
                 }
             }
         }
@@ -300,15 +395,16 @@ __device__ __forceinline__ void box_columns_tiled(
 // expression as `coefficients` writes it.
 struct CoefficientsOut {
     static constexpr u32 KINDS = 4u;
+    typedef FixedSum Acc;
     float epsilon;
     float* a;
     float* b;
     __device__ __forceinline__ void store(
-        const double (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
-        float mean_i = (float)acc[0] * inv_count_x * inv_count_y;
-        float mean_p = (float)acc[1] * inv_count_x * inv_count_y;
-        float corr_ip = (float)acc[2] * inv_count_x * inv_count_y;
-        float corr_ii = (float)acc[3] * inv_count_x * inv_count_y;
+        const Acc (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
+        float mean_i = acc[0].value() * inv_count_x * inv_count_y;
+        float mean_p = acc[1].value() * inv_count_x * inv_count_y;
+        float corr_ip = acc[2].value() * inv_count_x * inv_count_y;
+        float corr_ii = acc[3].value() * inv_count_x * inv_count_y;
         float cov = corr_ip - mean_i * mean_p;
         float var = corr_ii - mean_i * mean_i;
         float ak = cov / (var + epsilon);
@@ -320,12 +416,13 @@ struct CoefficientsOut {
 // Pass 2's outputs: mean_a and mean_b.
 struct MeansOut {
     static constexpr u32 KINDS = 2u;
+    typedef WideSum Acc;
     float* mean_a;
     float* mean_b;
     __device__ __forceinline__ void store(
-        const double (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
-        mean_a[i] = (float)acc[0] * inv_count_x * inv_count_y;
-        mean_b[i] = (float)acc[1] * inv_count_x * inv_count_y;
+        const Acc (&acc)[KINDS], float inv_count_x, float inv_count_y, u64 i) const {
+        mean_a[i] = acc[0].value() * inv_count_x * inv_count_y;
+        mean_b[i] = acc[1].value() * inv_count_x * inv_count_y;
     }
 };
 

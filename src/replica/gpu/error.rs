@@ -14,7 +14,8 @@ use crate::tensorrt::TrtError;
 
 /// Why a GPU replica's stages failed: CUDA (the driver, the kernels, their buffers),
 /// TensorRT (its engines' contexts and enqueues), ONNX Runtime (the models' sessions where
-/// TensorRT is absent), or a model that does not fit its contract.
+/// TensorRT is absent), a model that does not fit its contract, or an engine the pipeline
+/// cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error(transparent)]
@@ -25,6 +26,9 @@ pub enum GpuError {
     Ort(#[from] OrtError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// An engine the pipeline cannot run (an output of data-dependent shape).
+    #[error(transparent)]
+    Engine(TrtModelError),
     /// Opening the GPU failed: every replica of it gets this same error.
     #[error(transparent)]
     Open(Arc<OpenError>),
@@ -64,6 +68,7 @@ impl From<TrtModelError> for GpuError {
         match error {
             TrtModelError::Cuda(e) => Self::Cuda(e),
             TrtModelError::TensorRt(e) => Self::TensorRt(e),
+            other => Self::Engine(other),
         }
     }
 }

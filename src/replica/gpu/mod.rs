@@ -336,7 +336,7 @@ fn load_gpu(
             source,
         })?;
     pool.attach(gpu.context());
-    let engines = plan.load_engines(spec, device)?;
+    let engines = plan.load_engines(spec, &gpu, device)?;
     Ok(LoadedGpu {
         engines,
         device: gpu,

@@ -3,8 +3,9 @@
  * CUDA driver. The stand-in TensorRT (tests/tensorrt_standin) runs an engine's network
  * on the host, over device memory; queued here, it runs as a kernel would: in its
  * stream's order (when the stream is synchronised, never at the call), in its context,
- * against ranges of device memory checked when it is queued and again when it runs.
- * Not part of the CUDA API: only the stand-in driver exports it.
+ * against ranges of device memory checked when it is queued and again when it runs; and a
+ * fault that library's own launches meet makes the context's error sticky, as a kernel's
+ * does. Not part of the CUDA API: only the stand-in driver exports these.
  */
 #ifndef CELER_STANDIN_WORK_H
 #define CELER_STANDIN_WORK_H
@@ -47,6 +48,17 @@ typedef struct celer_standin_range {
  */
 int celer_standin_enqueue_work(void* stream, const char* label, const celer_standin_range* ranges, size_t nranges,
                                int (*run)(void* user, char* why, size_t why_len), void (*done)(void* user), void* user);
+
+/*
+ * Makes `context`'s error sticky with `code` (CUDA_ERROR_ILLEGAL_ADDRESS, _LAUNCH_FAILED,
+ * _ILLEGAL_INSTRUCTION, _MISALIGNED_ADDRESS or _HARDWARE_STACK_ERROR; anything else is
+ * CUDA_ERROR_INVALID_VALUE), as a fault of a kernel the calling library launched there
+ * would: every later call in the context returns it until the context is destroyed or
+ * reset. `message` says what faulted (the driver's last error and stderr). A context
+ * already sticky keeps its first error. Returns a CUresult (CUDA_ERROR_INVALID_CONTEXT for
+ * a context that is not live).
+ */
+int celer_standin_make_sticky(void* context, int code, const char* message);
 
 #ifdef __cplusplus
 }

@@ -153,7 +153,9 @@
 // - `run` is ordinary host code, not a kernel: a fault in it is not turned into an error
 //   of the context (jumping out of it would skip its destructors and keep its locks), but
 //   a fault at a device address says which work was running before the process ends.
-// Counters work_enqueued and work_run count it.
+// Counters work_enqueued and work_run count it. celer_standin_make_sticky(context, code,
+// message) makes a context's error sticky for such a library (its work faulted at a
+// launch): as a kernel's fault, counted in sticky_errors.
 //
 // cuDevicePrimaryCtxReset destroys the primary context whoever holds it (its memory,
 // streams, events, modules and sticky error), but keeps the retains counted (as CUDA
@@ -185,7 +187,8 @@
 //   errors:    cuGetErrorString cuGetErrorName (only for codes of this version: codes.cpp)
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
 //              stand-in has none)
-//   stand-ins: celer_standin_enqueue_work (device work of the stand-in TensorRT), and the
+//   stand-ins: celer_standin_enqueue_work and celer_standin_make_sticky (device work of
+//              the stand-in TensorRT, and its faults), and the
 //              test controls celer_standin_* (last error, fault injection, chosen
 //              return codes, counters, order, hazards, shared and device poison)
 // Not provided (celer's driver layer fails naming the missing entry point if one is ever
@@ -2453,6 +2456,29 @@ EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, cons
     }
     if (int r = enqueue(s, op, accesses)) return r;
     counters.work_enqueued++;
+    return SUCCESS;
+}
+
+// See celer_standin_work.h: another stand-in library's device work faulted in `context`
+// (the stand-in TensorRT's engine, whose kernel met an illegal address): the context's
+// error becomes sticky, as a kernel's fault makes it.
+EXPORT CUresult celer_standin_make_sticky(void* context, int code, const char* message) {
+    Lock lock(state().mutex);
+    Context* c = static_cast<Context*>(context);
+    if (!context_alive(c)) {
+        return fail(INVALID_CONTEXT, format("celer_standin_make_sticky(%p): not a live context", context));
+    }
+    switch (code) {
+        case ILLEGAL_ADDRESS:
+        case HARDWARE_STACK_ERROR:
+        case ILLEGAL_INSTRUCTION:
+        case MISALIGNED_ADDRESS:
+        case LAUNCH_FAILED: break;
+        default:
+            return fail(INVALID_VALUE, format("celer_standin_make_sticky: %s is not an error a fault makes sticky",
+                                              result_name(code)));
+    }
+    make_sticky(c, code, message != nullptr && *message != '\0' ? message : "celer_standin_make_sticky");
     return SUCCESS;
 }
 

@@ -4,10 +4,15 @@
 // each optimisation profile, min <= opt <= max) and writes a plan (plan.cpp) bound to this
 // TensorRT version and the current device's compute capability. Lifetime rules as
 // TensorRT documents them: the parser goes before its network, every network before its
-// builder, a timing cache after every builder that uses it.
+// builder, a timing cache after every builder that uses it; and the builder, which works on
+// the device current when it was created, is destroyed with that CUDA context current (the
+// network, config, profiles, timing cache and host memory are host objects: no context
+// rule). A plan records which output dimensions are data-dependent (found by running the
+// network on two inputs of the same shapes).
 #include "standin.h"
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -361,12 +366,14 @@ private:
 
 class Builder final : public nvinfer1::IBuilder {
 public:
-    explicit Builder(ILogger* logger) : impl_(*this, logger) {
+    // `cuda`: the context current at createInferBuilder, the one it builds in.
+    Builder(ILogger* logger, CudaContextInfo cuda) : impl_(*this, logger), cuda_(cuda) {
         mImpl = &impl_;
         register_live(this);
     }
     ~Builder() noexcept override {
         unregister_live(this);
+        check_destroyed_in(impl_.logger(), "IBuilder", "created", cuda_);
         int networks = impl_.networks.load();
         int configs = impl_.configs.load();
         if (networks > 0 || configs > 0) {
@@ -383,6 +390,7 @@ public:
 
 private:
     BuilderImpl impl_;
+    CudaContextInfo cuda_;
 };
 
 nvinfer1::IBuilder& NetworkImpl::getBuilder() const noexcept { return builder_; }
@@ -497,6 +505,75 @@ nvinfer1::IOptimizationProfile* BuilderImpl::createOptimizationProfile() noexcep
     return profiles.back().get();
 }
 
+namespace {
+
+// `count` elements of `type` that each hold one.
+std::vector<uint8_t> ones(DataType type, size_t count) {
+    size_t size = element_bytes(type);
+    std::vector<uint8_t> bytes(count * size, 0);
+    for (size_t i = 0; i < count; ++i) {
+        uint8_t* at = bytes.data() + i * size;
+        switch (type) {
+            case DataType::kFLOAT: {
+                float one = 1.0f;
+                std::memcpy(at, &one, sizeof one);
+                break;
+            }
+            case DataType::kHALF: at[1] = 0x3C; break;  // 1.0 in binary16, little-endian
+            default: at[0] = 1; break;                   // integers and bool, little-endian
+        }
+    }
+    return bytes;
+}
+
+// Marks the outputs' data-dependent dimensions in `io`: the network runs (ONNX Runtime) at
+// each input's optimum shape of the first profile (its static shape without one), once on
+// zeros and once on ones, and a dynamic output dimension that comes out different is fixed
+// by the values, not the shapes (NonZero's count, say). A data-dependent dimension that
+// happens to agree for both inputs goes unseen (the engine then fails when it runs).
+bool find_data_dependent(std::vector<uint8_t> const& onnx, std::vector<std::vector<ProfileRange>> const& profiles,
+                         std::vector<TensorInfo>* io, std::string* why) {
+    bool dynamic = false;
+    for (TensorInfo const& t : *io) dynamic = dynamic || (!t.is_input && has_dynamic(t.dims));
+    if (!dynamic) return true;
+    std::unique_ptr<OrtModel> model(OrtModel::load(onnx, why));
+    if (!model) return false;
+    std::vector<std::vector<uint8_t>> filled;
+    filled.reserve(io->size());
+    std::vector<OrtModel::Binding> zeros, filled_with_ones, at_zeros;
+    for (TensorInfo const& t : *io) {
+        if (!t.is_input) {
+            at_zeros.push_back(OrtModel::Binding{t.name, t.type, t.dims, nullptr, 0});
+            continue;
+        }
+        Dims dims = t.dims;
+        if (!profiles.empty()) {
+            for (ProfileRange const& r : profiles[0]) {
+                if (r.name == t.name) dims = r.opt;
+            }
+        }
+        filled.push_back(ones(t.type, size_t(volume(dims))));
+        zeros.push_back(OrtModel::Binding{t.name, t.type, dims, nullptr, 0});
+        filled_with_ones.push_back(OrtModel::Binding{t.name, t.type, dims, filled.back().data(), filled.back().size()});
+    }
+    std::vector<OrtModel::Binding> at_ones = at_zeros;
+    if (!model->run(zeros, &at_zeros, why) || !model->run(filled_with_ones, &at_ones, why)) return false;
+    size_t k = 0;
+    for (TensorInfo& t : *io) {
+        if (t.is_input) continue;
+        Dims const& a = at_zeros[k].dims;
+        Dims const& b = at_ones[k].dims;
+        ++k;
+        for (int32_t i = 0; i < t.dims.nbDims && i < 32; ++i) {
+            bool differs = a.nbDims != b.nbDims || i >= a.nbDims || a.d[i] != b.d[i];
+            if (t.dims.d[i] < 0 && differs) t.data_dependent |= 1u << i;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
 nvinfer1::IHostMemory* BuilderImpl::buildSerializedNetwork(nvinfer1::INetworkDefinition& network_api,
                                                            nvinfer1::IBuilderConfig& config_api) noexcept {
     std::string head = "buildSerializedNetwork: ";
@@ -571,6 +648,11 @@ nvinfer1::IHostMemory* BuilderImpl::buildSerializedNetwork(nvinfer1::INetworkDef
             }
         }
     }
+    std::vector<TensorInfo> io = net.io;
+    if (!find_data_dependent(net.onnx, profiles, &io, &why)) {
+        refuse(logger_, head + "finding the outputs' data-dependent dimensions: " + why);
+        return nullptr;
+    }
     hold_primary_context(cuda.device);
     nvinfer1::IProgressMonitor* monitor = config->impl().getProgressMonitor();
     char const* phases[] = {"Parsing the network", "Choosing kernels", "Serializing the engine"};
@@ -606,7 +688,7 @@ nvinfer1::IHostMemory* BuilderImpl::buildSerializedNetwork(nvinfer1::INetworkDef
     plan.tensorrt_version = library_version();
     plan.compute_capability = cuda.compute_capability;
     plan.builder_flags = config->impl().getFlags();
-    plan.io = net.io;
+    plan.io = io;
     plan.profiles = profiles;
     plan.onnx = net.onnx;
     try {
@@ -654,7 +736,7 @@ extern "C" void* standin_cpp_create_builder(void* logger, int32_t version) {
         return nullptr;
     }
     try {
-        return static_cast<nvinfer1::IBuilder*>(new standin::Builder(log));
+        return static_cast<nvinfer1::IBuilder*>(new standin::Builder(log, cuda));
     } catch (...) {
         return nullptr;
     }

@@ -29,7 +29,10 @@ struct Driver {
     CuResult (*mem_free)(uint64_t) = nullptr;
     CuResult (*memcpy_htod)(uint64_t, void const*, size_t) = nullptr;
     CuResult (*get_error_name)(CuResult, char const**) = nullptr;
+    CuResult (*get_error_string)(CuResult, char const**) = nullptr;
+    CuResult (*stream_synchronize)(void*) = nullptr;
     decltype(&celer_standin_enqueue_work) enqueue_work = nullptr;
+    decltype(&celer_standin_make_sticky) make_sticky = nullptr;
 };
 
 template <typename Fn>
@@ -57,24 +60,48 @@ Driver const& driver() {
         resolve(d, &d.mem_free, "cuMemFree_v2");
         resolve(d, &d.memcpy_htod, "cuMemcpyHtoD_v2");
         resolve(d, &d.get_error_name, "cuGetErrorName");
+        resolve(d, &d.get_error_string, "cuGetErrorString");
+        resolve(d, &d.stream_synchronize, "cuStreamSynchronize");
         d.enqueue_work = reinterpret_cast<decltype(&celer_standin_enqueue_work)>(
             dlsym(d.handle, "celer_standin_enqueue_work"));
-        if (d.enqueue_work == nullptr && d.error.empty()) {
+        d.make_sticky =
+            reinterpret_cast<decltype(&celer_standin_make_sticky)>(dlsym(d.handle, "celer_standin_make_sticky"));
+        if ((d.enqueue_work == nullptr || d.make_sticky == nullptr) && d.error.empty()) {
             d.error =
-                "libcuda.so.1 is not celer's stand-in CUDA driver (no celer_standin_enqueue_work): the TensorRT "
-                "stand-in runs only on it; on a real GPU use the real TensorRT";
+                "libcuda.so.1 is not celer's stand-in CUDA driver (no celer_standin_enqueue_work or "
+                "celer_standin_make_sticky): the TensorRT stand-in runs only on it; on a real GPU use the real "
+                "TensorRT";
         }
         return d;
     }();
     return d;
 }
 
-std::string result_text(CuResult r) {
+}  // namespace
+
+std::string result_text(int r) {
     char const* name = nullptr;
     Driver const& d = driver();
     if (d.get_error_name != nullptr && d.get_error_name(r, &name) == 0 && name != nullptr) return name;
     return "CUresult " + std::to_string(r);
 }
+
+std::string cuda_runtime_error(int r) {
+    char const* text = nullptr;
+    Driver const& d = driver();
+    if (d.get_error_string != nullptr && d.get_error_string(r, &text) == 0 && text != nullptr) {
+        return std::string("Error Code 1: Cuda Runtime (") + text + ")";
+    }
+    return "Error Code 1: Cuda Runtime (" + result_text(r) + ")";
+}
+
+bool is_sticky_error(int r) {
+    // CUDA_ERROR_ILLEGAL_ADDRESS, _LAUNCH_FAILED, _HARDWARE_STACK_ERROR,
+    // _ILLEGAL_INSTRUCTION, _MISALIGNED_ADDRESS: the faults that poison a context.
+    return r == 700 || r == 719 || r == 714 || r == 715 || r == 716;
+}
+
+namespace {
 
 bool usable(std::string* why) {
     Driver const& d = driver();
@@ -142,6 +169,27 @@ bool current_context(CudaContextInfo* out, std::string* why) {
     return true;
 }
 
+void check_destroyed_in(ILogger* logger, std::string const& what, char const* made, CudaContextInfo const& home) {
+    CudaContextInfo now;
+    std::string why;
+    bool any = current_context(&now, &why);
+    if (any && now.context == home.context) return;
+    std::string found;
+    if (!any) {
+        found = why;
+    } else if (now.device == home.device) {
+        found = "another CUDA context of device " + std::to_string(now.device) +
+                " is current (the one it was " + made + " in was destroyed or reset)";
+    } else {
+        found = "device " + std::to_string(now.device) + "'s CUDA context is current";
+    }
+    violation(logger, what + " destroyed while " + found + ", not the context it was " + made + " in (device " +
+                          std::to_string(home.device) +
+                          "): TensorRT frees an object's device memory through the current CUDA context, so an "
+                          "engine, an execution context and a builder are destroyed with the context they were "
+                          "made in current");
+}
+
 void hold_primary_context(int device) {
     static std::mutex mutex;
     static std::set<int> held;
@@ -177,7 +225,8 @@ bool copy_to_device(uint64_t destination, void const* source, size_t bytes, std:
 }
 
 bool enqueue_work(void* stream, std::string const& label, std::vector<WorkRange> const& ranges,
-                  std::function<std::string()> run, std::function<void()> done, std::string* why) {
+                  std::function<std::string()> run, std::function<void()> done, std::string* why, int* code) {
+    if (code != nullptr) *code = 0;
     if (!usable(why)) {
         if (done) done();
         return false;
@@ -192,10 +241,26 @@ bool enqueue_work(void* stream, std::string const& label, std::vector<WorkRange>
     CuResult r = driver().enqueue_work(stream, label.c_str(), raw.data(), raw.size(), run_trampoline,
                                        done_trampoline, work);
     if (r != 0) {
+        if (code != nullptr) *code = r;
         *why = "queuing the engine's work on the stream: " + result_text(r);
         return false;
     }
     return true;
+}
+
+bool make_sticky(void* context, int code, std::string const& message, std::string* why) {
+    if (!usable(why)) return false;
+    if (int r = driver().make_sticky(context, code, message.c_str())) {
+        *why = "celer_standin_make_sticky: " + result_text(r);
+        return false;
+    }
+    return true;
+}
+
+int synchronize(void* stream) {
+    std::string why;
+    if (!usable(&why)) return 1;
+    return driver().stream_synchronize(stream);
 }
 
 }  // namespace standin

@@ -1,7 +1,7 @@
 // The stand-in's serialized engines ("plans") and timing caches. A real plan is bound to
 // the TensorRT version and the GPU model that built it; this one records both, with the
-// builder flags, the optimisation profiles and the network (the ONNX model itself), and a
-// checksum, so that a plan from another version or GPU, or a damaged one, is refused at
+// builder flags, the optimisation profiles, the network (the ONNX model itself, and which
+// output dimensions are data-dependent), and a checksum, so that a plan from another version or GPU, or a damaged one, is refused at
 // deserialisation as the real runtime refuses it.
 #include "standin.h"
 
@@ -13,7 +13,9 @@ namespace {
 
 constexpr char kPlanMagic[] = "celer TensorRT stand-in plan";
 constexpr char kCacheMagic[] = "celer TensorRT stand-in timing cache";
-constexpr uint32_t kFormat = 1;
+// 2: each tensor records its data-dependent dimensions.
+constexpr uint32_t kPlanFormat = 2;
+constexpr uint32_t kCacheFormat = 1;
 
 class Writer {
 public:
@@ -83,7 +85,7 @@ bool starts_with(void const* data, size_t size, char const* magic) {
 std::vector<uint8_t> serialize_plan(Plan const& plan) {
     Writer w;
     w.bytes(kPlanMagic, sizeof kPlanMagic);
-    w.value<uint32_t>(kFormat);
+    w.value<uint32_t>(kPlanFormat);
     w.text(plan.name);
     w.value<int32_t>(plan.tensorrt_version);
     w.value<int32_t>(plan.compute_capability);
@@ -94,6 +96,7 @@ std::vector<uint8_t> serialize_plan(Plan const& plan) {
         w.value<uint8_t>(t.is_input ? 1 : 0);
         w.value<int32_t>(static_cast<int32_t>(t.type));
         w.dims(t.dims);
+        w.value<uint32_t>(t.data_dependent);
     }
     w.value<uint32_t>(static_cast<uint32_t>(plan.profiles.size()));
     for (auto const& profile : plan.profiles) {
@@ -131,7 +134,7 @@ bool parse_plan(void const* data, size_t size, Plan* out, std::string* why) {
     uint32_t format = 0, flags = 0, n_io = 0, n_profiles = 0;
     int32_t version = 0, cc = 0;
     Plan plan;
-    bool ok = r.bytes(magic, sizeof magic) && r.value(&format) && format == kFormat && r.text(&plan.name) &&
+    bool ok = r.bytes(magic, sizeof magic) && r.value(&format) && format == kPlanFormat && r.text(&plan.name) &&
               r.value(&version) && r.value(&cc) && r.value(&flags) && r.value(&n_io);
     plan.tensorrt_version = version;
     plan.compute_capability = cc;
@@ -140,7 +143,8 @@ bool parse_plan(void const* data, size_t size, Plan* out, std::string* why) {
         TensorInfo t;
         uint8_t is_input = 0;
         int32_t type = 0;
-        ok = r.text(&t.name) && r.value(&is_input) && r.value(&type) && r.dims(&t.dims);
+        ok = r.text(&t.name) && r.value(&is_input) && r.value(&type) && r.dims(&t.dims) &&
+             r.value(&t.data_dependent);
         t.is_input = is_input != 0;
         t.type = static_cast<DataType>(type);
         plan.io.push_back(t);
@@ -174,7 +178,7 @@ bool parse_plan(void const* data, size_t size, Plan* out, std::string* why) {
 std::vector<uint8_t> serialize_timing_cache(TimingCacheData const& cache) {
     Writer w;
     w.bytes(kCacheMagic, sizeof kCacheMagic);
-    w.value<uint32_t>(kFormat);
+    w.value<uint32_t>(kCacheFormat);
     w.value<int32_t>(cache.tensorrt_version);
     w.value<int32_t>(cache.compute_capability);
     w.value<uint32_t>(static_cast<uint32_t>(cache.entries.size()));
@@ -191,7 +195,7 @@ bool parse_timing_cache(void const* data, size_t size, TimingCacheData* out, std
     char magic[sizeof kCacheMagic];
     uint32_t format = 0, n = 0;
     TimingCacheData cache;
-    bool ok = r.bytes(magic, sizeof magic) && r.value(&format) && format == kFormat &&
+    bool ok = r.bytes(magic, sizeof magic) && r.value(&format) && format == kCacheFormat &&
               r.value(&cache.tensorrt_version) && r.value(&cache.compute_capability) && r.value(&n);
     for (uint32_t i = 0; ok && i < n; ++i) {
         std::string entry;

@@ -3,7 +3,12 @@
 // device memory, queued on the caller's stream, so it runs when the stream runs. Every
 // rule the headers document for these classes is checked, and a broken one is refused
 // (an error logged, false or null returned) or, where nothing can be returned (a
-// destructor), reported as a violation (see common.cpp).
+// destructor), reported as a violation (see common.cpp). An engine and an execution
+// context are destroyed with the CUDA context they were made in current (TensorRT frees
+// their device memory through the current context); the runtime has no such rule: it holds
+// no device memory and deserializes into whichever context is current at each call. A CUDA
+// fault at an engine's launch (injected, or a context already sticky) fails enqueueV3 as the
+// CUDA runtime inside TensorRT reports it.
 #include "standin.h"
 
 #include <algorithm>
@@ -65,7 +70,8 @@ bool largest_outputs(Plan const& plan, OrtModel& model, int64_t* out, std::strin
     bool dynamic = false;
     int64_t static_bytes = 0;
     for (TensorInfo const& t : plan.io) {
-        if (t.is_input) continue;
+        // A data-dependent output is written where its IOutputAllocator puts it, not staged.
+        if (t.is_input || is_data_dependent(t)) continue;
         outputs.push_back(OrtModel::Binding{t.name, t.type, t.dims, nullptr, 0});
         dynamic = dynamic || has_dynamic(t.dims);
         static_bytes += round_up(volume(t.dims) * int64_t(element_bytes(t.type)));
@@ -200,6 +206,7 @@ public:
 
     ~Engine() noexcept override {
         unregister_live(this);
+        check_destroyed_in(logger(), "ICudaEngine `" + plan_.name + "`", "deserialized", context_);
         if (int n = contexts.load()) {
             violation(logger(), "ICudaEngine `" + plan_.name + "` destroyed while " + std::to_string(n) +
                                     " execution context(s) are alive: an engine must outlive its execution contexts");
@@ -261,6 +268,22 @@ public:
             }
         }
         if (!dynamic) return true;
+        if (!inferred_shapes(inputs, out, why)) return false;
+        // Known only when the engine runs: TensorRT reports -1 until then.
+        for (TensorInfo const& t : plan_.io) {
+            if (!is_data_dependent(t)) continue;
+            Dims& d = (*out)[t.name];
+            for (int32_t i = 0; i < d.nbDims && i < 32; ++i) {
+                if (t.data_dependent & (1u << i)) d.d[i] = -1;
+            }
+        }
+        return true;
+    }
+
+    // What ONNX Runtime gives as the outputs' shapes for these input shapes, run once on
+    // zeros (cached per shape set).
+    bool inferred_shapes(std::map<std::string, Dims> const& inputs, std::map<std::string, Dims>* out,
+                         std::string* why) {
         std::string key;
         std::vector<OrtModel::Binding> bindings;
         for (auto const& [name, dims] : inputs) {
@@ -285,7 +308,8 @@ public:
     }
 
     // Runs the network (on the stream's turn). Outputs go through `staging` (the
-    // context's activation memory) as a real engine's intermediate tensors do.
+    // context's activation memory) as a real engine's intermediate tensors do; a
+    // data-dependent one straight into the memory its output allocator gave.
     std::string execute(std::vector<OrtModel::Binding> const& inputs, std::vector<OrtModel::Binding> outputs,
                         uint8_t* staging, int64_t staging_bytes) {
         if (weights_check(reinterpret_cast<uint8_t const*>(weights_)) != weights_fnv_) {
@@ -295,6 +319,9 @@ public:
         int64_t offset = 0;
         for (auto& o : outputs) {
             destinations.push_back(o.data);
+            TensorInfo const* t = tensor(o.name.c_str());
+            // Written where its output allocator put it (sized for what it came out as).
+            if (t != nullptr && is_data_dependent(*t)) continue;
             if (offset + int64_t(o.bytes) > staging_bytes) {
                 return "the activation memory is too small for the outputs (a stand-in sizing bug)";
             }
@@ -308,8 +335,24 @@ public:
             if (!model_->run(inputs, &ran, &why)) return "ONNX Runtime: " + why;
         }
         for (size_t i = 0; i < outputs.size(); ++i) {
-            std::memcpy(destinations[i], outputs[i].data, outputs[i].bytes);
+            if (outputs[i].data != destinations[i]) std::memcpy(destinations[i], outputs[i].data, outputs[i].bytes);
         }
+        return "";
+    }
+
+    // The outputs' shapes as the network gives them for these inputs' values (read from
+    // the device on the stream's turn), for the outputs of data-dependent shape.
+    std::string shapes_for(std::vector<OrtModel::Binding> const& inputs, std::map<std::string, Dims>* out) {
+        std::vector<OrtModel::Binding> outputs;
+        for (TensorInfo const& t : plan_.io) {
+            if (!t.is_input) outputs.push_back(OrtModel::Binding{t.name, t.type, t.dims, nullptr, 0});
+        }
+        std::string why;
+        {
+            std::lock_guard<std::mutex> lock(model_mutex_);
+            if (!model_->run(inputs, &outputs, &why)) return "ONNX Runtime: " + why;
+        }
+        for (auto const& b : outputs) (*out)[b.name] = b.dims;
         return "";
     }
 
@@ -402,6 +445,8 @@ public:
     bool setInputTensorAddress(char const* name, void const* data) noexcept override;
     bool setOutputTensorAddress(char const* name, void* data) noexcept override;
     void* getOutputTensorAddress(char const* name) const noexcept override;
+    bool setOutputAllocator(char const* name, nvinfer1::IOutputAllocator* allocator) noexcept override;
+    nvinfer1::IOutputAllocator* getOutputAllocator(char const* name) noexcept override;
     bool enqueueV3(cudaStream_t stream) noexcept override;
 
 private:
@@ -425,6 +470,8 @@ public:
 
     ~Context() noexcept override {
         unregister_live(this);
+        check_destroyed_in(logger(), "IExecutionContext of `" + engine_.plan().name + "`", "created",
+                           engine_.cuda());
         if (int n = pending.load()) {
             violation(logger(), "IExecutionContext of `" + engine_.plan().name + "` destroyed while " +
                                     std::to_string(n) +
@@ -448,6 +495,7 @@ public:
     int32_t profile_ = 0;
     std::map<std::string, Dims> shapes_;
     std::map<std::string, void*> addresses_;
+    std::map<std::string, nvinfer1::IOutputAllocator*> allocators_;
 
     // The shape input `t` runs with: the one set, or its static one.
     bool input_shape(TensorInfo const& t, Dims* out) const {
@@ -631,6 +679,147 @@ void* ContextImpl::getOutputTensorAddress(char const* name) const noexcept {
     return const_cast<void*>(getTensorAddress(name));
 }
 
+bool ContextImpl::setOutputAllocator(char const* name, nvinfer1::IOutputAllocator* allocator) noexcept {
+    TensorInfo const* t = owner_.engine().tensor(name);
+    if (t == nullptr || t->is_input) {
+        refuse(owner_.logger(), std::string("setOutputAllocator(`") + (name != nullptr ? name : "(null)") + "`): `" +
+                                    owner_.label() + "` has no output of that name");
+        return false;
+    }
+    if (allocator == nullptr) {
+        owner_.allocators_.erase(t->name);
+    } else {
+        owner_.allocators_[t->name] = allocator;
+    }
+    return true;
+}
+
+nvinfer1::IOutputAllocator* ContextImpl::getOutputAllocator(char const* name) noexcept {
+    auto found = owner_.allocators_.find(name != nullptr ? name : "");
+    return found != owner_.allocators_.end() ? found->second : nullptr;
+}
+
+namespace {
+
+// One enqueue's I/O, checked: the device ranges its work touches and the bindings it runs
+// with; and the outputs of data-dependent shape, which get their memory from their output
+// allocators once their shapes are known (`place_data_dependent`).
+struct Launch {
+    std::vector<WorkRange> ranges;
+    std::vector<OrtModel::Binding> in, out;
+    std::vector<TensorInfo const*> data_dependent;
+    // Told to each data-dependent output's allocator before enqueueV3 returns.
+    std::vector<std::pair<nvinfer1::IOutputAllocator*, OrtModel::Binding>> notify;
+};
+
+// A launch of the engine's work that the driver refused: a sticky context's error is a
+// CUDA error, reported as the CUDA runtime inside TensorRT reports a failed launch (no rule
+// was broken); anything else is a refusal.
+void launch_failed(ILogger* logger, std::string const& head, std::string const& why, int code) {
+    if (is_sticky_error(code)) {
+        log(logger, Severity::kERROR,
+            head + cuda_runtime_error(code) + " (" + result_text(code) +
+                ": the CUDA context's error is sticky: every later call in it fails; " + why + ")");
+        return;
+    }
+    refuse(logger, head + why);
+}
+
+// Every I/O tensor of `owner` for these shapes: an input or a shaped output needs an
+// address; an output of data-dependent shape needs an output allocator (the rule the
+// headers give: its -1 dimensions are known only when the engine runs, so an address alone
+// has no size the engine could be held to). False (refused) when one is missing.
+bool bind_io(Context& owner, std::map<std::string, Dims>& inputs, std::map<std::string, Dims>& outputs,
+             std::string const& head, Launch* launch) {
+    ILogger* logger = owner.logger();
+    for (TensorInfo const& t : owner.engine().plan().io) {
+        if (element_bytes(t.type) == 0) {
+            refuse(logger, head + "`" + t.name + "` is " + type_name(t.type));
+            return false;
+        }
+        if (is_data_dependent(t)) {
+            if (owner.allocators_.count(t.name) == 0) {
+                refuse(logger, head + "output `" + t.name + "` has the data-dependent shape " +
+                                   dims_string(outputs[t.name]) +
+                                   " (known only when the engine runs) and no output allocator: an output whose "
+                                   "getTensorShape has -1 after every input shape is set needs an IOutputAllocator "
+                                   "(setOutputAllocator), which is given memory of the size it comes out; an address "
+                                   "set with setTensorAddress has no size, and the engine would write past it");
+                return false;
+            }
+            launch->data_dependent.push_back(&t);
+            continue;
+        }
+        auto address = owner.addresses_.find(t.name);
+        Dims dims = t.is_input ? inputs[t.name] : outputs[t.name];
+        size_t bytes = size_t(volume(dims)) * element_bytes(t.type);
+        if (address == owner.addresses_.end() || (address->second == nullptr && bytes > 0)) {
+            refuse(logger, head + (t.is_input ? "input" : "output") + " `" + t.name +
+                               "` has no address: every I/O tensor's address must be set with setTensorAddress "
+                               "before enqueueV3");
+            return false;
+        }
+        auto pointer = reinterpret_cast<uint64_t>(address->second);
+        std::string what = std::string(t.is_input ? "input" : "output") + " `" + t.name + "` " + dims_string(dims);
+        launch->ranges.push_back(WorkRange{pointer, bytes, !t.is_input, what});
+        (t.is_input ? launch->in : launch->out).push_back(OrtModel::Binding{t.name, t.type, dims, address->second, bytes});
+    }
+    return true;
+}
+
+// The outputs of data-dependent shape, placed: TensorRT learns their shapes on the device
+// and waits for them inside enqueueV3 (their allocators' reallocateOutputAsync and
+// notifyShape are called before it returns). Here the network runs once on the stream's
+// turn for the shapes alone (reading the inputs), the stream is synchronised, and each
+// allocator is asked for its output's bytes; the engine's work then writes there.
+bool place_data_dependent(Context& owner, void* stream, std::string const& head, Launch* launch) {
+    Engine& engine = owner.engine();
+    ILogger* logger = owner.logger();
+    auto shapes = std::make_shared<std::map<std::string, Dims>>();
+    std::vector<WorkRange> reads;
+    for (WorkRange const& r : launch->ranges) {
+        if (!r.writes) reads.push_back(r);
+    }
+    reads.push_back(WorkRange{engine.weights(), engine.plan().onnx.size(), false, "the engine's weights"});
+    Engine* e = &engine;
+    std::vector<OrtModel::Binding> in = launch->in;
+    auto run = [e, in, shapes]() { return e->shapes_for(in, shapes.get()); };
+    std::string why;
+    int code = 0;
+    std::string label = "TensorRT engine `" + owner.label() + "` (data-dependent shapes)";
+    if (!enqueue_work(stream, label, reads, run, nullptr, &why, &code)) {
+        launch_failed(logger, head, why, code);
+        return false;
+    }
+    if (int r = synchronize(stream)) {
+        launch_failed(logger, head, "waiting for the data-dependent shapes: " + result_text(r), r);
+        return false;
+    }
+    for (TensorInfo const* t : launch->data_dependent) {
+        Dims dims = (*shapes)[t->name];
+        uint64_t bytes = uint64_t(volume(dims)) * element_bytes(t->type);
+        nvinfer1::IOutputAllocator* allocator = owner.allocators_[t->name];
+        auto address = owner.addresses_.find(t->name);
+        void* current = address != owner.addresses_.end() ? address->second : nullptr;
+        void* memory = allocator->reallocateOutputAsync(t->name.c_str(), current, std::max<uint64_t>(bytes, 1),
+                                                        kAlignment, static_cast<cudaStream_t>(stream));
+        if (memory == nullptr || reinterpret_cast<uintptr_t>(memory) % kAlignment != 0) {
+            refuse(logger, head + "the output allocator of `" + t->name + "` gave " +
+                               (memory == nullptr ? "no memory" : "memory not 256-byte aligned") + " for its " +
+                               std::to_string(bytes) + " bytes " + dims_string(dims));
+            return false;
+        }
+        std::string what = "output `" + t->name + "` " + dims_string(dims) + " (from its output allocator)";
+        launch->ranges.push_back(WorkRange{reinterpret_cast<uint64_t>(memory), size_t(bytes), true, what});
+        OrtModel::Binding binding{t->name, t->type, dims, memory, size_t(bytes)};
+        launch->out.push_back(binding);
+        launch->notify.emplace_back(allocator, binding);
+    }
+    return true;
+}
+
+}  // namespace
+
 bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
     Engine& engine = owner_.engine();
     ILogger* logger = owner_.logger();
@@ -662,35 +851,30 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
         refuse(logger, why);
         return false;
     }
-    std::vector<WorkRange> ranges;
-    std::vector<OrtModel::Binding> in, out;
     if (!engine.output_shapes(inputs, &outputs, &why)) {
         refuse(logger, head + why);
         return false;
     }
-    for (TensorInfo const& t : engine.plan().io) {
-        auto address = owner_.addresses_.find(t.name);
-        Dims dims = t.is_input ? inputs[t.name] : outputs[t.name];
-        size_t bytes = size_t(volume(dims)) * element_bytes(t.type);
-        if (address == owner_.addresses_.end() || (address->second == nullptr && bytes > 0)) {
-            refuse(logger, head + (t.is_input ? "input" : "output") + " `" + t.name +
-                               "` has no address: every I/O tensor's address must be set with setTensorAddress "
-                               "before enqueueV3");
+    Launch launch;
+    if (!bind_io(owner_, inputs, outputs, head, &launch)) return false;
+    if (fault_armed("enqueue-sticky")) {
+        // A kernel of the engine meets an illegal address at its launch: the context's
+        // error becomes sticky, and the CUDA runtime inside TensorRT reports it.
+        std::string what = "TensorRT engine `" + owner_.label() +
+                           "`: a kernel of enqueueV3 hit an illegal address (injected fault: "
+                           "CELER_TRT_STANDIN_FAULT_FILE enqueue-sticky)";
+        if (!make_sticky(engine.cuda().context, kCudaErrorIllegalAddress, what, &why)) {
+            refuse(logger, head + why);
             return false;
         }
-        if (element_bytes(t.type) == 0) {
-            refuse(logger, head + "`" + t.name + "` is " + type_name(t.type));
-            return false;
-        }
-        auto pointer = reinterpret_cast<uint64_t>(address->second);
-        std::string what = std::string(t.is_input ? "input" : "output") + " `" + t.name + "` " + dims_string(dims);
-        ranges.push_back(WorkRange{pointer, bytes, !t.is_input, what});
-        (t.is_input ? in : out).push_back(OrtModel::Binding{t.name, t.type, dims, address->second, bytes});
+        launch_failed(logger, head, what, kCudaErrorIllegalAddress);
+        return false;
     }
+    if (!launch.data_dependent.empty() && !place_data_dependent(owner_, stream, head, &launch)) return false;
     uint64_t memory = owner_.memory_;
     int64_t memory_bytes = owner_.memory_bytes_;
-    ranges.push_back(WorkRange{memory, size_t(memory_bytes), true, "the context's activation memory"});
-    ranges.push_back(WorkRange{engine.weights(), engine.plan().onnx.size(), false, "the engine's weights"});
+    launch.ranges.push_back(WorkRange{memory, size_t(memory_bytes), true, "the context's activation memory"});
+    launch.ranges.push_back(WorkRange{engine.weights(), engine.plan().onnx.size(), false, "the engine's weights"});
     {
         std::lock_guard<std::mutex> lock(g_flights_mutex);
         for (Flight const& f : flights()) {
@@ -707,7 +891,7 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
     }
     Context* context = &owner_;
     auto* staging = reinterpret_cast<uint8_t*>(memory);
-    auto run = [context, in, out, staging, memory_bytes]() {
+    auto run = [context, in = launch.in, out = launch.out, staging, memory_bytes]() {
         return context->engine().execute(in, out, staging, memory_bytes);
     };
     auto done = [context, memory, stream]() {
@@ -722,10 +906,12 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
         context->pending--;
     };
     owner_.pending++;
-    if (!enqueue_work(stream, "TensorRT engine `" + owner_.label() + "`", ranges, run, done, &why)) {
-        refuse(logger, head + why);
+    int code = 0;
+    if (!enqueue_work(stream, "TensorRT engine `" + owner_.label() + "`", launch.ranges, run, done, &why, &code)) {
+        launch_failed(logger, head, why, code);
         return false;
     }
+    for (auto const& [allocator, binding] : launch.notify) allocator->notifyShape(binding.name.c_str(), binding.dims);
     return true;
 }
 

@@ -46,8 +46,9 @@ void refuse(ILogger* logger, std::string const& message);
 // (the stand-in's own tests read the count instead).
 void violation(ILogger* logger, std::string const& message);
 
-// Whether `call` ("deserialize", "enqueue") is armed to fail: CELER_TRT_STANDIN_FAULT_FILE
-// names a file; when it exists and holds that word, the call fails and the file is removed.
+// Whether `call` ("deserialize", "enqueue", "enqueue-sticky") is armed to fail:
+// CELER_TRT_STANDIN_FAULT_FILE names a file; when it exists and holds that word, the call
+// fails and the file is removed.
 bool fault_armed(char const* call);
 
 // Holds an engine build until CELER_TRT_STANDIN_BUILD_GATE names a file that exists (at
@@ -78,7 +79,13 @@ struct TensorInfo {
     DataType type = DataType::kFLOAT;
     // -1 for a dynamic dimension.
     Dims dims{};
+    // Outputs: bit i set when dimension i is data-dependent (known only when the engine
+    // runs, as NonZero's count), not from the input shapes (builder.cpp finds them).
+    uint32_t data_dependent = 0;
 };
+
+// Whether `t` is an output with a data-dependent dimension.
+inline bool is_data_dependent(TensorInfo const& t) { return !t.is_input && t.data_dependent != 0; }
 
 // One input's range in an optimisation profile.
 struct ProfileRange {
@@ -103,6 +110,12 @@ struct CudaContextInfo {
 
 // The context current on this thread; false (and `why`) when there is none.
 bool current_context(CudaContextInfo* out, std::string* why);
+// The rule that an object TensorRT made in a CUDA context is destroyed with that context
+// current (TensorRT frees its device memory through the current context: with none, or
+// another GPU's, it would leak or free in the wrong place): `what` ("ICudaEngine `x`"),
+// made (`made`: "deserialized", "created") in `home`, is being destroyed; a violation
+// naming the rule when another context, or none, is current.
+void check_destroyed_in(ILogger* logger, std::string const& what, char const* made, CudaContextInfo const& home);
 // Retains `device`'s primary context for the life of the process, once, as the CUDA
 // runtime inside the real libnvinfer does (so that dropping the caller's references
 // alone does not destroy a context TensorRT has used).
@@ -119,9 +132,23 @@ struct WorkRange {
     std::string what;
 };
 // Queues `run` on `stream` (see celer_standin_work.h). `run` returns "" on success or
-// why it failed. `done` runs once after it, or when it is dropped.
+// why it failed. `done` runs once after it, or when it is dropped. When the driver refuses
+// it, `code` (if given) receives its CUresult: the context's sticky error, when it has one.
 bool enqueue_work(void* stream, std::string const& label, std::vector<WorkRange> const& ranges,
-                  std::function<std::string()> run, std::function<void()> done, std::string* why);
+                  std::function<std::string()> run, std::function<void()> done, std::string* why,
+                  int* code = nullptr);
+// Makes `context`'s error sticky with `code`, as a fault of a kernel launched there does
+// (celer_standin_make_sticky).
+bool make_sticky(void* context, int code, std::string const& message, std::string* why);
+// cuStreamSynchronize: runs `stream`'s queued work; its CUresult.
+int synchronize(void* stream);
+// A CUresult's name (CUDA_ERROR_ILLEGAL_ADDRESS); as the CUDA runtime inside TensorRT
+// reports a failed launch in its log ("Error Code 1: Cuda Runtime (an illegal memory access
+// was encountered)"); whether it is one of the faults that make a context's error sticky.
+std::string result_text(int code);
+std::string cuda_runtime_error(int code);
+bool is_sticky_error(int code);
+constexpr int kCudaErrorIllegalAddress = 700;
 
 // ---- ONNX Runtime (model.rs, through the C interface below) -------------------------
 

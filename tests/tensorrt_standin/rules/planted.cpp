@@ -6,6 +6,10 @@
 // TensorRT headers as the stand-in; it reaches TensorRT through the factories (dlopen),
 // as celer's shim does, and the CUDA driver through dlopen too.
 //
+// The scenarios `data-dependent-*` run MODEL.onnx = onnx/fixtures/prob-nonzero.onnx (an
+// output of data-dependent shape) instead of seg3.onnx; `enqueue-sticky` is `ok` with the
+// stand-in's fault file armed by the test.
+//
 // Usage: planted SCENARIO LIBCUDA LIBNVINFER LIBNVONNXPARSER MODEL.onnx [PLAN]
 // Prints every TensorRT log message as "LOG <severity> <message>" and each failed call as
 // "FAILED <call>"; exits 0 when every call succeeded, 3 when one failed (the stand-in
@@ -22,6 +26,7 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,7 +45,8 @@ struct Cuda {
     CUresult (*mem_free)(CUdeviceptr);
     CUresult (*htod)(CUdeviceptr, void const*, size_t);
     CUresult (*dtoh)(void*, CUdeviceptr, size_t);
-    int (*set_hazards)(int);  // the stand-in's control (driver.cpp)
+    int (*set_hazards)(int);  // the stand-in's controls (driver.cpp)
+    int (*make_sticky)(void*, int, char const*);
 };
 
 void* symbol(void* lib, char const* name) {
@@ -96,6 +102,87 @@ nvinfer1::Dims dims4(int64_t n) {
     return d;
 }
 
+// An IOutputAllocator as the headers describe it: memory of the size asked for (kept, and
+// reused while big enough), and the shape TensorRT reports.
+class OutputAllocator : public nvinfer1::IOutputAllocator {
+public:
+    explicit OutputAllocator(Cuda& cu) : cu_(cu) {}
+    ~OutputAllocator() override {
+        if (memory != 0) cu_.mem_free(memory);
+    }
+    void* reallocateOutputAsync(char const*, void*, uint64_t size, uint64_t, cudaStream_t) noexcept override {
+        if (size > bytes) {
+            if (memory != 0) cu_.mem_free(memory);
+            memory = 0;
+            bytes = 0;
+            if (cu_.mem_alloc(&memory, size) != 0) return nullptr;
+            bytes = size;
+        }
+        return reinterpret_cast<void*>(memory);
+    }
+    void notifyShape(char const*, nvinfer1::Dims const& dims) noexcept override { shape = dims; }
+
+    CUdeviceptr memory = 0;
+    uint64_t bytes = 0;
+    nvinfer1::Dims shape{};
+
+private:
+    Cuda& cu_;
+};
+
+// prob-nonzero.onnx's engine (`mask`, and `foreground`: the indices of the pixels whose
+// mask is over 0.5, of data-dependent shape [4, n]) on an image bright in its left half:
+// n = 64 * 32. `data-dependent-no-allocator` binds `foreground` to a buffer by address
+// alone (planted: the engine would write past it); `data-dependent-allocator` gives it an
+// output allocator, as the headers ask.
+int data_dependent(std::string const& scenario, Cuda& cu, nvinfer1::IRuntime* runtime, std::vector<char> const& plan,
+                   void* stream) {
+    nvinfer1::ICudaEngine* engine = runtime->deserializeCudaEngine(plan.data(), plan.size());
+    if (!check(engine != nullptr, "deserializeCudaEngine")) return 3;
+    auto* context = engine->createExecutionContext(nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED);
+    if (!check(context != nullptr, "createExecutionContext")) return 3;
+    int64_t memory_bytes = engine->getDeviceMemorySizeV2();
+    int const n = 64 * 32;
+    CUdeviceptr memory = 0, image = 0, mask = 0, buffer = 0;
+    cu.mem_alloc(&memory, size_t(memory_bytes));
+    cu.mem_alloc(&image, 3 * 64 * 64 * sizeof(float));
+    cu.mem_alloc(&mask, 64 * 64 * sizeof(float));
+    cu.mem_alloc(&buffer, 256);
+    context->setDeviceMemoryV2(reinterpret_cast<void*>(memory), memory_bytes);
+    check(context->setInputShape("image", dims4(1)), "setInputShape");
+    nvinfer1::Dims shape = context->getTensorShape("foreground");
+    std::printf("SHAPE foreground %d dims: %lld x %lld\n", shape.nbDims, (long long)shape.d[0], (long long)shape.d[1]);
+    check(shape.nbDims == 2 && shape.d[0] == 4 && shape.d[1] == -1, "getTensorShape(foreground) is [4x-1]");
+    std::vector<float> pixels(3 * 64 * 64);
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = (i % 64) < 32 ? 0.9f : 0.1f;
+    cu.htod(image, pixels.data(), pixels.size() * sizeof(float));
+    check(context->setTensorAddress("image", reinterpret_cast<void*>(image)), "setTensorAddress(image)");
+    check(context->setTensorAddress("mask", reinterpret_cast<void*>(mask)), "setTensorAddress(mask)");
+    OutputAllocator allocator(cu);
+    if (scenario == "data-dependent-no-allocator") {
+        // Planted: 256 bytes bound by address alone; the output comes out 64 KiB.
+        check(context->setTensorAddress("foreground", reinterpret_cast<void*>(buffer)), "setTensorAddress(foreground)");
+    } else {
+        check(context->setOutputAllocator("foreground", &allocator), "setOutputAllocator(foreground)");
+    }
+    check(context->enqueueV3(static_cast<cudaStream_t>(stream)), "enqueueV3");
+    check(cu.stream_sync(stream) == 0, "cuStreamSynchronize");
+    if (!g_failed) {
+        check(allocator.shape.nbDims == 2 && allocator.shape.d[0] == 4 && allocator.shape.d[1] == n,
+              "notifyShape(foreground) is [4x2048]");
+        std::vector<int64_t> indices(4 * size_t(n), -1);
+        cu.dtoh(indices.data(), allocator.memory, indices.size() * sizeof(int64_t));
+        // Row 2 is each pixel's y, row 3 its x: (0, 0), (0, 1), ... (0, 31), (1, 0), ...
+        check(indices[0] == 0 && indices[2 * n + 33] == 1 && indices[3 * n + 33] == 1 && indices[3 * n + 31] == 31,
+              "the foreground's indices");
+    }
+    delete context;
+    delete engine;
+    for (CUdeviceptr p : {memory, image, mask, buffer}) cu.mem_free(p);
+    std::printf("DONE %s\n", g_failed ? "with failures" : "ok");
+    return g_failed ? 3 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +210,7 @@ int main(int argc, char** argv) {
     bind(cu.htod, libcuda, "cuMemcpyHtoD_v2");
     bind(cu.dtoh, libcuda, "cuMemcpyDtoH_v2");
     bind(cu.set_hazards, libcuda, "celer_standin_set_hazards");
+    bind(cu.make_sticky, libcuda, "celer_standin_make_sticky");
     using Create = void* (*) (void*, int32_t);
     using CreateParser = void* (*) (void*, void*, int32_t);
     auto create_runtime = reinterpret_cast<Create>(symbol(nvinfer, "createInferRuntime_INTERNAL"));
@@ -167,6 +255,8 @@ int main(int argc, char** argv) {
             delete serialized;
         }
         delete config;
+        // Planted: the builder destroyed with no CUDA context current.
+        if (scenario == "builder-without-context") cu.set_current(nullptr);
         // Planted: the network before its parser, the builder before its network, the
         // timing cache before the builder that uses it.
         std::string late = scenario == "network-before-parser"    ? "parser"
@@ -192,6 +282,11 @@ int main(int argc, char** argv) {
         cu.set_current(ctx1);  // planted: device 1 has another compute capability
     }
     auto* runtime = static_cast<nvinfer1::IRuntime*>(create_runtime(&logger, NV_TENSORRT_VERSION));
+    if (scenario.rfind("data-dependent", 0) == 0) {
+        int rc = data_dependent(scenario, cu, runtime, plan, stream);
+        delete runtime;
+        return rc;
+    }
     if (scenario == "unimplemented") runtime->setDLACore(0);  // not modelled by the stand-in
     if (scenario == "no-cuda-context") cu.set_current(nullptr);  // planted
     nvinfer1::ICudaEngine* engine = runtime->deserializeCudaEngine(plan.data(), plan.size());
@@ -226,6 +321,10 @@ int main(int argc, char** argv) {
     // The output holds a sentinel until the stream runs the engine: enqueueV3 only queues.
     std::vector<float> sentinel(3 * 64 * 64, -7.0f);
     cu.htod(output, sentinel.data(), sentinel.size() * sizeof(float));
+    if (scenario == "sticky-context") {
+        // Planted: a kernel faulted in the context before the engine is launched there.
+        cu.make_sticky(ctx0, 700, "planted: an earlier kernel's illegal address");
+    }
     check(context->enqueueV3(static_cast<cudaStream_t>(stream)), "enqueueV3");
     if (scenario == "ok") {
         std::vector<float> early(3 * 64 * 64, 0.0f);
@@ -263,6 +362,29 @@ int main(int argc, char** argv) {
               "the engine's output");
     }
     delete second;
+    if (scenario == "context-in-another-gpus-context") {
+        cu.retain(&ctx1, 1);
+        cu.set_current(ctx1);  // planted: GPU 1's context current
+        delete context;
+        context = nullptr;
+        cu.set_current(ctx0);
+    }
+    if (scenario == "engine-on-a-thread-without-context") {
+        delete context;
+        context = nullptr;
+        std::thread([&] { delete engine; }).join();  // planted: a new thread has no current context
+        engine = nullptr;
+    }
+    if (scenario == "destroyed-on-a-thread-that-binds") {
+        // The twin: another thread, which makes the engine's context current first.
+        std::thread([&] {
+            cu.set_current(ctx0);
+            delete context;
+            delete engine;
+        }).join();
+        context = nullptr;
+        engine = nullptr;
+    }
     // Planted: the engine before its context, the runtime before its engine.
     std::string late = scenario == "engine-before-context" ? "context"
                        : scenario == "runtime-before-engine" ? "engine"

@@ -11,7 +11,10 @@
 //! - `CELER_TRT_STANDIN_VERSION=10.17.0`: the TensorRT version the library reports (its
 //!   headers' by default), to play an upgrade; plans record the version that built them.
 //! - `CELER_TRT_STANDIN_FAULT_FILE=PATH`: when that file exists and holds `deserialize` or
-//!   `enqueue`, that call fails (once; the file is removed).
+//!   `enqueue`, that call fails (once; the file is removed); `enqueue-sticky`: the next
+//!   enqueueV3 launches a kernel that hits an illegal address, so the engine's CUDA context
+//!   becomes sticky (CUDA_ERROR_ILLEGAL_ADDRESS) and enqueueV3 fails, logging the error as
+//!   TensorRT's CUDA runtime does.
 //! - `CELER_TRT_STANDIN_ON_VIOLATION=log`: a broken lifetime rule is logged and counted
 //!   instead of aborting (for the stand-in's own tests).
 //! - `CELER_TRT_STANDIN_THREADS`: ONNX Runtime threads per engine (default 1).
