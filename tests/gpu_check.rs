@@ -185,7 +185,10 @@ fn the_pack_runs_every_step_on_the_stand_in_and_reports_into_out() {
     names.sort_unstable();
     let mut expected = OUTPUTS.to_vec();
     expected.sort_unstable();
-    assert_eq!(names, expected, "OUT holds the report, the JSON and the logs");
+    assert_eq!(
+        names, expected,
+        "OUT holds the report, the JSON and the logs"
+    );
     assert!(files.len() <= MAX_FILES);
     for (name, bytes) in &files {
         assert!(*bytes > 0, "{name} is empty");
@@ -272,7 +275,9 @@ fn the_pack_runs_every_step_on_the_stand_in_and_reports_into_out() {
 
     // The counts of each request, at least its own pixels' copies each way.
     let counts = json(&out.join("counts.json"));
-    let requests = counts["requests"].as_array().expect("counts.json: requests");
+    let requests = counts["requests"]
+        .as_array()
+        .expect("counts.json: requests");
     let names: Vec<&str> = requests
         .iter()
         .map(|r| r["request"].as_str().unwrap_or_default())

@@ -44,8 +44,9 @@ pub fn cubin(arch: Arch, driver: CudaVersion) -> Result<PlantedCubin, String> {
                 nvrtc.path()
             ),
         },
-        Err(no_nvrtc) => precompiled(arch, driver)
-            .map_err(|why| format!("no NVRTC ({no_nvrtc}), and {why}"))?,
+        Err(no_nvrtc) => {
+            precompiled(arch, driver).map_err(|why| format!("no NVRTC ({no_nvrtc}), and {why}"))?
+        }
     };
     let _ = writeln!(std::io::stderr(), "planted kernels: {}", planted.from);
     Ok(planted)

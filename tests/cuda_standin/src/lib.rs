@@ -114,8 +114,10 @@ pub fn found_by_name() -> Option<PathBuf> {
         // without calling it, and closes the library.
         let library = unsafe { libloading::Library::new(*name) }.ok()?;
         // SAFETY: only the symbol's presence is checked; it is never called.
-        unsafe { library.get::<unsafe extern "C" fn() -> *const c_char>(b"celer_standin_last_error\0") }
-            .ok()?;
+        unsafe {
+            library.get::<unsafe extern "C" fn() -> *const c_char>(b"celer_standin_last_error\0")
+        }
+        .ok()?;
         let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
         let found = maps
             .lines()
