@@ -19,12 +19,34 @@ use celer::spec::PipelineSpec;
 use image::{Rgb, RgbImage};
 use serde_json::json;
 
-/// (what is counted, the request before it, the request counted).
-const REQUESTS: [(&str, (u32, u32), (u32, u32)); 3] = [
-    ("1920x1080 repeated", (1920, 1080), (1920, 1080)),
-    ("1920x1080 after 1024x768", (1024, 768), (1920, 1080)),
-    ("4032x3024 after 1920x1080", (1920, 1080), (4032, 3024)),
+/// A request counted: its name in the report, the size of the request run just before
+/// it, and its own size.
+struct Counted {
+    name: &'static str,
+    before: (u32, u32),
+    size: (u32, u32),
+}
+
+const REQUESTS: [Counted; 3] = [
+    Counted {
+        name: "1920x1080 repeated",
+        before: (1920, 1080),
+        size: (1920, 1080),
+    },
+    Counted {
+        name: "1920x1080 after 1024x768",
+        before: (1024, 768),
+        size: (1920, 1080),
+    },
+    Counted {
+        name: "4032x3024 after 1920x1080",
+        before: (1920, 1080),
+        size: (4032, 3024),
+    },
 ];
+
+/// A counter of the report: its label and how it is read from a snapshot.
+type Field = (&'static str, fn(&DriverCounters) -> u64);
 
 /// The pool's blocks hold the largest size counted, as a server's do with
 /// `--warmup-size 4032x3024`: every image is decoded into page-locked memory and no block
@@ -56,9 +78,9 @@ pub fn run() -> Result<(), String> {
     )
     .map_err(|e| format!("U2NetP's GPU stages: {e}"))?;
     let mut rows = Vec::new();
-    for (name, before, counted) in REQUESTS {
-        cutout(&mut stages, &pool, before)?;
-        rows.push((name, counted, before, cutout(&mut stages, &pool, counted)?));
+    for request in &REQUESTS {
+        cutout(&mut stages, &pool, request.before)?;
+        rows.push((request, cutout(&mut stages, &pool, request.size)?));
     }
     print_table(stages.model_backend(), &rows);
     super::write_json(&json!({
@@ -67,10 +89,10 @@ pub fn run() -> Result<(), String> {
         "planes": "cut-out",
         "counted_by": "celer::cuda::driver::counters(): celer's own calls through its driver \
                        layer; TensorRT's own calls are not included",
-        "requests": rows.iter().map(|(name, size, after, counts)| json!({
-            "request": name,
-            "size": [size.0, size.1],
-            "after": [after.0, after.1],
+        "requests": rows.iter().map(|(request, counts)| json!({
+            "request": request.name,
+            "size": [request.size.0, request.size.1],
+            "after": [request.before.0, request.before.1],
             "counts": counts,
         })).collect::<Vec<_>>(),
     }));
@@ -107,17 +129,17 @@ fn decoded(w: u32, h: u32, pool: &HostPool) -> Result<RgbPixels, String> {
         .map_err(|e| format!("decoding a {w}x{h} JPEG: {e}"))
 }
 
-fn print_table(models: &str, rows: &[(&str, (u32, u32), (u32, u32), DriverCounters)]) {
+fn print_table(models: &str, rows: &[(&Counted, DriverCounters)]) {
     println!(
         "what one cut-out asks of the CUDA driver (celer::cuda::driver::counters(): celer's \
          own calls; TensorRT's own calls are not included; models on {models})"
     );
     print!("{:<24}", "");
-    for (name, ..) in rows {
-        print!(" {name:>26}");
+    for (request, _) in rows {
+        print!(" {:>26}", request.name);
     }
     println!();
-    let fields: [(&str, fn(&DriverCounters) -> u64); 13] = [
+    let fields: [Field; 13] = [
         ("HtoD copies", |c| c.htod_copies),
         ("HtoD bytes", |c| c.htod_bytes),
         ("DtoH copies", |c| c.dtoh_copies),
@@ -134,7 +156,7 @@ fn print_table(models: &str, rows: &[(&str, (u32, u32), (u32, u32), DriverCounte
     ];
     for (label, field) in fields {
         print!("{label:<24}");
-        for (.., counts) in rows {
+        for (_, counts) in rows {
             print!(" {:>26}", field(counts));
         }
         println!();
