@@ -101,6 +101,38 @@ pub fn library_dir() -> PathBuf {
     Path::new(DRIVERS).join(version())
 }
 
+/// The stand-in that the dynamic loader finds by name as cudarc looks for the driver
+/// (`libcuda.so`, then `libcuda.so.1`: `LD_LIBRARY_PATH`, then the system's), as in a
+/// packed GPU check run here with a stand-in's [`library_dir`] on `LD_LIBRARY_PATH`
+/// (scripts/gpu-check-run `--standin`); `None` when it finds a real driver, or none. A
+/// stand-in is told from a real driver by its own controls, which no real driver exports;
+/// its file is read from this process's memory map while it is loaded.
+pub fn found_by_name() -> Option<PathBuf> {
+    ["libcuda.so", "libcuda.so.1"].iter().find_map(|name| {
+        // SAFETY: opens the driver library the loader finds, as cudarc's own presence
+        // check does (its initialisers only set up its own state), looks one symbol up
+        // without calling it, and closes the library.
+        let library = unsafe { libloading::Library::new(*name) }.ok()?;
+        // SAFETY: only the symbol's presence is checked; it is never called.
+        unsafe {
+            library.get::<unsafe extern "C" fn() -> *const c_char>(b"celer_standin_last_error\0")
+        }
+        .ok()?;
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let found = maps
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .find(|path| {
+                Path::new(path)
+                    .file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with("libcuda.so"))
+            })
+            .map(PathBuf::from);
+        drop(library);
+        found
+    })
+}
+
 /// A fault to arm for a coming launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
