@@ -2807,6 +2807,7 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
     uint64_t at = nth == 0 ? 0 : counters.launches_enqueued.load() + nth;
     if (kind == 0) counters.fail_launch_at = at;
     if (kind == 1) counters.sticky_launch_at = at;
+    if (kind == 2) counters.hang_launch_at = at;
 }
 
 // Arms `code` as the answer of the `nth` call of entry point `entry` from now (1: the

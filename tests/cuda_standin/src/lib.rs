@@ -138,6 +138,10 @@ pub enum Fault {
     /// The launch faults when it runs: CUDA_ERROR_ILLEGAL_ADDRESS, sticky, as a kernel's
     /// out-of-bounds access on a GPU.
     StickyError,
+    /// The launch never ends when it runs, as a kernel on a GPU without a watchdog: the
+    /// thread that runs its stream (a synchronisation) blocks until
+    /// [`StandIn::release_hangs`] or the process's exit.
+    Hang,
 }
 
 /// A range of device memory that queued work reads or writes.
@@ -404,6 +408,7 @@ impl StandIn {
         let kind = match fault {
             Fault::LaunchFails => 0,
             Fault::StickyError => 1,
+            Fault::Hang => 2,
         };
         // SAFETY: plain values; the stand-in stores them in atomics.
         unsafe { (self.inject)(kind, nth) }
