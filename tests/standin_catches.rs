@@ -367,7 +367,10 @@ fn a_hung_launch_blocks_its_synchronisation_until_released() {
         );
         std::thread::yield_now();
     }
-    assert!(!synchronising.is_finished(), "the hung launch's synchronisation returned");
+    assert!(
+        !synchronising.is_finished(),
+        "the hung launch's synchronisation returned"
+    );
     assert_eq!(gpu.standin.counter("hung_launches"), hung_before + 1);
     // Released (a test's control; a GPU has none): it runs as any launch, and the wait ends.
     assert_eq!(gpu.standin.release_hangs(), 1);
@@ -429,7 +432,10 @@ fn calls_in_a_context_after_its_error_became_sticky_are_counted() {
     let calls = gpu.standin.device_counter("calls_in_lost_context", 0);
     gpu.stream.alloc_zeros::<f32>(1).expect("a fresh context");
     gpu.stream.synchronize().unwrap();
-    assert_eq!(gpu.standin.device_counter("calls_in_lost_context", 0), calls);
+    assert_eq!(
+        gpu.standin.device_counter("calls_in_lost_context", 0),
+        calls
+    );
 }
 
 #[test]

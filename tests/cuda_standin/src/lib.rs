@@ -75,9 +75,7 @@ pub fn counters_written_at_exit(path: &Path) -> Result<BTreeMap<String, u64>, St
             let (name, value) = line
                 .split_once(' ')
                 .ok_or_else(|| format!("`{line}` is not `name value`"))?;
-            let value = value
-                .parse::<u64>()
-                .map_err(|e| format!("`{line}`: {e}"))?;
+            let value = value.parse::<u64>().map_err(|e| format!("`{line}`: {e}"))?;
             Ok((name.to_string(), value))
         })
         .collect()
