@@ -295,12 +295,10 @@ impl GpuReplicas {
             return Some("it was already found unrecoverable in this process".to_string());
         }
         let opened = lock(&self.opened);
-        let Opening::Open(gpu) = &opened.1 else {
-            return None;
+        let gpu = match &opened.1 {
+            Opening::Open(gpu) if gpu.engines.is_some() => gpu,
+            _ => return None,
         };
-        if gpu.engines.is_none() {
-            return None;
-        }
         self.lost_for_good.store(true, Ordering::Release);
         // The pool would page-lock its next blocks in the lost context too.
         gpu.pool.detach(gpu.device.context());
