@@ -4,7 +4,8 @@
 //! Whichever replica of a GPU starts first opens the device (context, kernels) and loads
 //! its engines (`crate::engines::plan`); every replica then makes its own stream, buffers
 //! and execution contexts. A GPU whose context is lost is reopened here, for all its
-//! replicas at once (`GpuReplicas`).
+//! replicas at once (`GpuReplicas`), or, where TensorRT's state is in that context or a
+//! replica is stuck on it, left alone for good for the process to restart.
 
 mod buffers;
 mod clock;
