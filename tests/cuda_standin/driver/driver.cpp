@@ -1685,9 +1685,9 @@ EXPORT CUresult cuInit(unsigned int flags) {
         counters.fail_launch_at = fail_at > 0 ? uint64_t(fail_at) : 0;
         counters.sticky_launch_at = sticky_at > 0 ? uint64_t(sticky_at) : 0;
         counters.hang_launch_at = hang_at > 0 ? uint64_t(hang_at) : 0;
-        const char* counters_file = getenv("CELER_CUDA_STANDIN_COUNTERS_AT_EXIT");
-        if (counters_file != nullptr && *counters_file != '\0') {
-            st.counters_at_exit = counters_file;
+        const char* counters_at_exit = getenv("CELER_CUDA_STANDIN_COUNTERS_AT_EXIT");
+        if (counters_at_exit != nullptr && *counters_at_exit != '\0') {
+            st.counters_at_exit = counters_at_exit;
             atexit(write_counters_at_exit);
         }
         const char* returns = getenv("CELER_CUDA_STANDIN_RETURN");
