@@ -277,5 +277,6 @@ async fn a_stuck_replica_is_reported_and_routed_around() {
         assert!(ended.elapsed() < STUCK_FOR * 2, "the stuck run never ended");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(post_image(app, 64, 48).await.status, StatusCode::OK);
+    let last = post_image(app, 64, 48).await;
+    assert_eq!(last.status, StatusCode::OK, "{:?}", last.json);
 }
