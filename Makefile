@@ -25,7 +25,7 @@ REF_IMAGES := $(addprefix $(FETCHED)/,astronaut.png chelsea.png photo-1920x1080.
 # Fails (and so stops the recipe) when the venv has no libonnxruntime.so.
 ORT_ENV = ort="$$(scripts/ort-path)" && ORT_DYLIB_PATH="$$ort"
 
-.PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check check-tensorrt clean-models hostile soak fuzz
+.PHONY: python models models-all fixtures reference build serve test tensorrt-test image-test bench compare gpu-check gpu-check-standin check-tensorrt clean-models hostile soak fuzz
 .PHONY: tensorrt-headers tensorrt-bindings kubectl int8
 .PHONY: bench-formats
 
@@ -143,10 +143,19 @@ compare: int8
 	.venv/bin/pip install -q -r scripts/requirements-compare.txt
 	scripts/compare
 
-# The GPU tests and kernel benchmark packed for a GPU machine without Rust (< 60 MB):
-# target/gpu-check/run there writes report.txt. Needs NVRTC (make python) to precompile.
+# The GPU tests, the kernel benchmark and its driver counts packed for a GPU machine
+# without Rust, NVRTC or TensorRT (at most 60 MiB, checked): carry target/gpu-check there
+# and run `OUT=<folder> gpu-check/run`, which writes report.txt into <folder>
+# (scripts/gpu-check-run). Needs NVRTC (make python) to precompile the kernels.
 gpu-check: models tensorrt-headers
 	CARGO_FEATURES="$(CARGO_FEATURES)" scripts/gpu-check
+
+# The pack built and run here end to end on the stand-in CUDA driver (`run --standin
+# --quick`), as `make test` does (tests/gpu_check.rs): the report is left in
+# target/tmp/gpu-check-standin/out/report.txt.
+gpu-check-standin: models tensorrt-headers
+	$(ORT_ENV) CELER_FP32=1 CELER_TEST_CUDA_DRIVER=$(DRIVER_FLOOR) CELER_CUDA_STANDIN_ORDER=reverse \
+		cargo test --release $(CARGO_FEATURES) --test gpu_check
 
 # The TensorRT shim against another header set (TENSORRT_INCLUDE_DIR=..., optional
 # CUDA_INCLUDE_DIR=...): no GPU or TensorRT needed. `make test` checks the 10.16 headers.

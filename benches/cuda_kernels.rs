@@ -1,14 +1,24 @@
-//! Kernel benchmark: each CUDA kernel at 4032x3024 (GPU time from CUDA events, achieved
-//! GB/s and its fraction of the device's peak memory bandwidth from the probe), then the
-//! whole pre- and post-processing of a 1920x1080 request with upload and download,
-//! side by side with the CPU stages it replaces. Without a GPU it says so and exits 0.
+//! Kernel benchmark: each CUDA kernel at 1920x1080 and at 12 MP, 4032x3024 (GPU time from
+//! CUDA events, achieved GB/s and its fraction of the device's peak memory bandwidth from
+//! the probe), then the whole pre- and post-processing of a 1920x1080 request with upload
+//! and download, side by side with the CPU stages it replaces. Without a GPU it says so
+//! and exits 0.
 //!
 //! Before any timing (and without a GPU too) it prints the launch shapes of the guided
 //! filter's fit at 4032x3024 for subsample 1 and 4, and how many SMs of a 132-SM
 //! H100/H200 their blocks would occupy.
 //!
 //! `cargo bench --bench cuda_kernels`; `CELER_BENCH_JSON=path` also writes the figures
-//! as JSON (scripts/gpu-check puts them in its report).
+//! as JSON, `CELER_BENCH_ITERS=n` times each kernel n times instead of 20 (the packed
+//! check's quick run on the stand-in driver). Two more modes for `make gpu-check`
+//! (scripts/gpu-check): `--counts` (what a request asks of the driver, counts.rs) and
+//! `--compile-planted DIR [sm_XY,...]` (the planted test kernels of tests/gpu_recovery.rs
+//! precompiled for a GPU machine without NVRTC).
+
+#[path = "cuda_kernels/counts.rs"]
+mod counts;
+#[path = "../tests/gpu_support/planted.rs"]
+mod planted;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +28,7 @@ use celer::cuda::guided::{FastGuidedFilter, GuidedParams};
 use celer::cuda::launch::{
     guided_fit_launches, taps_capacity, GpuNearest, GpuTaps, Launcher, ModelInput,
 };
-use celer::cuda::{probe, GpuDevice, GpuInfo, Probe};
+use celer::cuda::{probe, Arch, GpuDevice, GpuInfo, Probe};
 use celer::spec::{Normalize, Scale};
 use celer::stages::lanes::Lanes;
 use celer::stages::plane::Plane;
@@ -27,19 +37,32 @@ use fast_image_resize::Resizer;
 use image::{Rgb, RgbImage};
 use serde_json::json;
 
+/// GPU timings per kernel (the median is reported), unless `CELER_BENCH_ITERS` says fewer.
 const ITERS: usize = 20;
+/// CPU timings per stage.
+const CPU_ITERS: usize = 5;
+
+/// `default` iterations, or `CELER_BENCH_ITERS` where that is fewer (at least one).
+fn iterations(default: usize) -> usize {
+    std::env::var("CELER_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(default, |n| n.clamp(1, default))
+}
+
+/// The sizes each kernel is timed at: a 1080p frame and a 12 MP photo.
+const KERNEL_SIZES: [(u32, u32); 2] = [(1920, 1080), (4032, 3024)];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--compile-cache") {
-        let Some(dir) = args.get(i + 1) else {
-            eprintln!("usage: cuda_kernels --compile-cache DIR");
-            std::process::exit(2);
-        };
-        std::process::exit(match compile_cache(std::path::Path::new(dir)) {
+    if let Some(i) = args.iter().position(|a| a == "--compile-planted") {
+        std::process::exit(compile_planted(&args[i + 1..]));
+    }
+    if args.iter().any(|a| a == "--counts") {
+        std::process::exit(match counts::run() {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("cuda_kernels: {e}");
+                eprintln!("cuda_kernels --counts: {e}");
                 1
             }
         });
@@ -77,14 +100,16 @@ fn main() {
         info.memory_clock_khz,
         info.memory_bus_width_bits
     );
-    let kernels = time_kernels(&dev, &info);
-    let pipeline = time_pre_post(&dev);
-    write_json(&json!({
-        "gpu": info,
-        "kernels": kernels,
-        "pre_post_1920x1080": pipeline,
-        "guided_fit_launches": launches,
-    }));
+    let mut figures = serde_json::Map::new();
+    figures.insert("gpu".into(), json!(info));
+    figures.insert("iterations".into(), json!(iterations(ITERS)));
+    for (w, h) in KERNEL_SIZES {
+        let rows = time_kernels(&dev, &info, (w, h));
+        figures.insert(format!("kernels_{w}x{h}"), json!(rows));
+    }
+    figures.insert("pre_post_1920x1080".into(), time_pre_post(&dev));
+    figures.insert("guided_fit_launches".into(), json!(launches));
+    write_json(&serde_json::Value::Object(figures));
 }
 
 /// SMs of an H100 / H200 (SXM), for the occupancy estimate of the launch shapes.
@@ -139,22 +164,30 @@ fn fit_launch_shapes() -> Vec<serde_json::Value> {
     out
 }
 
-/// Compiles the kernels with every NVRTC found (13, and 12.2 for older drivers) for every
-/// architecture each supports into the cache folder `dir`, for a GPU machine without
-/// NVRTC (scripts/gpu-check ships it); its driver takes the newest it can load.
-fn compile_cache(dir: &std::path::Path) -> Result<(), String> {
-    use celer::cuda::kernels::{compile_all, write_cache_to};
-    for nvrtc in celer::cuda::nvrtc::Nvrtc::all().map_err(|e| e.to_string())? {
-        for arch in nvrtc.supported_archs().map_err(|e| e.to_string())? {
-            let cubins = compile_all(nvrtc, arch).map_err(|e| e.to_string())?;
-            write_cache_to(dir, &cubins).map_err(|e| format!("{}: {e}", dir.display()))?;
-            println!(
-                "compiled the kernels for {arch} with NVRTC {}",
-                nvrtc.version()
-            );
+/// `--compile-planted DIR [sm_XY,...]`: the planted kernels compiled with every NVRTC
+/// found into DIR (tests/gpu_support/planted.rs reads them there); an exit status.
+fn compile_planted(args: &[String]) -> i32 {
+    let Some(dir) = args.first() else {
+        eprintln!("usage: cuda_kernels --compile-planted DIR [sm_XY,...]");
+        return 2;
+    };
+    let archs: Result<Vec<Arch>, _> = args
+        .get(1)
+        .map(|list| list.split(',').map(str::parse).collect())
+        .unwrap_or_else(|| Ok(Vec::new()));
+    let written = archs
+        .map_err(|e| e.to_string())
+        .and_then(|archs| planted::compile_all_into(std::path::Path::new(dir), &archs));
+    match written {
+        Ok(lines) => {
+            lines.iter().for_each(|line| println!("{line}"));
+            0
+        }
+        Err(e) => {
+            eprintln!("cuda_kernels --compile-planted: {e}");
+            1
         }
     }
-    Ok(())
 }
 
 fn write_json(value: &serde_json::Value) {
@@ -186,12 +219,13 @@ fn mask(w: u32, h: u32) -> Vec<f32> {
         .collect()
 }
 
-/// GPU milliseconds per call of `f` (median of ITERS, after one warm-up).
+/// GPU milliseconds per call of `f` (median of [`ITERS`], after one warm-up).
 fn gpu_ms(dev: &GpuDevice, s: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
     f();
     let start = dev.timing_event().unwrap();
     let end = dev.timing_event().unwrap();
-    let mut times: Vec<f64> = (0..ITERS)
+    let iters = iterations(ITERS);
+    let mut times: Vec<f64> = (0..iters)
         .map(|_| {
             start.record(s).unwrap();
             f();
@@ -201,12 +235,13 @@ fn gpu_ms(dev: &GpuDevice, s: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    times[ITERS / 2]
+    times[iters / 2]
 }
 
 fn cpu_ms(mut f: impl FnMut()) -> f64 {
     f();
-    let mut times: Vec<f64> = (0..5)
+    let iters = iterations(CPU_ITERS);
+    let mut times: Vec<f64> = (0..iters)
         .map(|_| {
             let t = Instant::now();
             f();
@@ -214,15 +249,16 @@ fn cpu_ms(mut f: impl FnMut()) -> f64 {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    times[2]
+    times[iters / 2]
 }
 
 fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> CudaSlice<T> {
     s.alloc_zeros(n.max(1)).unwrap()
 }
 
-fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
-    let (w, h) = (4032u32, 3024u32);
+/// Each kernel on a `w` x `h` source (the model's side 320), as a request of that size
+/// runs it.
+fn time_kernels(dev: &GpuDevice, info: &GpuInfo, (w, h): (u32, u32)) -> Vec<serde_json::Value> {
     let n = (w * h) as usize;
     let s = dev.new_stream().unwrap();
     let l = Launcher {
@@ -304,17 +340,25 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         .map(|t| t[..n].iter().filter(|&&v| v != 0 && v != 255).count())
         .unwrap_or(0) as f64;
     println!(
-        "trimap: {:.1}% of the 4032x3024 pixels unknown",
+        "\ntrimap: {:.1}% of the {w}x{h} pixels unknown",
         100.0 * band / n as f64
     );
 
     let nb = n as f64;
-    let low = 1008.0 * 756.0;
+    let (wf, hf) = (f64::from(w), f64::from(h));
+    let (low_w, low_h) = served.low_size((w, h));
+    let low = f64::from(low_w) * f64::from(low_h);
+    let preprocess_name = format!("preprocess {w}x{h} -> 320x320 (resize + max + normalise)");
+    let nearest_name = format!("trimap NEAREST 320x320 -> {w}x{h}");
+    let bilinear = format!("mask bilinear 320x320 -> {w}x{h} (f32)");
+    let luma_name = format!("luma {w}x{h}");
+    let fit_name = format!("fast guided filter fit r=8 s=4 (at {low_w}x{low_h})");
+    let composite_name = format!("composite of a plane: alpha + RGBA cut-out {w}x{h}");
     // (name, bytes read + written, GPU ms)
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     rows.push((
-        "preprocess 4032x3024 -> 320x320 (resize + max + normalise)",
-        nb * 3.0 + 320.0 * 3024.0 * 3.0 * 2.0 + 320.0 * 320.0 * 3.0 * 6.0,
+        &preprocess_name,
+        nb * 3.0 + 320.0 * hf * 3.0 * 2.0 + 320.0 * 320.0 * 3.0 * 6.0,
         gpu_ms(dev, &s, || {
             l.preprocess(
                 &rgb,
@@ -350,7 +394,7 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         }),
     ));
     rows.push((
-        "trimap NEAREST 320x320 -> 4032x3024",
+        &nearest_name,
         nb,
         gpu_ms(dev, &s, || {
             l.resize_nearest(&tri_small, &nearest, &mut trimap_full)
@@ -358,26 +402,26 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         }),
     ));
     rows.push((
-        "mask bilinear 320x320 -> 4032x3024 (f32)",
-        4.0 * (w as f64 * 320.0 * 2.0 + nb),
+        &bilinear,
+        4.0 * (wf * 320.0 * 2.0 + nb),
         gpu_ms(dev, &s, || {
             l.resize_plane(&coarse, (320, 320), &pht, &pvt, &mut ptmp, &mut p)
                 .unwrap()
         }),
     ));
     rows.push((
-        "luma 4032x3024",
+        &luma_name,
         nb * 7.0,
         gpu_ms(dev, &s, || l.luma(&rgb, n as u32, &mut luma).unwrap()),
     ));
     // Fit at 1/4: guide resize (read the source, write 1/16), mask resize, luma, and
     // the four box passes over 1/16 of the pixels.
     let fit_bytes = nb * 3.0
-        + w as f64 * 3024.0 * 3.0 * 2.0 / 4.0
+        + wf * hf * 3.0 * 2.0 / 4.0
         + low * (3.0 + 3.0 + 4.0 + 4.0)
         + 4.0 * low * (4.0 + 2.0 + 4.0 + 4.0 + 2.0 + 2.0 + 2.0 + 2.0);
     rows.push((
-        "fast guided filter fit r=8 s=4 (at 1008x756)",
+        &fit_name,
         fit_bytes,
         gpu_ms(dev, &s, || {
             fast.fit(&l, &rgb, (w, h), &coarse, (320, 320)).unwrap()
@@ -409,7 +453,7 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
         }),
     ));
     rows.push((
-        "composite of a plane: alpha + RGBA cut-out 4032x3024",
+        &composite_name,
         nb * (4.0 + 1.0 + 3.0 + 1.0 + 4.0),
         gpu_ms(dev, &s, || {
             l.composite(
@@ -426,8 +470,11 @@ fn time_kernels(dev: &GpuDevice, info: &GpuInfo) -> Vec<serde_json::Value> {
 
     let peak = info.peak_bandwidth_bytes_per_s();
     println!(
-        "\n{:<62} {:>9} {:>9} {:>8}",
-        "kernel (4032x3024 source)", "GPU ms", "GB/s", "of peak"
+        "{:<62} {:>9} {:>9} {:>8}",
+        format!("kernel ({w}x{h} source)"),
+        "GPU ms",
+        "GB/s",
+        "of peak"
     );
     rows.iter()
         .map(|(name, bytes, ms)| {

@@ -116,7 +116,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            if e.is::<celer::cli::MustRestart>() {
+                std::process::ExitCode::from(celer::cli::RESTART_EXIT_STATUS)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

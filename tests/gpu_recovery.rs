@@ -17,14 +17,11 @@
 
 mod gpu_support;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use celer::codec::decode::{decode_into, DecodeLimits};
 use celer::cuda::driver::{code, CudaContext, LaunchConfig, PushKernelArg};
-use celer::cuda::kernels::COMPILE_OPTIONS;
-use celer::cuda::nvrtc::{Nvrtc, Source};
 use celer::cuda::{probe, GpuInfo, HostPool};
 use celer::engines::dirs::EngineDirs;
 use celer::engines::plan::plan_gpus;
@@ -62,20 +59,13 @@ fn serve(
 fn lose_the_context() {
     let info = probe().gpus()[0].clone();
     let context = CudaContext::new(0).expect("GPU 0's primary context");
-    let cubin =
-        Nvrtc::for_driver(celer::cuda::probe::driver_version().expect("the driver's version"))
-            .expect("NVRTC")
-            .compile_cubin(
-                &Source {
-                    name: "planted.cu",
-                    text: celer_cuda_standin::PLANTED_KERNELS,
-                    headers: &[],
-                },
-                info.arch(),
-                &COMPILE_OPTIONS,
-            )
-            .expect("the test kernels compile");
-    let module = context.load_module(&cubin).unwrap();
+    // NVRTC's, or precompiled on a GPU machine without NVRTC (`make gpu-check`).
+    let planted = gpu_support::planted::cubin(
+        info.arch(),
+        celer::cuda::probe::driver_version().expect("the driver's version"),
+    )
+    .unwrap_or_else(|e| panic!("the test kernels: {e}"));
+    let module = context.load_module(&planted.cubin).unwrap();
     let kernel = module.load_function("write_to_address").unwrap();
     let stream = context.new_stream().unwrap();
     let (address, value) = (16u64, 1u32);
@@ -100,7 +90,7 @@ fn lose_the_context() {
 /// The prob-guided fixture's pipeline served on GPU `info` by `replicas` replicas (its
 /// models on ONNX Runtime: no TensorRT), the pixels in `pool`, loaded.
 fn start_gpu(info: &GpuInfo, replicas: usize, pool: HostPool) -> MatteScheduler {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx/fixtures/prob-guided");
+    let dir = gpu_support::repo("onnx/fixtures/prob-guided");
     let spec = PipelineSpec::load_dir(&dir).expect("fixture");
     let plans = plan_gpus(
         &spec,

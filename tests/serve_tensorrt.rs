@@ -4,9 +4,11 @@
 //! TensorRT version made stale; `celer serve --devices 0,1` serves the plans (TensorRT
 //! engines on both GPUs, celer's kernels around them) over HTTP with the CPU path's
 //! cut-outs, routes to both GPUs and drains on SIGTERM; `--build-engines` builds a missing
-//! plan at start-up; a GPU whose context fails (in celer's kernel or inside TensorRT's
-//! enqueue) comes back serving engines, and faults of TensorRT itself reach clients as
-//! statuses.
+//! plan at start-up; a GPU serving engines whose context fails (in celer's kernel or
+//! inside TensorRT's enqueue) leaves service, the other GPU serves every client until the
+//! server has drained, and the process exits for the platform to restart it (TensorRT's
+//! state in the lost context cannot be used again in this process); faults of TensorRT
+//! itself reach clients as statuses.
 //!
 //! These run on the stand-ins (tests/cuda_standin, tests/tensorrt_standin): they shape the
 //! machine (how many GPUs, which compute capabilities) and inject faults through the
@@ -591,131 +593,327 @@ fn engines_built_at_start_up_go_to_a_temporary_folder_when_the_model_folder_is_r
     assert_eq!(list_manifests(engines.path()).len(), 1);
 }
 
-#[test]
-fn a_gpu_serving_engines_recovers_and_tensorrt_faults_reach_clients_as_statuses() {
-    require_standins();
+/// The exit status of a server that lost a GPU holding TensorRT's state (docs/gpu.md, "A
+/// lost GPU"): the platform restarts it.
+const RESTART_EXIT_STATUS: i32 = celer::cli::RESTART_EXIT_STATUS as i32;
+
+/// The calls the stand-in driver may count in a lost context per replica of the lost GPU
+/// (`calls_in_lost_context`): a replica's discovery of the loss, in the run that meets it
+/// (the failed call itself, the stream query that asks whether the context is lost, and
+/// the synchronisation and frees of that run's own leftovers on the way out). No call at
+/// all comes after: not a health check, a reset, nor a destroy of an engine or context.
+const CALLS_TO_DISCOVER_A_LOSS: u64 = 4;
+
+/// One server with clients sending continuously at a time: each serves on two stand-in
+/// GPUs with every request's model on the CPU, and two at once on a small machine made
+/// requests outlast the shutdown grace.
+fn one_busy_server_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What clients sending continuously saw while a GPU serving engines was lost, and what
+/// the server did until it exited.
+struct LostGpu {
+    /// Every answer's status (0: the request, sent, got no answer).
+    statuses: Vec<u16>,
+    /// /metrics, scraped once readiness answered 503.
+    metrics: String,
+    exit: std::process::ExitStatus,
+    log: String,
+    /// The stand-in driver's counters at the server's exit.
+    counters: std::collections::BTreeMap<String, u64>,
+    /// The replicas per GPU (celer's default for this machine, read from its log).
+    replicas: u64,
+}
+
+/// `celer serve --devices 0,1` serving engines on two stand-in GPUs, two clients sending
+/// continuously (each stops starting requests once readiness answers 503, as a load
+/// balancer does), `arm` called once they are being served (it arms a fault); then waits
+/// for the server to exit on its own.
+fn a_lost_gpu_with_engines(
+    args: &[&str],
+    env: &[(&str, &str)],
+    arm: impl FnOnce(&Server),
+) -> LostGpu {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let _one = one_busy_server_at_a_time();
     let dir = model_dir_copy();
-    let armed = tempfile::tempdir().unwrap();
-    let cuda_fault = armed.path().join("cuda-fault");
-    let trt_fault = armed.path().join("tensorrt-fault");
-    let env = [
-        SERVE_MACHINE[0],
-        SERVE_MACHINE[1],
-        (
-            "CELER_CUDA_STANDIN_FAULT_FILE",
-            cuda_fault.to_str().unwrap(),
-        ),
-        ("CELER_TRT_STANDIN_FAULT_FILE", trt_fault.to_str().unwrap()),
+    let counters_dir = tempfile::tempdir().unwrap();
+    let counters_path = counters_dir.path().join("counters");
+    let mut all_env: Vec<(&str, &str)> = vec![SERVE_MACHINE[0], SERVE_MACHINE[1]];
+    all_env.extend_from_slice(env);
+    all_env.push((
+        celer_cuda_standin::COUNTERS_AT_EXIT_ENV,
+        counters_path.to_str().unwrap(),
+    ));
+    let mut all_args = vec![
+        "--devices",
+        "0,1",
+        "--build-engines",
+        "--health-check-interval-ms",
+        "100",
+        "--drain-s",
+        "1",
+        "--shutdown-grace-s",
+        "120",
     ];
-    let server = serve(
-        dir.path(),
-        &[
-            "--devices",
-            "0",
-            "--build-engines",
-            "--health-check-interval-ms",
-            "100",
-        ],
-        &env,
-    );
-    let photo = common::fetched("astronaut.png");
-    let (status, before) = cutout(&server, &photo);
-    assert_eq!(status, 200, "{}", server.log());
-    let before = before.unwrap();
+    all_args.extend_from_slice(args);
+    let server = serve(dir.path(), &all_args, &all_env);
+    let photo = std::fs::read(common::fetched("astronaut.png")).unwrap();
+    let address = server.address;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (stopping, served, statuses, photo) = (
+                stopping.clone(),
+                served.clone(),
+                statuses.clone(),
+                photo.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stopping.load(Ordering::Acquire) {
+                    let answer = serve_support::request(
+                        address,
+                        "POST",
+                        "/invocations",
+                        &[("Content-Type", "image/png")],
+                        Some(serve_support::Body::Whole(&photo)),
+                    );
+                    if answer.status == 200 {
+                        served.fetch_add(1, Ordering::AcqRel);
+                    }
+                    statuses
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(answer.status);
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    while served.load(Ordering::Acquire) < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "not served: {:?}\n{}",
+            statuses.lock().unwrap(),
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    arm(&server);
+    // The load balancer: once readiness answers 503, no new request is sent here.
+    let started = Instant::now();
+    let metrics = loop {
+        let (status, _) = server.get("/ping");
+        if status != 200 {
+            let (_, metrics) = server.get("/metrics");
+            stopping.store(true, Ordering::Release);
+            break String::from_utf8_lossy(&metrics).into_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "readiness still 200 after the fault: {}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The listener closes after the drain; the requests in flight then have the grace
+    // (long: a run on the stand-in takes seconds on a busy machine).
+    for client in clients {
+        client.join().unwrap();
+    }
+    let log = server.log_handle();
+    let exit = server.wait_within(Duration::from_secs(180));
+    let log = log();
+    let counters = celer_cuda_standin::counters_written_at_exit(&counters_path)
+        .unwrap_or_else(|e| panic!("{e}\n{log}"));
+    let replicas = log
+        .lines()
+        .filter(|l| l.contains("GPU replica ready") && l.contains("gpu0"))
+        .count() as u64;
+    let statuses = statuses.lock().unwrap().clone();
+    LostGpu {
+        statuses,
+        metrics,
+        exit,
+        log,
+        counters,
+        replicas,
+    }
+}
 
-    // An enqueue TensorRT refuses: that request fails with a status, the next one works,
-    // and the device was never lost.
-    std::fs::write(&trt_fault, "enqueue").unwrap();
-    let (status, _) = cutout(&server, &photo);
-    assert_eq!(
-        status,
-        500,
-        "the failed enqueue is the server's fault: {}",
-        server.log()
-    );
-    assert!(!trt_fault.exists(), "the fault was taken");
-    let (status, again) = cutout(&server, &photo);
-    assert_eq!(status, 200, "{}", server.log());
-    assert_eq!(again.unwrap(), before);
-    assert!(!server.log().contains("device lost"), "{}", server.log());
-    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 0.0);
+impl LostGpu {
+    /// Every promise of the policy for a lost GPU holding TensorRT's state: exactly one
+    /// GPU lost (once: never reset), every client answered (200, or a 5xx status for the
+    /// requests that met the loss), the loss reported (log, `celer_device_lost`), no call
+    /// on the lost GPU beyond each replica's discovery, and the drained exit with the
+    /// documented status, whose log says why.
+    fn check_the_restart(&self) {
+        let (log, counters) = (&self.log, &self.counters);
+        let lost = |d: u32| counters.get(&format!("lost_contexts[{d}]")).copied();
+        let lost_gpus: Vec<u32> = (0..2).filter(|&d| lost(d).unwrap_or(0) > 0).collect();
+        assert_eq!(lost_gpus.len(), 1, "{counters:?}\n{log}");
+        let gpu = lost_gpus[0];
+        assert_eq!(lost(gpu), Some(1), "lost once, never reset: {counters:?}");
+        assert!(
+            self.statuses.iter().all(|s| matches!(s, 200 | 500 | 503)),
+            "every client answered: {:?}\n{log}",
+            self.statuses
+        );
+        assert!(self.replicas >= 1, "{log}");
+        let calls = counters[&format!("calls_in_lost_context[{gpu}]")];
+        assert!(
+            calls <= CALLS_TO_DISCOVER_A_LOSS * self.replicas,
+            "{calls} calls in GPU {gpu}'s lost context for {} replicas: {counters:?}\n{log}",
+            self.replicas
+        );
+        assert!(
+            self.metrics
+                .lines()
+                .any(|l| l.starts_with("celer_device_lost")
+                    && l.contains(&format!("device=\"gpu{gpu}\""))
+                    && l.ends_with(" 1")),
+            "{}",
+            self.metrics
+        );
+        assert!(
+            log.lines().any(
+                |l| l.contains("GPU lost: it cannot come back in this process")
+                    && l.contains(&format!("gpu{gpu}"))
+                    && l.contains("TensorRT")
+            ),
+            "the loss reported, naming the GPU: {log}"
+        );
+        assert!(!log.contains("reset it"), "no reset: {log}");
+        assert!(!log.contains("device reopened"), "no recovery: {log}");
+        assert_eq!(
+            self.exit.code(),
+            Some(RESTART_EXIT_STATUS),
+            "exit status: {}\n{log}",
+            self.exit
+        );
+        assert!(
+            log.contains(&format!(
+                "exits with status {RESTART_EXIT_STATUS} for the platform to restart it"
+            )),
+            "{log}"
+        );
+    }
+}
 
-    let until_served = |what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut statuses = Vec::new();
-        loop {
-            match cutout(&server, &photo) {
-                (200, Some(image)) => return (image, statuses),
-                (status, _) => statuses.push(status),
-            }
+#[test]
+fn a_gpu_serving_engines_lost_by_a_kernel_fault_drains_and_exits_for_a_restart() {
+    require_standins();
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("cuda-fault");
+    let env = [("CELER_CUDA_STANDIN_FAULT_FILE", fault.to_str().unwrap())];
+    // A sticky CUDA error of celer's own kernel, on whichever GPU launches next.
+    let lost = a_lost_gpu_with_engines(&[], &env, |_| std::fs::write(&fault, "sticky").unwrap());
+    lost.check_the_restart();
+    assert!(
+        lost.log.contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{}",
+        lost.log
+    );
+}
+
+#[test]
+fn a_sticky_error_inside_enqueue_drains_and_exits_and_a_refused_enqueue_loses_nothing() {
+    require_standins();
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("tensorrt-fault");
+    let env = [("CELER_TRT_STANDIN_FAULT_FILE", fault.to_str().unwrap())];
+    let lost = a_lost_gpu_with_engines(&[], &env, |server| {
+        // An enqueue TensorRT refuses (no CUDA error): that run fails, and no device is lost.
+        std::fs::write(&fault, "enqueue").unwrap();
+        let started = Instant::now();
+        while fault.exists() {
             assert!(
-                Instant::now() < deadline,
-                "{what}: not served again: {}",
+                started.elapsed() < Duration::from_secs(60),
+                "{}",
                 server.log()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
-    };
-    // A sticky CUDA error inside enqueueV3 (a kernel of the engine hit an illegal
-    // address): the request that met it fails, and its own failure loses the device at
-    // once (celer asks the driver about the context when an enqueue fails), not the next
-    // request's synchronisation; the context outlives celer's references (TensorRT holds
-    // one), is reset, and the GPU serves its engines again.
-    std::fs::write(&trt_fault, "enqueue-sticky").unwrap();
-    let (status, _) = cutout(&server, &photo);
-    assert!(status >= 500, "the request whose engine faulted: {status}");
-    let (after, _) = until_served("after a sticky error inside enqueueV3");
-    assert_eq!(after, before, "the same cut-out from the reloaded engines");
-    let log = server.log();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(server.get("/ping").0, 200, "{}", server.log());
+        assert!(!server.log().contains("device lost"), "{}", server.log());
+        // A sticky CUDA error inside enqueueV3 (a kernel of the engine hit an illegal
+        // address): the failed enqueue itself loses the device.
+        std::fs::write(&fault, "enqueue-sticky").unwrap();
+    });
+    lost.check_the_restart();
+    // The refused enqueue's request failed on its GPU (its client got a 500, or the
+    // answer of the other GPU it failed over to), which stayed in service.
     assert!(
-        log.lines().any(|l| l.contains("device lost")
+        lost.log
+            .contains("enqueueV3 of `u2netp`: injected fault (CELER_TRT_STANDIN_FAULT_FILE)"),
+        "{}",
+        lost.log
+    );
+    assert!(
+        lost.log.lines().any(|l| l.contains("device lost")
             && l.contains("enqueueV3 failed")
             && l.contains("CUDA_ERROR_ILLEGAL_ADDRESS")),
-        "the failed enqueue itself lost the device: {log}"
+        "the failed enqueue itself lost the device: {}",
+        lost.log
     );
-    assert!(
-        log.contains("reset it"),
-        "the held context was reset: {log}"
-    );
-    assert!(log.contains("device reopened and reloaded"), "{log}");
-    assert_eq!(
-        log.matches("engine loaded").count(),
-        2,
-        "the engine was deserialised again: {log}"
-    );
-    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 1.0);
+}
 
-    // A sticky CUDA error of celer's own kernel: the same.
-    std::fs::write(&cuda_fault, "sticky").unwrap();
-    let (status, _) = cutout(&server, &photo);
-    assert!(status >= 500, "the request whose kernel faulted: {status}");
-    let (after, _) = until_served("after a lost context");
-    assert_eq!(after, before, "the same cut-out from the reloaded engines");
-    let log = server.log();
+#[test]
+fn a_hung_gpu_answers_its_stuck_client_and_the_server_exits_for_a_restart() {
+    require_standins();
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("cuda-fault");
+    let env = [("CELER_CUDA_STANDIN_FAULT_FILE", fault.to_str().unwrap())];
+    // A kernel of celer's that never ends, on whichever GPU launches next: its replica
+    // blocks in the stream's synchronisation, past the 30 s deadline (long enough for the
+    // stand-in's runs on a busy machine), and 5 s after its start its GPU counts as hung.
+    let hung = a_lost_gpu_with_engines(&["--deadline-s", "30"], &env, |_| {
+        std::fs::write(&fault, "hang").unwrap()
+    });
+    let (log, counters) = (&hung.log, &hung.counters);
+    assert!(log.contains("hangs (injected)"), "{log}");
     assert_eq!(
-        log.matches("engine loaded").count(),
-        3,
-        "the engine was deserialised again: {log}"
-    );
-    assert_eq!(metric(&server, "celer_device_recoveries", "gpu0"), 2.0);
-
-    // Lost again, and the plan then fails to deserialize once: while the GPU cannot be
-    // reopened every request gets a status at once, and it comes back at the next try.
-    std::fs::write(&trt_fault, "deserialize").unwrap();
-    std::fs::write(&cuda_fault, "sticky").unwrap();
-    let (after, statuses) = until_served("after a failed reload");
-    assert!(
-        !trt_fault.exists(),
-        "the deserialize fault was taken: {}",
-        server.log()
+        counters.get("hanging_now"),
+        Some(&1),
+        "still hung when the process exited (no thread waited for it): {counters:?}"
     );
     assert!(
-        !statuses.is_empty() && statuses.iter().all(|&s| s == 500 || s == 503),
-        "{statuses:?}"
+        hung.statuses.iter().all(|s| matches!(s, 200 | 500 | 503)),
+        "every client answered: {:?}\n{log}",
+        hung.statuses
     );
-    assert_eq!(after, before);
-    assert!(server.log().contains("injected fault"), "{}", server.log());
-    server.stop_cleanly();
+    assert!(
+        hung.statuses.contains(&503),
+        "the stuck request's answer at its deadline: {:?}\n{log}",
+        hung.statuses
+    );
+    assert!(
+        log.lines().any(
+            |l| l.contains("GPU lost: it cannot come back in this process")
+                && l.contains("stuck past its deadline")
+        ),
+        "{log}"
+    );
+    assert!(
+        hung.metrics
+            .lines()
+            .any(|l| l.starts_with("celer_device_lost") && l.ends_with(" 1")),
+        "{}",
+        hung.metrics
+    );
+    assert_eq!(hung.exit.code(), Some(RESTART_EXIT_STATUS), "{log}");
+    assert!(
+        log.contains(&format!(
+            "exits with status {RESTART_EXIT_STATUS} for the platform to restart it"
+        )),
+        "{log}"
+    );
 }
 
 #[test]

@@ -330,6 +330,115 @@ fn injected_faults_fail_a_launch_or_poison_the_context() {
 }
 
 #[test]
+fn a_hung_launch_blocks_its_synchronisation_until_released() {
+    let _one = serial();
+    let gpu = Gpu::new();
+    let s = gpu.stream.clone();
+    let src = s.clone_htod(&[1.0f32; 64]).unwrap();
+    let mut dst = s.alloc_zeros::<f32>(64).unwrap();
+    let scale = gpu.kernel("scale");
+    let (n, factor) = (64u32, 2.0f32);
+    let hung_before = gpu.standin.counter("hung_launches");
+    // The twin first: the same launch, not armed, ends.
+    {
+        let mut b = s.launch_builder(&scale);
+        b.arg(&src).arg(&n).arg(&factor).arg(&mut dst);
+        // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+        unsafe { b.launch(blocks(64, 64)) }.expect("queued");
+    }
+    s.synchronize().expect("an unarmed launch ends");
+    assert_eq!(gpu.standin.counter("hung_launches"), hung_before);
+    // Planted: a launch that never ends; the thread synchronising its stream blocks.
+    gpu.standin.inject(Fault::Hang, 1);
+    {
+        let mut b = s.launch_builder(&scale);
+        b.arg(&src).arg(&n).arg(&factor).arg(&mut dst);
+        // SAFETY: as above.
+        unsafe { b.launch(blocks(64, 64)) }.expect("queued");
+    }
+    let waiting = s.clone();
+    let synchronising = std::thread::spawn(move || waiting.synchronize());
+    let started = std::time::Instant::now();
+    while gpu.standin.counter("hanging_now") == 0 {
+        assert!(!synchronising.is_finished(), "the synchronisation ended");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the armed launch never reached the head of its stream"
+        );
+        std::thread::yield_now();
+    }
+    assert!(
+        !synchronising.is_finished(),
+        "the hung launch's synchronisation returned"
+    );
+    assert_eq!(gpu.standin.counter("hung_launches"), hung_before + 1);
+    // Released (a test's control; a GPU has none): it runs as any launch, and the wait ends.
+    assert_eq!(gpu.standin.release_hangs(), 1);
+    synchronising
+        .join()
+        .unwrap()
+        .expect("the released launch ran");
+    assert_eq!(gpu.standin.counter("hanging_now"), 0);
+    let out = s.clone_dtoh(&dst).unwrap();
+    assert!(out.iter().all(|&x| x == 2.0), "{out:?}");
+}
+
+#[test]
+fn calls_in_a_context_after_its_error_became_sticky_are_counted() {
+    let _one = serial();
+    {
+        let gpu = Gpu::new();
+        let s = &gpu.stream;
+        let counted = || gpu.standin.device_counter("calls_in_lost_context", 0);
+        let (calls, losses) = (counted(), gpu.standin.device_counter("lost_contexts", 0));
+        assert_ne!(calls, u64::MAX, "a counter of device 0");
+        let src = s.clone_htod(&[1.0f32; 64]).unwrap();
+        let mut dst = s.alloc_zeros::<f32>(64).unwrap();
+        let scale = gpu.kernel("scale");
+        let (n, factor) = (64u32, 2.0f32);
+        // The twin: calls in a healthy context count nothing.
+        s.synchronize().unwrap();
+        assert_eq!(counted(), calls);
+        gpu.standin.inject(Fault::StickyError, 1);
+        {
+            let mut b = s.launch_builder(&scale);
+            b.arg(&src).arg(&n).arg(&factor).arg(&mut dst);
+            // SAFETY: the arguments match scale's signature; the buffers hold n floats.
+            unsafe { b.launch(blocks(64, 64)) }.expect("queued");
+        }
+        // The synchronisation that runs the faulting kernel began before the loss: not
+        // counted. The loss is.
+        let err = s.synchronize().expect_err("the injected fault");
+        assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
+        assert_eq!(counted(), calls);
+        assert_eq!(gpu.standin.device_counter("lost_contexts", 0), losses + 1);
+        // Each call after it in the context is counted, one by one.
+        for k in 1..=3 {
+            // SAFETY: a live stream of the lost context; the call only answers its error.
+            let err = unsafe { sys::cuStreamSynchronize(s.cu_stream()) }
+                .result()
+                .expect_err("sticky");
+            assert_eq!(code(&err), cu::CUDA_ERROR_ILLEGAL_ADDRESS);
+            assert_eq!(counted(), calls + k);
+        }
+        assert_eq!(
+            gpu.standin.device_counter("no_such_counter", 0),
+            u64::MAX,
+            "an unknown name"
+        );
+    }
+    // Released: a fresh context, where calls count nothing again.
+    let gpu = Gpu::new();
+    let calls = gpu.standin.device_counter("calls_in_lost_context", 0);
+    gpu.stream.alloc_zeros::<f32>(1).expect("a fresh context");
+    gpu.stream.synchronize().unwrap();
+    assert_eq!(
+        gpu.standin.device_counter("calls_in_lost_context", 0),
+        calls
+    );
+}
+
+#[test]
 fn counters_count_each_kind_of_call() {
     let _one = serial();
     let gpu = Gpu::new();

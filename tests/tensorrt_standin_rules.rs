@@ -6,7 +6,9 @@
 //! fail here too. The harness reaches the libraries as celer's shim does: dlopen and the
 //! exported factories. Stand-in only: on real TensorRT these misuses are undefined. Also
 //! here: how a CUDA fault surfaces inside `enqueueV3` (a kernel's illegal address, a
-//! context already sticky), as real TensorRT reports it.
+//! context already sticky), as real TensorRT reports it; and the rule that follows a lost
+//! context: the process must be relaunched, so no TensorRT call touches the device again
+//! once the caller knows (an enqueue, a deserialize, destroying an engine).
 
 mod common;
 mod gpu_support;
@@ -395,6 +397,62 @@ fn a_sticky_cuda_error_can_surface_inside_enqueue() {
 
 #[test]
 fn an_enqueue_into_a_sticky_context_fails() {
+    // The run that discovers the loss: its thread had not been told of it yet.
     let (output, text) = run("sticky-context", &[], &[]);
     failed_with_a_sticky_error(&text, &output);
+}
+
+/// Where the relaunch rule fires, its words: the rule, and what the loss was.
+const RELAUNCH: &str = "the process must be terminated and relaunched to use CUDA again";
+
+#[test]
+fn after_a_sticky_error_no_tensorrt_call_passes() {
+    // The twin of the three below: the context is lost inside enqueueV3, the caller is told
+    // (the enqueue fails, so does its stream's synchronisation), and it leaves every
+    // TensorRT object alive without another call, for the process to be relaunched.
+    let armed = tempfile::tempdir().unwrap();
+    let fault = armed.path().join("fault");
+    std::fs::write(&fault, "enqueue-sticky").unwrap();
+    let (output, text) = run(
+        "enqueue-sticky",
+        &[],
+        &[("CELER_TRT_STANDIN_FAULT_FILE", fault.to_str().unwrap())],
+    );
+    failed_with_a_sticky_error(&text, &output);
+    assert!(text.contains("DONE with failures"), "{text}");
+    assert!(!text.contains("rule violated"), "{text}");
+}
+
+#[test]
+fn no_enqueue_once_the_caller_knows_its_context_is_lost() {
+    aborted(
+        "told-then-enqueue",
+        &[
+            "enqueueV3 on a context of `seg3` touches device 0 after its context's error became sticky",
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+            RELAUNCH,
+        ],
+    );
+}
+
+#[test]
+fn no_deserialize_after_a_reset_of_the_context_tensorrt_works_in() {
+    aborted(
+        "reset-then-deserialize",
+        &[
+            "deserializeCudaEngine touches device 0 after its context was reset (cuDevicePrimaryCtxReset)",
+            RELAUNCH,
+        ],
+    );
+}
+
+#[test]
+fn an_engine_of_a_lost_device_is_not_destroyed() {
+    aborted(
+        "sticky-then-destroy",
+        &[
+            "ICudaEngine `seg3` destroyed: it touches device 0 after its context's error became sticky",
+            RELAUNCH,
+        ],
+    );
 }

@@ -15,7 +15,7 @@ mod serve;
 mod sim;
 mod variants;
 
-pub use serve::set_heap_trim;
+pub use serve::{set_heap_trim, MustRestart, RESTART_EXIT_STATUS};
 
 use clap::{Parser, Subcommand};
 

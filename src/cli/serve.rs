@@ -14,6 +14,17 @@ use crate::http::grpc::GrpcLimits;
 use crate::http::{routes, AppState, FrontEnd, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Scheduler};
 
+/// The exit status of a server that stopped because a GPU was lost where it cannot come
+/// back in this process (TensorRT's state in its lost context, or a replica stuck on a hung
+/// GPU): sysexits' EX_TEMPFAIL, a failure that a restart is expected to clear. The platform
+/// (SageMaker, Kubernetes) restarts a container whose process exits (docs/gpu.md).
+pub const RESTART_EXIT_STATUS: u8 = 75;
+
+/// Why a server stopped for its process to be restarted: a GPU lost for good (`device: why`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the server drained and exits with status {RESTART_EXIT_STATUS} for the platform to restart it (a new process can use the GPU again)")]
+pub struct MustRestart(pub String);
+
 /// How the binary gives freed heap back to the system (src/main.rs); none in tests.
 static HEAP_TRIM: OnceLock<fn()> = OnceLock::new();
 
@@ -200,6 +211,7 @@ async fn run_server(
     // `true` once shutdown has begun, whoever began it.
     let stop = Arc::new(watch::channel(false).0);
     let load_failure = tokio::spawn(watch_loading(state.clone(), stop.clone()));
+    let lost_gpu = tokio::spawn(watch_lost_gpus(state.clone(), stop.clone(), config.drain));
     let trimming = tokio::spawn(trim_when_idle(state.clone()));
     let grace = config.shutdown_grace;
     let draining = {
@@ -273,6 +285,15 @@ async fn run_server(
         tracer.shutdown(Duration::from_secs(3)).await;
     }
     trimming.abort();
+    if lost_gpu.is_finished() {
+        if let Ok(Some(why)) = lost_gpu.await {
+            let stopped = MustRestart(why);
+            tracing::error!(exit_status = RESTART_EXIT_STATUS, "stopped: {stopped}");
+            return Err(stopped.into());
+        }
+    } else {
+        lost_gpu.abort();
+    }
     match load_failure.await {
         Ok(Some(e)) => Err(anyhow::anyhow!("the models failed to load: {e}")),
         _ => {
@@ -280,6 +301,41 @@ async fn run_server(
             Ok(())
         }
     }
+}
+
+/// Waits for a device lost for good (`Scheduler::lost_for_good`); then drains as after
+/// SIGTERM (readiness 503 for `drain` while the other devices still serve, so that the
+/// load balancer stops sending here), stops the server (in-flight requests get the shutdown
+/// grace) and returns why, for the process to exit with `RESTART_EXIT_STATUS`.
+async fn watch_lost_gpus(
+    state: Arc<AppState>,
+    stop: Arc<watch::Sender<bool>>,
+    drain: Duration,
+) -> Option<String> {
+    let mut stopping = stop.subscribe();
+    let why = loop {
+        if let Some(why) = state.scheduler.lost_for_good() {
+            break why;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = stopping.wait_for(|s| *s) => return None,
+        }
+    };
+    state.start_draining();
+    tracing::error!(
+        error = %why,
+        drain_s = drain.as_secs(),
+        exit_status = RESTART_EXIT_STATUS,
+        "a GPU is lost for good: draining (readiness answers 503, the other devices serve), then \
+         exiting for the platform to restart the process"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(drain) => {}
+        _ = stopping.wait_for(|s| *s) => {}
+    }
+    stop.send_replace(true);
+    Some(why)
 }
 
 /// Logs when the CPU serves while the GPUs load, and when every replica is ready; on a

@@ -330,6 +330,15 @@ impl HostPool {
         registry.contexts.push(Arc::downgrade(context));
     }
 
+    /// Page-locks nothing more in `context`, without a call in it: its GPU was lost for
+    /// good, and no call is made there again (its registrations go with the process).
+    pub fn detach(&self, context: &Arc<CudaContext>) {
+        let mut registry = lock(&self.shared.registry);
+        registry
+            .contexts
+            .retain(|c| c.strong_count() > 0 && !std::ptr::eq(c.as_ptr(), Arc::as_ptr(context)));
+    }
+
     pub fn stats(&self) -> PoolStats {
         let registry = lock(&self.shared.registry);
         PoolStats {

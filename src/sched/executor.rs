@@ -69,12 +69,16 @@ impl fmt::Debug for ExecError {
 
 /// What a replica's `recover` did: every replica of a lost device recovers, and only one
 /// of them reopens it (the device's recoveries count that one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovery {
     /// This replica reopened the device and reloaded its replicas.
     Reopened,
     /// Another replica had already reopened it since this one found it lost.
     AlreadyReopened,
+    /// The device cannot come back in this process (why: a library keeps state in its
+    /// lost context, or a replica is stuck on it): it leaves service for good, and the
+    /// server restarts the process (docs/gpu.md, "A lost GPU").
+    NeedsRestart(String),
 }
 
 /// A run an executor made on its own at load (`Executor::warm_up`), timed: the device's
@@ -125,6 +129,14 @@ pub trait Executor: Send + 'static {
     fn recover(&mut self) -> Result<Recovery, ExecError> {
         Ok(Recovery::Reopened)
     }
+
+    /// Whether a run past its server deadline means the device is lost for good: a GPU
+    /// whose kernel never ends (no watchdog on a datacenter GPU) cannot be interrupted, so
+    /// the device leaves service and the server restarts (`Recovery::NeedsRestart`).
+    /// Default: no (a slow run is routed around until it ends).
+    fn stuck_is_lost(&self) -> bool {
+        false
+    }
 }
 
 impl<E: Executor + ?Sized> Executor for Box<E> {
@@ -153,5 +165,9 @@ impl<E: Executor + ?Sized> Executor for Box<E> {
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {
         (**self).recover()
+    }
+
+    fn stuck_is_lost(&self) -> bool {
+        (**self).stuck_is_lost()
     }
 }

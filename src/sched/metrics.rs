@@ -60,6 +60,7 @@ pub struct SchedMetrics {
     pub pending: Family<DeviceLabel, Gauge>,
     pub in_flight: Family<DeviceLabel, Gauge>,
     pub healthy: Family<DeviceLabel, Gauge>,
+    pub lost: Family<DeviceLabel, Gauge>,
     pub replicas: Family<DeviceLabel, Gauge>,
     pub service_ewma_us: Family<DeviceLabel, Gauge<f64, AtomicU64>>,
 }
@@ -85,6 +86,7 @@ impl Default for SchedMetrics {
             pending: Family::default(),
             in_flight: Family::default(),
             healthy: Family::default(),
+            lost: Family::default(),
             replicas: Family::default(),
             service_ewma_us: Family::default(),
         }
@@ -186,6 +188,11 @@ impl SchedMetrics {
             self.healthy.clone(),
         );
         r.register(
+            "device_lost",
+            "1 once a device is lost for good (it cannot come back in this process: the server restarts)",
+            self.lost.clone(),
+        );
+        r.register(
             "device_replicas",
             "Replicas a device runs",
             self.replicas.clone(),
@@ -218,6 +225,7 @@ impl SchedMetrics {
             pending: self.pending.get_or_create_owned(&label),
             in_flight: self.in_flight.get_or_create_owned(&label),
             healthy: self.healthy.get_or_create_owned(&label),
+            lost: self.lost.get_or_create_owned(&label),
             replicas: self.replicas.get_or_create_owned(&label),
             service_ewma_us: self.service_ewma_us.get_or_create_owned(&label),
             failure: self.failure.clone(),
@@ -245,6 +253,8 @@ pub(crate) struct DeviceMetrics {
     pub pending: Gauge,
     pub in_flight: Gauge,
     pub healthy: Gauge,
+    /// 1 once the device is lost for good (`DeviceState::mark_lost_for_good`).
+    pub lost: Gauge,
     pub replicas: Gauge,
     pub service_ewma_us: Gauge<f64, AtomicU64>,
     failure: Family<FailureLabel, Counter>,

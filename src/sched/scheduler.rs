@@ -609,6 +609,16 @@ impl<E: Executor> Scheduler<E> {
         }
     }
 
+    /// The first device lost for good (`Recovery::NeedsRestart`), as `device: why`: the
+    /// server then drains and exits for the platform to restart it.
+    pub fn lost_for_good(&self) -> Option<String> {
+        self.shared.devices.iter().find_map(|d| {
+            d.state
+                .lost_for_good()
+                .map(|why| format!("{}: {why}", d.state.name))
+        })
+    }
+
     /// Stops admitting, lets the replicas finish what is queued, and joins them.
     pub fn shutdown(&self) {
         self.shared.stopped.store(true, Ordering::Release);
@@ -1185,6 +1195,18 @@ impl<E: Executor> Shared<E> {
                     }
                 }
             }
+            if s.stuck_is_lost.load(Ordering::Acquire) && has_hung_run(s, now) {
+                let why = "a replica's run is stuck past its deadline (a hung GPU: nothing \
+                           interrupts a kernel that never ends), so it cannot be recovered \
+                           in this process";
+                if s.mark_lost_for_good(why) {
+                    tracing::error!(
+                        device = %s.name,
+                        reason = why,
+                        "GPU lost: it cannot come back in this process; out of service, and the server restarts"
+                    );
+                }
+            }
             if s.is_healthy() {
                 continue;
             }
@@ -1192,6 +1214,10 @@ impl<E: Executor> Shared<E> {
                 job.fail(JobError::DeviceUnhealthy {
                     device: s.name.clone(),
                 });
+            }
+            if s.lost_for_good().is_some() {
+                // Never checked again: a check would be a call on the lost device.
+                continue;
             }
             let due = now.saturating_sub(s.last_health_check_ns.load(Ordering::Acquire))
                 >= self.health_check_interval.as_nanos() as u64;
@@ -1202,6 +1228,30 @@ impl<E: Executor> Shared<E> {
             }
         }
     }
+}
+
+/// How long a run reported stuck (past its server deadline) must have been running for
+/// a device whose stuck runs mean it is lost (`Executor::stuck_is_lost`) to be lost for
+/// good: a run that started just before its deadline and ends a moment after it is late,
+/// not hung.
+const HUNG_RUN_AFTER: Duration = Duration::from_secs(5);
+
+/// Whether a replica of `s` runs a batch the watchdog reported stuck (its deadline slot
+/// cleared while it still holds the run) for `HUNG_RUN_AFTER` or more, at `now`.
+fn has_hung_run(s: &DeviceState, now: u64) -> bool {
+    if s.stuck.load(Ordering::Acquire) == 0 || s.lost_for_good().is_some() {
+        return false;
+    }
+    let after = HUNG_RUN_AFTER.as_nanos() as u64;
+    s.running_deadline_ns
+        .iter()
+        .zip(&s.running_started_ns)
+        .any(|(deadline, started)| {
+            let started = started.load(Ordering::Acquire);
+            deadline.load(Ordering::Acquire) == 0
+                && started != 0
+                && now.saturating_sub(started) >= after
+        })
 }
 
 /// Why a request was not queued on the device chosen for it.

@@ -26,6 +26,8 @@ pub(crate) struct DeviceState {
     /// Replicas whose run went past its deadline and has not ended: routed around (the
     /// throughput estimate leaves them out; the device turns unhealthy when all are).
     pub stuck: AtomicUsize,
+    /// A stuck run loses the device for good (`Executor::stuck_is_lost`).
+    pub stuck_is_lost: AtomicBool,
     /// Seconds per request, as f64 bits; 0 until the first observation.
     service_s: AtomicU64,
     /// Seconds per request by size: what routing, admission and the queue's order price
@@ -55,6 +57,9 @@ pub(crate) struct DeviceState {
     /// An interim device that has stopped taking requests.
     pub retired: AtomicBool,
     pub load_error: Mutex<Option<String>>,
+    /// Why the device is out of service for good (`Recovery::NeedsRestart`): it is never
+    /// checked or sent anything again, and the server restarts the process.
+    lost_for_good: Mutex<Option<String>>,
     pub metrics: DeviceMetrics,
     pub epoch: Instant,
 }
@@ -76,6 +81,7 @@ impl DeviceState {
             outstanding: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             stuck: AtomicUsize::new(0),
+            stuck_is_lost: AtomicBool::new(false),
             service_s: AtomicU64::new(0),
             cost: CostModel::default(),
             healthy: AtomicBool::new(true),
@@ -93,6 +99,7 @@ impl DeviceState {
             interim,
             retired: AtomicBool::new(false),
             load_error: Mutex::new(None),
+            lost_for_good: Mutex::new(None),
             metrics,
             epoch,
         }
@@ -129,7 +136,32 @@ impl DeviceState {
         }
     }
 
+    /// The device cannot come back in this process (`why`): out of routing for good, no
+    /// health check again. True the first time (the caller reports it), false after.
+    pub fn mark_lost_for_good(&self, why: &str) -> bool {
+        let first = {
+            let mut lost = self.lost_for_good.lock().unwrap_or_else(|p| p.into_inner());
+            let first = lost.is_none();
+            lost.get_or_insert_with(|| why.to_string());
+            first
+        };
+        self.metrics.lost.set(1);
+        self.mark_unhealthy("the device is lost and cannot come back in this process");
+        first
+    }
+
+    /// Why the device is out of service for good, if it is.
+    pub fn lost_for_good(&self) -> Option<String> {
+        self.lost_for_good
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn mark_healthy(&self) {
+        if self.lost_for_good().is_some() {
+            return;
+        }
         self.consecutive_failures.store(0, Ordering::Release);
         if !self.healthy.swap(true, Ordering::AcqRel) {
             tracing::info!(device = %self.name, "health check passed: device healthy again");

@@ -50,6 +50,9 @@ pub(crate) fn spawn<E: Executor>(
                     return load_failed(&state, index, format!("warm-up: {why}"));
                 }
             }
+            if exec.stuck_is_lost() {
+                state.stuck_is_lost.store(true, Ordering::Release);
+            }
             state.loaded.fetch_add(1, Ordering::AcqRel);
             tracing::debug!(device = %state.name, replica = index, "replica ready");
             Replica {
@@ -317,12 +320,22 @@ impl<E: Executor> Replica<E> {
     fn recover(&mut self, why: &str) {
         let state = self.state.clone();
         state.mark_unhealthy("the device is lost (its context failed)");
-        tracing::warn!(device = %state.name, replica = self.index, error = %why, "device lost: reopening it");
+        tracing::warn!(device = %state.name, replica = self.index, error = %why, "device lost: reopening it where it can come back in this process");
         let started = Instant::now();
         let exec = &mut self.exec;
         match std::panic::catch_unwind(AssertUnwindSafe(|| exec.recover())) {
             Ok(Ok(Recovery::AlreadyReopened)) => {
                 tracing::info!(device = %state.name, replica = self.index, "device already reopened by another replica")
+            }
+            Ok(Ok(Recovery::NeedsRestart(reason))) => {
+                if state.mark_lost_for_good(&format!("{why}; {reason}")) {
+                    tracing::error!(
+                        device = %state.name,
+                        error = %why,
+                        reason = %reason,
+                        "GPU lost: it cannot come back in this process; out of service, and the server restarts"
+                    );
+                }
             }
             Ok(Ok(Recovery::Reopened)) => {
                 state.metrics.recoveries.inc();

@@ -4,7 +4,9 @@
 //! which driver it ran on. A GPU test that cannot get a GPU fails: it never skips.
 //!
 //! `CELER_TEST_CUDA=real` requires the real driver (a GPU machine's check), `standin`
-//! requires the stand-in; unset, the real driver is used when it is there.
+//! requires the stand-in; unset, the real driver is used when it is there. A stand-in that
+//! the loader finds by name (on `LD_LIBRARY_PATH`, as `make gpu-check`'s pack runs here
+//! with `run --standin`) is the stand-in, never taken for the real driver.
 //! `CELER_TEST_CUDA_DRIVER=12.2` (11.8, 12.4, 12.8, 13.0: the default) runs the stand-in
 //! as that CUDA version's driver: it reports that version and lacks the newer entry
 //! points. It does not apply to the real driver.
@@ -19,6 +21,8 @@ use std::sync::{Arc, OnceLock};
 
 use celer::cuda::{probe, GpuDevice, Probe};
 use celer_cuda_standin::StandIn;
+
+pub mod planted;
 
 /// Which CUDA driver this test process runs on.
 pub enum Driver {
@@ -41,18 +45,43 @@ pub fn driver() -> &'static Driver {
     DRIVER.get_or_init(|| {
         let wanted = std::env::var("CELER_TEST_CUDA").unwrap_or_default();
         // SAFETY: cudarc's check only dlopens the driver library by name and closes it.
-        let real = unsafe { cudarc::driver::sys::is_culib_present() };
-        let driver = match (wanted.as_str(), real) {
-            ("standin", true) => panic!(
+        let found = unsafe { cudarc::driver::sys::is_culib_present() };
+        // A stand-in on LD_LIBRARY_PATH (a packed GPU check run here) is found by name as
+        // a real driver would be: never taken for one.
+        let found_standin = found.then(celer_cuda_standin::found_by_name).flatten();
+        if let Some(path) = &found_standin {
+            // cudarc will load the one found by name: it must be the one loaded here.
+            let ours = celer_cuda_standin::library();
+            let same = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+            assert!(
+                wanted == "real" || same(path) == same(&ours),
+                "the stand-in CUDA driver the loader finds ({}) is not this build's of CUDA \
+                 {} ({}): put {} on LD_LIBRARY_PATH",
+                path.display(),
+                celer_cuda_standin::version(),
+                ours.display(),
+                celer_cuda_standin::library_dir().display()
+            );
+        }
+        let standin = || {
+            Driver::StandIn(
+                StandIn::load().unwrap_or_else(|e| panic!("the stand-in CUDA driver: {e}")),
+            )
+        };
+        let driver = match (wanted.as_str(), found, found_standin.is_some()) {
+            ("real", _, true) => panic!(
+                "CELER_TEST_CUDA=real, but the CUDA driver the loader finds is celer's stand-in \
+                 ({}): a GPU check runs on the real driver only",
+                found_standin.unwrap_or_default().display()
+            ),
+            ("real", false, _) => panic!("CELER_TEST_CUDA=real, but there is no CUDA driver here"),
+            ("standin", true, false) => panic!(
                 "CELER_TEST_CUDA=standin, but a real CUDA driver is installed and cudarc would \
                  load it first; run with LD_LIBRARY_PATH={}",
                 celer_cuda_standin::library_dir().display()
             ),
-            ("real", false) => panic!("CELER_TEST_CUDA=real, but there is no CUDA driver here"),
-            (_, true) => Driver::Real,
-            (_, false) => Driver::StandIn(
-                StandIn::load().unwrap_or_else(|e| panic!("the stand-in CUDA driver: {e}")),
-            ),
+            (_, true, false) => Driver::Real,
+            (_, _, _) => standin(),
         };
         let which = match &driver {
             // The stand-in's version, when one is named, does not apply: said, not hidden.
@@ -73,6 +102,15 @@ pub fn driver() -> &'static Driver {
         );
         driver
     })
+}
+
+/// A file of the repository: under `CELER_REPO_ROOT` where the tests run from a packed
+/// copy (`make gpu-check`), else in this checkout.
+pub fn repo(path: &str) -> std::path::PathBuf {
+    std::env::var_os("CELER_REPO_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join(path)
 }
 
 /// GPU 0, opened with its kernels loaded; the test fails when there is none.

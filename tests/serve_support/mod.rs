@@ -276,19 +276,21 @@ impl Server {
     }
 
     /// Waits for the exit (at most 30 s, as SageMaker after SIGTERM).
-    pub fn wait(mut self) -> ExitStatus {
+    pub fn wait(self) -> ExitStatus {
+        self.wait_within(Duration::from_secs(30))
+    }
+
+    /// Waits for the exit, at most `limit` (then kills it and fails, with the log).
+    pub fn wait_within(mut self, limit: Duration) -> ExitStatus {
         let mut child = self.child.take().expect("running");
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 return status;
             }
-            if started.elapsed() > Duration::from_secs(30) {
+            if started.elapsed() > limit {
                 let _ = child.kill();
-                panic!(
-                    "celer serve did not exit within 30 s of SIGTERM:\n{}",
-                    self.log()
-                );
+                panic!("celer serve did not exit within {limit:?}:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

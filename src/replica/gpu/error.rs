@@ -35,6 +35,9 @@ pub enum GpuError {
     /// The replica's pipeline is gone: the GPU is being reopened, or its reopening failed.
     #[error("{device} replica {replica}: not loaded (the GPU is being reopened)")]
     NotLoaded { device: String, replica: usize },
+    /// The GPU was lost where it cannot come back in this process: nothing runs on it.
+    #[error("{device}: lost, and out of service until the process restarts")]
+    LostForGood { device: String },
     #[error("{device}: no slot for replica {replica}")]
     NoSlot { device: String, replica: usize },
     /// The lost context outlived celer's references and could not be reset.

@@ -4,7 +4,8 @@
 //! Whichever replica of a GPU starts first opens the device (context, kernels) and loads
 //! its engines (`crate::engines::plan`); every replica then makes its own stream, buffers
 //! and execution contexts. A GPU whose context is lost is reopened here, for all its
-//! replicas at once (`GpuReplicas`).
+//! replicas at once (`GpuReplicas`), or, where TensorRT's state is in that context or a
+//! replica is stuck on it, left alone for good for the process to restart.
 
 mod buffers;
 mod clock;
@@ -16,8 +17,9 @@ pub mod model;
 mod stages;
 mod transfer;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use buffers::GpuLimits;
 pub use error::{GpuError, OpenError};
@@ -177,6 +179,36 @@ struct GpuReplicas {
     /// One slot per replica, held while that replica runs: its stages (stream, buffers,
     /// execution contexts), emptied while the GPU is reopened.
     stages: Vec<Mutex<Option<GpuStages>>>,
+    /// Set when the GPU was lost where it cannot come back in this process (TensorRT's
+    /// state in the lost context, or a replica stuck on it): no call is made on the GPU
+    /// again, and its stages, engines and context are never dropped (`Drop`).
+    lost_for_good: AtomicBool,
+}
+
+/// How long a recovery waits for a replica's run to leave its slot. A run in a lost
+/// context fails fast; one still running after this is stuck on the GPU (a hung kernel on
+/// a GPU without a watchdog), and the GPU cannot be recovered in this process.
+const SLOT_WAIT: Duration = Duration::from_secs(5);
+
+impl Drop for GpuReplicas {
+    fn drop(&mut self) {
+        if !*self.lost_for_good.get_mut() {
+            return;
+        }
+        // Leaked on purpose: dropping them would call CUDA and TensorRT in the lost
+        // context (destroying execution contexts, engines, streams, the runtime), which
+        // the CUDA runtime inside TensorRT forbids once its context is lost: the process
+        // must be terminated and relaunched to use CUDA again, and it is about to exit.
+        for slot in &mut self.stages {
+            let stages = slot.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+            std::mem::forget(stages);
+        }
+        let opened = std::mem::replace(
+            &mut self.opened.get_mut().unwrap_or_else(|p| p.into_inner()).1,
+            Opening::Closed,
+        );
+        std::mem::forget(opened);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -226,8 +258,24 @@ impl GpuReplicas {
     /// (they fail fast in a lost context), drops every replica's stages and the GPU, opens it
     /// again and reloads every replica.
     fn recover(&self, lost_in: u64) -> Result<Recovery, ExecError> {
+        if let Some(why) = self.cannot_come_back() {
+            return Ok(Recovery::NeedsRestart(why));
+        }
         // Slots first, then the GPU: the order every path takes.
-        let mut slots: Vec<_> = self.stages.iter().map(lock).collect();
+        let mut slots = Vec::with_capacity(self.stages.len());
+        for (replica, slot) in self.stages.iter().enumerate() {
+            match lock_within(slot, SLOT_WAIT) {
+                Some(guard) => slots.push(guard),
+                None => {
+                    self.lost_for_good.store(true, Ordering::Release);
+                    return Ok(Recovery::NeedsRestart(format!(
+                        "replica {replica}'s run has not left the lost GPU after {}s (stuck in a \
+                         synchronisation on a hung GPU): it cannot be recovered in this process",
+                        SLOT_WAIT.as_secs()
+                    )));
+                }
+            }
+        }
         {
             let mut opened = lock(&self.opened);
             let recovered_since = opened.0 != lost_in
@@ -268,6 +316,49 @@ impl GpuReplicas {
     }
 }
 
+impl GpuReplicas {
+    /// Why the lost GPU cannot come back in this process, if it cannot: TensorRT's CUDA
+    /// runtime keeps state in its context (its engines were deserialised there), and after
+    /// a sticky error (or a reset) that state is unusable until the process is relaunched.
+    /// Marks it so: no call is made on it again. Takes the GPU's lock alone (no slot), so
+    /// that a replica stuck in a run does not hold it up.
+    fn cannot_come_back(&self) -> Option<String> {
+        if self.lost_for_good.load(Ordering::Acquire) {
+            return Some("it was already found unrecoverable in this process".to_string());
+        }
+        let opened = lock(&self.opened);
+        let gpu = match &opened.1 {
+            Opening::Open(gpu) if gpu.engines.is_some() => gpu,
+            _ => return None,
+        };
+        self.lost_for_good.store(true, Ordering::Release);
+        // The pool would page-lock its next blocks in the lost context too.
+        gpu.pool.detach(gpu.device.context());
+        Some(
+            "TensorRT's engines live in its lost context, and the CUDA runtime inside TensorRT \
+             needs the process terminated and relaunched to use CUDA again: no further call is \
+             made on the GPU"
+                .to_string(),
+        )
+    }
+}
+
+/// `slot`'s lock within `wait`, polled (a `Mutex` has no timed lock); `None` when its holder
+/// keeps it longer.
+fn lock_within<T>(slot: &Mutex<T>, wait: Duration) -> Option<std::sync::MutexGuard<'_, T>> {
+    let until = Instant::now() + wait;
+    loop {
+        match slot.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 /// The setup of `plan`'s GPU: `replicas` replicas, with `ort_threads` ONNX Runtime
 /// threads each where TensorRT is absent, set up as `serving` says.
 pub fn gpu_device_setup(
@@ -287,6 +378,7 @@ pub fn gpu_device_setup(
         serving,
         opened: Mutex::new((0, Opening::Closed)),
         stages: (0..replicas).map(|_| Mutex::new(None)).collect(),
+        lost_for_good: AtomicBool::new(false),
     });
     let load: LoadFn<BoxedMatteExecutor> = Arc::new(move |replica| {
         // The first replica opens the GPU and loads (or builds) the engines; the others
@@ -386,6 +478,12 @@ pub struct GpuExecutor {
 impl GpuExecutor {
     fn run_one(&mut self, job: &MatteJob) -> Result<MatteOutput, ExecError> {
         let mut slot = lock(&self.shared.stages[self.replica]);
+        if self.shared.lost_for_good.load(Ordering::Acquire) {
+            // Not a call on the GPU again: it is out of service until the process restarts.
+            return Err(ExecError::device_lost(GpuError::LostForGood {
+                device: self.shared.name.clone(),
+            }));
+        }
         let generation = self.shared.generation();
         // Emptied by a recovery, which left it so when it failed: the device is still
         // lost, so that the next failed health check tries the recovery again.
@@ -454,5 +552,12 @@ impl Executor for GpuExecutor {
 
     fn recover(&mut self) -> Result<Recovery, ExecError> {
         self.shared.recover(self.lost_in)
+    }
+
+    /// A run past its deadline on a GPU is a kernel or a copy that has not ended: nothing
+    /// on the host can interrupt it (a datacenter GPU has no watchdog), and a recovery
+    /// would wait on it forever.
+    fn stuck_is_lost(&self) -> bool {
+        true
     }
 }

@@ -111,10 +111,40 @@
 // Fault injection, for recovery tests: CELER_CUDA_STANDIN_FAIL_LAUNCH=N fails the N-th
 // cuLaunchKernel with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (not sticky);
 // CELER_CUDA_STANDIN_STICKY_LAUNCH=N makes the N-th launch fault with a sticky
-// CUDA_ERROR_ILLEGAL_ADDRESS when it runs. CELER_CUDA_STANDIN_FAULT_FILE=PATH: when that
-// file exists at a launch, the launch gets the fault the file names ("fail" or "sticky")
-// and the file is removed (a test arms a fault in a server process between requests).
-// In-process tests use celer_standin_inject.
+// CUDA_ERROR_ILLEGAL_ADDRESS when it runs; CELER_CUDA_STANDIN_HANG_LAUNCH=N makes the N-th
+// launch hang when it runs, as a kernel that never ends on a GPU without a watchdog (a
+// datacenter GPU has none): the thread running its stream (a cuStreamSynchronize's, a
+// cuEventSynchronize's, a cuCtxSynchronize's, a synchronous copy's) blocks there, holding
+// only that stream, until the process exits or celer_standin_release_hangs lets it go on
+// (then it runs as any launch); the hang is said on stderr. A poll of that stream
+// (cuStreamQuery, cuEventQuery) answers CUDA_ERROR_NOT_READY without waiting, as it does
+// for any stream another thread is running. CELER_CUDA_STANDIN_FAULT_FILE=PATH: when that
+// file exists at a launch, the launch gets the fault the file names ("fail", "sticky" or
+// "hang") and the file is removed (a test arms a fault in a server process between
+// requests). In-process tests use celer_standin_inject.
+//
+// Counted after a loss (for tests that show a caller made no further call on a lost
+// device): celer_standin_device_counter("calls_in_lost_context", device) counts every call
+// of an exported entry point (celer_standin_enqueue_work included; the stand-in's other
+// controls not) made, after a context of that device became sticky, in that context while
+// it is live: the context of the stream or event the call names, of the module
+// (cuModuleGetFunction, cuModuleUnload) or the device memory (cuMemFree) it names, the
+// context it names (cuCtxSetCurrent), the device's primary context (cuDevicePrimaryCtx*),
+// else the context current on the calling thread. Counted whether the call then fails with
+// the sticky error (most do) or goes ahead (a release, a destroy, a free). Not counted: the
+// probe (cuInit, cuDriverGetVersion, cuDeviceGet*, cuDeviceTotalMem), cuCtxGetCurrent,
+// cuGetErrorName, cuGetErrorString and cuGetExportTable, which work in no context; and calls
+// after the context is destroyed (its handles are dead: they fail INVALID_HANDLE or
+// INVALID_CONTEXT, and name no device). The call that was running when the context became
+// sticky (the synchronisation that ran the faulting kernel) started before and is not
+// counted; the next call of each thread that uses the context is: that is how a caller
+// discovers the loss. "lost_contexts" counts the losses themselves (a context's error
+// became sticky, or a context that existed was reset); celer_standin_device_lost(device,
+// why, len) says how many and what the last one was (the stand-in TensorRT's rule that the
+// process must be relaunched reads it). CELER_CUDA_STANDIN_COUNTERS_AT_EXIT=PATH writes every
+// counter (`name value`) and each device's (`name[device] value`) to PATH when the process
+// exits (atexit: a return from main or exit(), not a kill or an abort), for a test that
+// reads what a server in another process did until its end.
 // Chosen return codes, for codes beyond the caller's bindings:
 // CELER_CUDA_STANDIN_RETURN=<entry point>:<code>[@<nth call>] (several joined by commas;
 // nth counts that entry point's calls from cuInit, 1 by default) makes that call of that
@@ -207,9 +237,11 @@
 //   other:     cuGetExportTable (NVRTC asks a loaded driver for its private tables; the
 //              stand-in has none)
 //   stand-ins: celer_standin_enqueue_work and celer_standin_make_sticky (device work of
-//              the stand-in TensorRT, and its faults), and the
+//              the stand-in TensorRT, and its faults), celer_standin_device_lost (its
+//              relaunch rule), and the
 //              test controls celer_standin_* (last error, fault injection, chosen
-//              return codes, counters, order, hazards, shared and device poison)
+//              return codes, counters, order, hazards, shared and device poison, hung
+//              launches released)
 // Not provided (celer's driver layer fails naming the missing entry point if one is ever
 // called, which shows at once): graphs, peer and managed memory, texture, cooperative launches, TensorRT's needs.
 #include <dlfcn.h>
@@ -233,10 +265,22 @@
 #include "standin.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
-// The first statement of every exported entry point: a code armed for this call is
-// returned instead (see injected_return).
-#define RETURN_IF_INJECTED(entry, stream, event) \
+// The first statement of every exported entry point: a call in a lost context is counted
+// (calls_in_lost_context, see note_call), then a code armed for this call is returned
+// instead (see injected_return). The context is the stream's or the event's, else the
+// current one.
+#define RETURN_IF_INJECTED(entry, stream, event)                                 \
+    note_call([&] { return context_of_handles(stream, event); });               \
     if (int injected = injected_return(entry, stream, event)) return injected
+// The same for an entry point that names its context another way (`context`: an
+// expression giving the Context*, evaluated under the state lock, only once a context of
+// the process has become sticky).
+#define RETURN_IF_INJECTED_IN(entry, context)                                   \
+    note_call([&] { return (context); });                                        \
+    if (int injected = injected_return(entry, nullptr, nullptr)) return injected
+// The same for the probe and the error names, which work in no context: not counted.
+#define RETURN_IF_INJECTED_PROBE(entry) \
+    if (int injected = injected_return(entry, nullptr, nullptr)) return injected
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -356,9 +400,14 @@ struct Counters {
     std::atomic<uint64_t> sticky_errors{0};
     std::atomic<uint64_t> work_enqueued{0};
     std::atomic<uint64_t> work_run{0};
+    // Launches armed to hang (CELER_CUDA_STANDIN_HANG_LAUNCH, the fault file's `hang`)
+    // that reached the head of their stream, and those still hanging now.
+    std::atomic<uint64_t> hung_launches{0};
+    std::atomic<uint64_t> hanging_now{0};
     // Launch numbers (counted from 1) at which to inject a fault; 0 = none.
     std::atomic<uint64_t> fail_launch_at{0};
     std::atomic<uint64_t> sticky_launch_at{0};
+    std::atomic<uint64_t> hang_launch_at{0};
 };
 Counters counters;
 
@@ -369,7 +418,8 @@ Counters counters;
     X(stream_syncs) X(event_syncs) X(ctx_syncs) X(host_syncs) X(device_allocs)                \
     X(device_frees) X(pinned_allocs) X(pinned_alloc_bytes) X(pinned_frees) X(host_registers)  \
     X(host_register_bytes) X(host_unregisters) X(pageable_htod_copies)                        \
-    X(pageable_dtoh_copies) X(pageable_after_context_end) X(sticky_errors) X(work_enqueued) X(work_run)
+    X(pageable_dtoh_copies) X(pageable_after_context_end) X(sticky_errors) X(work_enqueued)    \
+    X(work_run) X(hung_launches) X(hanging_now)
 
 // What fresh device memory holds (CELER_CUDA_STANDIN_POISON_DEVICE), and what the poison
 // controls write unless told another byte: as a float, 0xCDCDCDCD is about -4.3e8.
@@ -440,6 +490,7 @@ struct Op {
     std::vector<unsigned char> params;
     std::vector<size_t> param_offsets;
     bool inject_sticky = false;
+    bool inject_hang = false;
     // Copies, memset, free
     uintptr_t device = 0;
     uintptr_t device_src = 0;
@@ -533,6 +584,13 @@ struct Device {
     int retains = 0;
     unsigned int primary_flags = 0;
     Context* primary = nullptr;
+    // Times a context of this device was lost: its error became sticky, or it was reset
+    // while it existed (celer_standin_device_lost); and what the last one was.
+    uint64_t lost_contexts = 0;
+    std::string last_loss;
+    bool last_loss_was_reset = false;
+    // Calls made in a context of this device after its error became sticky (note_call).
+    uint64_t calls_in_lost_context = 0;
 };
 
 struct State {
@@ -562,6 +620,8 @@ struct State {
     std::string poison_file;
     // CELER_CUDA_STANDIN_COUNTERS_FILE: where every counter is written (dump_counters).
     std::string counters_file;
+    // CELER_CUDA_STANDIN_COUNTERS_AT_EXIT: where the counters go when the process exits.
+    std::string counters_at_exit;
     // By allocation base: the last write and the reads since, per stream.
     std::map<uintptr_t, struct AllocationAccesses> accesses;
     // celer_standin_mark_writes: allocations written since the mark (or last poison).
@@ -624,17 +684,119 @@ uint64_t content_hash(uintptr_t address, size_t bytes) {
 
 bool context_alive(Context* c) { return c != nullptr && state().contexts.count(c) != 0; }
 
+// Set when any context first becomes sticky: until then no call is counted as one in a
+// lost context, and the entry points skip the lookup (and its lock) altogether.
+std::atomic<bool> any_sticky{false};
+
+// Records a loss of device `device`'s context (a sticky error, or a reset of a context that
+// existed): what the stand-in TensorRT asks before each call on the device.
+void record_loss(int device, const std::string& what, bool reset) {
+    Lock lock(state().mutex);
+    if (device < 0 || size_t(device) >= state().devices.size()) return;
+    Device& d = state().devices[size_t(device)];
+    d.lost_contexts += 1;
+    d.last_loss = what;
+    d.last_loss_was_reset = reset;
+}
+
 void make_sticky(Context* c, int result, const std::string& message) {
     int expected = SUCCESS;
     if (c->sticky.compare_exchange_strong(expected, result)) {
         c->sticky_message = message;
         counters.sticky_errors++;
+        any_sticky = true;
+        record_loss(c->device,
+                    format("its context's error became sticky (%s: %s)", result_name(result), message.c_str()), false);
         fail(result, message + " (the context's error is now sticky: every call fails until it is destroyed or reset)");
     }
 }
 
-// The error every call in a context returns once it is sticky.
-int sticky_error(Context* c) { return c->sticky.load(); }
+// Counts a call in a lost context: `resolve` gives the context the call works in (under
+// the state lock); when it is live and its error is sticky, the call counts for its device
+// (calls_in_lost_context). Whatever the call then does (it fails with the sticky error, or,
+// for a release or a destroy, goes ahead) it was a call on a lost device.
+template <typename Resolve>
+void note_call(Resolve resolve) {
+    if (!any_sticky.load()) return;
+    Lock lock(state().mutex);
+    Context* c = resolve();
+    if (!context_alive(c) || c->sticky.load() == SUCCESS) return;
+    if (size_t(c->device) < state().devices.size()) state().devices[size_t(c->device)].calls_in_lost_context++;
+}
+
+// The primary context of `device`, if it has one (for the calls that name a device).
+Context* primary_of(int device) {
+    State& st = state();
+    if (device < 0 || size_t(device) >= st.devices.size()) return nullptr;
+    return st.devices[size_t(device)].primary;
+}
+
+// The context of a live module (or of a live function's module, for cuModuleGetFunction's
+// module handle), else none.
+Context* context_of_module(void* module) {
+    Module* m = static_cast<Module*>(module);
+    return state().modules.count(m) ? m->context : nullptr;
+}
+
+// The live context whose memory `pointer` is in, else none.
+Context* context_of_memory(uintptr_t pointer) {
+    AllocationView view;
+    if (!find_allocation(pointer, 0, &view) || !view.live) return nullptr;
+    for (Context* c : state().contexts) {
+        if (c->generation == view.context_generation) return c;
+    }
+    return nullptr;
+}
+
+// ---- hung launches (CELER_CUDA_STANDIN_HANG_LAUNCH, the fault file's `hang`) -----------
+
+// Never destroyed: a thread may still wait on them while the process exits.
+std::mutex& hang_mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+}
+std::condition_variable& hang_released() {
+    static auto* cv = new std::condition_variable();
+    return *cv;
+}
+// Bumped by celer_standin_release_hangs: a launch hanging since an older value goes on.
+uint64_t hang_generation = 0;
+
+// A launch armed to hang has reached the head of its stream: the thread running the stream
+// (a synchronisation's) waits, as for a kernel that never finishes on a GPU without a
+// watchdog, until the process exits or a test releases it. Holds no lock of the driver
+// but the stream's own (another thread synchronising this stream waits too).
+void hang_here(const std::string& label) {
+    counters.hung_launches++;
+    counters.hanging_now++;
+    // Said on stderr (a server's log), as a poison is: a test can tell the hang was reached.
+    fprintf(stderr, "cuda stand-in: %s hangs (injected): its stream gets no further until the process exits\n",
+            label.c_str());
+    std::unique_lock<std::mutex> lock(hang_mutex());
+    uint64_t since = hang_generation;
+    hang_released().wait(lock, [&] { return hang_generation != since; });
+    counters.hanging_now--;
+}
+
+// Per thread, for each device: how many losses the device had when a call of this thread
+// was last answered its sticky error (celer_standin_thread_told_of_loss): the caller knows
+// of the loss from then on.
+thread_local std::map<int, uint64_t> told_of_loss;
+
+void tell_thread(Context* c) {
+    Lock lock(state().mutex);
+    if (size_t(c->device) < state().devices.size()) {
+        told_of_loss[c->device] = state().devices[size_t(c->device)].lost_contexts;
+    }
+}
+
+// The error every call in a context returns once it is sticky (the calling thread is then
+// told of the loss).
+int sticky_error(Context* c) {
+    int r = c->sticky.load();
+    if (r != SUCCESS) tell_thread(c);
+    return r;
+}
 
 std::string pointer_text(uintptr_t p) { return format("0x%lx", static_cast<unsigned long>(p)); }
 
@@ -752,10 +914,69 @@ int injected_return(const char* entry, void* stream, void* event) {
     Context* c = context_of_handles(stream, event);
     if (context_alive(c) && code_is_lost(code)) {
         make_sticky(c, code, message);
+        tell_thread(c);
     } else {
         fail(code, message);
     }
     return code;
+}
+
+// ---- counters ----------------------------------------------------------------------------
+
+// Every counter by name, as celer_standin_counter answers them (its comment lists them).
+std::vector<std::pair<const char*, uint64_t>> counter_list() {
+    std::vector<std::pair<const char*, uint64_t>> all;
+#define COUNTER(field) all.emplace_back(#field, counters.field.load());
+    EVERY_COUNTER(COUNTER)
+#undef COUNTER
+    all.emplace_back("device_bytes", uint64_t(device_bytes_in_use()));
+    return all;
+}
+
+// A device's counter by name (celer_standin_device_counter's), or false for a name or a
+// device it does not know.
+bool device_counter(const std::string& name, int device, uint64_t* out) {
+    Lock lock(state().mutex);
+    if (device < 0 || size_t(device) >= state().devices.size()) return false;
+    const Device& d = state().devices[size_t(device)];
+    if (name == "calls_in_lost_context") {
+        *out = d.calls_in_lost_context;
+    } else if (name == "lost_contexts") {
+        *out = d.lost_contexts;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+// CELER_CUDA_STANDIN_COUNTERS_AT_EXIT: the counters, one `name value` a line, and each
+// device's as `name[device] value`, written when the process exits (atexit), for a test
+// to read what a server in another process did until its very end.
+void write_counters_at_exit() {
+    std::string path;
+    size_t devices = 0;
+    {
+        Lock lock(state().mutex);
+        path = state().counters_at_exit;
+        devices = state().devices.size();
+    }
+    FILE* f = fopen(path.c_str(), "w");
+    if (f == nullptr) {
+        fprintf(stderr, "cuda stand-in: CELER_CUDA_STANDIN_COUNTERS_AT_EXIT=%s cannot be written\n", path.c_str());
+        return;
+    }
+    for (const auto& [name, value] : counter_list()) {
+        fprintf(f, "%s %llu\n", name, static_cast<unsigned long long>(value));
+    }
+    for (size_t d = 0; d < devices; ++d) {
+        for (const char* name : {"calls_in_lost_context", "lost_contexts"}) {
+            uint64_t value = 0;
+            if (device_counter(name, int(d), &value)) {
+                fprintf(f, "%s[%zu] %llu\n", name, d, static_cast<unsigned long long>(value));
+            }
+        }
+    }
+    fclose(f);
 }
 
 // ---- running queued work --------------------------------------------------------------
@@ -785,6 +1006,7 @@ void execute(Stream* s, Op& op) {
     std::string why;
     switch (op.kind) {
         case Op::Launch: {
+            if (op.inject_hang) hang_here(op.label);
             if (op.inject_sticky) {
                 make_sticky(c, ILLEGAL_ADDRESS, op.label + ": injected fault (CELER_CUDA_STANDIN_STICKY_LAUNCH)");
                 return;
@@ -988,6 +1210,14 @@ void run_until(Stream* s, uint64_t seq) {
         }
         execute(s, op);
     }
+}
+
+// What a poll (cuStreamQuery, cuEventQuery) lets the "GPU" do meanwhile: run `s` up to
+// `seq`, unless another thread is running it now (a synchronisation, or a launch that
+// hangs): a poll never waits, on a GPU or here.
+void run_until_if_free(Stream* s, uint64_t seq) {
+    std::unique_lock<std::recursive_mutex> running(s->run_mutex, std::try_to_lock);
+    if (running.owns_lock()) run_until(s, seq);
 }
 
 // ---- cross-stream hazards and write tracking -------------------------------------------
@@ -1462,7 +1692,7 @@ using namespace standin;
 // ---- probe -----------------------------------------------------------------------------
 
 EXPORT CUresult cuDriverGetVersion(int* version) {
-    RETURN_IF_INJECTED("cuDriverGetVersion", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDriverGetVersion");
     if (version == nullptr) return INVALID_VALUE;
     *version = driver_version();
     return SUCCESS;
@@ -1505,10 +1735,17 @@ EXPORT CUresult cuInit(unsigned int flags) {
         st.memory_bytes = size_t(env_number("CELER_CUDA_STANDIN_MEMORY_MIB", 16384)) << 20;
         long fail_at = env_number("CELER_CUDA_STANDIN_FAIL_LAUNCH", 0);
         long sticky_at = env_number("CELER_CUDA_STANDIN_STICKY_LAUNCH", 0);
+        long hang_at = env_number("CELER_CUDA_STANDIN_HANG_LAUNCH", 0);
         const char* fault_file = getenv("CELER_CUDA_STANDIN_FAULT_FILE");
         st.fault_file = fault_file != nullptr ? fault_file : "";
         counters.fail_launch_at = fail_at > 0 ? uint64_t(fail_at) : 0;
         counters.sticky_launch_at = sticky_at > 0 ? uint64_t(sticky_at) : 0;
+        counters.hang_launch_at = hang_at > 0 ? uint64_t(hang_at) : 0;
+        const char* counters_at_exit = getenv("CELER_CUDA_STANDIN_COUNTERS_AT_EXIT");
+        if (counters_at_exit != nullptr && *counters_at_exit != '\0') {
+            st.counters_at_exit = counters_at_exit;
+            atexit(write_counters_at_exit);
+        }
         const char* returns = getenv("CELER_CUDA_STANDIN_RETURN");
         std::string why;
         if (returns != nullptr && *returns != '\0' && !arm_returns_from(returns, &why)) {
@@ -1518,12 +1755,12 @@ EXPORT CUresult cuInit(unsigned int flags) {
         st.initialized = true;
     }
     // After the settings are read: CELER_CUDA_STANDIN_RETURN may name cuInit itself.
-    RETURN_IF_INJECTED("cuInit", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuInit");
     return SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetCount(int* count) {
-    RETURN_IF_INJECTED("cuDeviceGetCount", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGetCount");
     State& st = state();
     Lock lock(st.mutex);
     if (!st.initialized) return fail(NOT_INITIALIZED, "cuDeviceGetCount before cuInit");
@@ -1533,7 +1770,7 @@ EXPORT CUresult cuDeviceGetCount(int* count) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
-    RETURN_IF_INJECTED("cuDeviceGet", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGet");
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(ordinal, "cuDeviceGet")) return r;
@@ -1543,7 +1780,7 @@ EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
-    RETURN_IF_INJECTED("cuDeviceGetName", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGetName");
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetName")) return r;
@@ -1566,16 +1803,16 @@ static CUresult device_uuid(CUuuid* uuid, CUdevice device) {
 }
 
 EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
-    RETURN_IF_INJECTED("cuDeviceGetUuid", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGetUuid");
     return device_uuid(uuid, device);
 }
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice device) {
-    RETURN_IF_INJECTED("cuDeviceGetUuid_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGetUuid_v2");
     return device_uuid(uuid, device);
 }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
-    RETURN_IF_INJECTED("cuDeviceTotalMem_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceTotalMem_v2");
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceTotalMem")) return r;
@@ -1585,7 +1822,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
 }
 
 EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
-    RETURN_IF_INJECTED("cuDeviceGetAttribute", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuDeviceGetAttribute");
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDeviceGetAttribute")) return r;
@@ -1619,7 +1856,7 @@ EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device)
 // ---- contexts ----------------------------------------------------------------------------
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
-    RETURN_IF_INJECTED("cuDevicePrimaryCtxRetain", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuDevicePrimaryCtxRetain", primary_of(device));
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxRetain")) return r;
@@ -1632,7 +1869,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    RETURN_IF_INJECTED("cuDevicePrimaryCtxRelease_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuDevicePrimaryCtxRelease_v2", primary_of(device));
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxRelease")) return r;
@@ -1654,7 +1891,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
 // modules and sticky error) whoever holds it, but "does not release it": the retains stay
 // counted, the next retain gets a fresh context, and a release after the reset is fine.
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
-    RETURN_IF_INJECTED("cuDevicePrimaryCtxReset_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuDevicePrimaryCtxReset_v2", primary_of(device));
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxReset")) return r;
@@ -1662,12 +1899,13 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
     if (d.primary != nullptr) {
         destroy_context(d.primary, "cuDevicePrimaryCtxReset");
         d.primary = nullptr;
+        record_loss(device, "its context was reset (cuDevicePrimaryCtxReset)", true);
     }
     return SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flags) {
-    RETURN_IF_INJECTED("cuDevicePrimaryCtxSetFlags_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuDevicePrimaryCtxSetFlags_v2", primary_of(device));
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxSetFlags")) return r;
@@ -1678,7 +1916,7 @@ EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice device, unsigned int flag
 }
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags, int* active) {
-    RETURN_IF_INJECTED("cuDevicePrimaryCtxGetState", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuDevicePrimaryCtxGetState", primary_of(device));
     State& st = state();
     Lock lock(st.mutex);
     if (int r = check_device(device, "cuDevicePrimaryCtxGetState")) return r;
@@ -1690,7 +1928,7 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice device, unsigned int* flags,
 }
 
 EXPORT CUresult cuCtxGetCurrent(void** context) {
-    RETURN_IF_INJECTED("cuCtxGetCurrent", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuCtxGetCurrent");
     Lock lock(state().mutex);
     if (context == nullptr) return INVALID_VALUE;
     *context = context_alive(current) ? current : nullptr;
@@ -1698,7 +1936,7 @@ EXPORT CUresult cuCtxGetCurrent(void** context) {
 }
 
 EXPORT CUresult cuCtxSetCurrent(void* context) {
-    RETURN_IF_INJECTED("cuCtxSetCurrent", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuCtxSetCurrent", static_cast<Context*>(context));
     Lock lock(state().mutex);
     Context* c = static_cast<Context*>(context);
     if (c != nullptr && !context_alive(c)) {
@@ -1865,7 +2103,7 @@ EXPORT CUresult cuModuleLoadData(void** module, const void* image) {
 }
 
 EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
-    RETURN_IF_INJECTED("cuModuleGetFunction", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuModuleGetFunction", context_of_module(module));
     State& st = state();
     Lock lock(st.mutex);
     Module* m = static_cast<Module*>(module);
@@ -1899,7 +2137,7 @@ EXPORT CUresult cuModuleGetFunction(void** function, void* module, const char* n
 }
 
 EXPORT CUresult cuModuleUnload(void* module) {
-    RETURN_IF_INJECTED("cuModuleUnload", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuModuleUnload", context_of_module(module));
     State& st = state();
     Lock lock(st.mutex);
     Module* m = static_cast<Module*>(module);
@@ -1970,7 +2208,7 @@ EXPORT CUresult cuStreamQuery(void* stream) {
         return SUCCESS;
     }
     // A GPU makes progress while the host polls: the work runs, and the next query sees it.
-    run_until(s, UINT64_MAX);
+    run_until_if_free(s, UINT64_MAX);
     return NOT_READY;
 }
 
@@ -2116,7 +2354,7 @@ EXPORT CUresult cuEventQuery(void* event) {
         seq = e->seq;
     }
     // Not complete now; the polled GPU gets on with it for the next query.
-    run_until(s, seq);
+    run_until_if_free(s, seq);
     return NOT_READY;
 }
 
@@ -2238,7 +2476,7 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr pointer, void* stream) {
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
-    RETURN_IF_INJECTED("cuMemFree_v2", nullptr, nullptr);
+    RETURN_IF_INJECTED_IN("cuMemFree_v2", context_of_memory(pointer));
     Lock lock(state().mutex);
     if (int r = check_device_range(pointer, 0, "cuMemFree", "pointer")) return r;
     int r = device_free(pointer, "cuMemFree");
@@ -2545,12 +2783,14 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
                 kind[got] = '\0';
                 if (strncmp(kind, "fail", 4) == 0) counters.fail_launch_at = number;
                 if (strncmp(kind, "sticky", 6) == 0) counters.sticky_launch_at = number;
+                if (strncmp(kind, "hang", 4) == 0) counters.hang_launch_at = number;
             }
         }
         if (counters.fail_launch_at != 0 && number == counters.fail_launch_at) {
             return fail(LAUNCH_OUT_OF_RESOURCES, op.label + ": injected failure (CELER_CUDA_STANDIN_FAIL_LAUNCH)");
         }
         op.inject_sticky = counters.sticky_launch_at != 0 && number == counters.sticky_launch_at;
+        op.inject_hang = counters.hang_launch_at != 0 && number == counters.hang_launch_at;
         op.kind = Op::Launch;
         op.kernel = &k;
         op.shape = LaunchShape{{gx, gy, gz}, {bx, by, bz}};
@@ -2576,6 +2816,7 @@ EXPORT CUresult cuLaunchKernel(void* function, unsigned int gx, unsigned int gy,
 EXPORT CUresult celer_standin_enqueue_work(void* stream, const char* label, const celer_standin_range* ranges,
                                            size_t nranges, int (*run)(void*, char*, size_t), void (*done)(void*),
                                            void* user) {
+    note_call([&] { return context_of_handles(stream, nullptr); });
     poll_poison_file();
     // Owned from here: `done` runs when the last holder lets go, on every path (when
     // queuing is refused, after the state lock is released: `work` outlives `lock`).
@@ -2654,7 +2895,7 @@ EXPORT CUresult celer_standin_make_sticky(void* context, int code, const char* m
 // Both answer only for the codes this driver's version defines: for any other,
 // CUDA_ERROR_INVALID_VALUE and a null string, as the real driver answers.
 EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
-    RETURN_IF_INJECTED("cuGetErrorString", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuGetErrorString");
     if (text == nullptr) return INVALID_VALUE;
     if (!code_defined(error)) {
         *text = nullptr;
@@ -2665,7 +2906,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
 }
 
 EXPORT CUresult cuGetErrorName(CUresult error, const char** text) {
-    RETURN_IF_INJECTED("cuGetErrorName", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuGetErrorName");
     if (text == nullptr) return INVALID_VALUE;
     if (!code_defined(error)) {
         *text = nullptr;
@@ -2678,7 +2919,7 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char** text) {
 // NVRTC looks for the driver's private export tables when libcuda is loaded in the
 // process; the stand-in has none, and says so, so that NVRTC compiles on its own.
 EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
-    RETURN_IF_INJECTED("cuGetExportTable", nullptr, nullptr);
+    RETURN_IF_INJECTED_PROBE("cuGetExportTable");
     (void)id;
     if (table != nullptr) *table = nullptr;
     return NOT_SUPPORTED;
@@ -2714,6 +2955,7 @@ EXPORT void celer_standin_inject(int kind, uint64_t nth) {
     uint64_t at = nth == 0 ? 0 : counters.launches_enqueued.load() + nth;
     if (kind == 0) counters.fail_launch_at = at;
     if (kind == 1) counters.sticky_launch_at = at;
+    if (kind == 2) counters.hang_launch_at = at;
 }
 
 // Arms `code` as the answer of the `nth` call of entry point `entry` from now (1: the
@@ -2820,13 +3062,58 @@ EXPORT uint64_t celer_standin_poison_written(unsigned char byte) { return poison
 //                                     registered and the registration ended with its
 //                                     context (rule "registration ended with its context")
 //   contexts_created, sticky_errors, work_enqueued, work_run
+//   hung_launches                     launches armed to hang that reached the head of
+//                                     their stream (and hung there)
+//   hanging_now                       of those, the ones still hanging (not a count)
 //   device_bytes                      device memory in use now (not a count)
 EXPORT uint64_t celer_standin_counter(const char* name) {
     std::string n = name == nullptr ? "" : name;
-#define COUNTER(field) \
-    if (n == #field) return counters.field;
-    EVERY_COUNTER(COUNTER)
-#undef COUNTER
-    if (n == "device_bytes") return device_bytes_in_use();
+    for (const auto& [field, value] : counter_list()) {
+        if (n == field) return value;
+    }
     return UINT64_MAX;
+}
+
+// A counter of device `device` by name (UINT64_MAX for a name or a device it does not know):
+//   calls_in_lost_context  calls of the driver's entry points made in a context of the
+//                          device after its error became sticky (see note_call and the
+//                          header: "Counted after a loss")
+//   lost_contexts          times a context of the device was lost: its error became
+//                          sticky, or it was reset (cuDevicePrimaryCtxReset) while it existed
+EXPORT uint64_t celer_standin_device_counter(const char* name, int device) {
+    uint64_t value = 0;
+    return device_counter(name == nullptr ? "" : name, device, &value) ? value : UINT64_MAX;
+}
+
+// For the stand-in TensorRT (whose rule is that no TensorRT call touches a device after its
+// context was lost: the process must be relaunched): how many times device `device`'s
+// context was lost (0: never, or no such device); whether the last loss was a reset
+// (`reset`, may be null); and what it was in `why` (`len` bytes, NUL-terminated; may be null).
+EXPORT uint64_t celer_standin_device_lost(int device, int* reset, char* why, size_t len) {
+    Lock lock(state().mutex);
+    if (device < 0 || size_t(device) >= state().devices.size()) return 0;
+    const Device& d = state().devices[size_t(device)];
+    if (reset != nullptr) *reset = d.last_loss_was_reset ? 1 : 0;
+    if (why != nullptr && len > 0) snprintf(why, len, "%s", d.last_loss.c_str());
+    return d.lost_contexts;
+}
+
+// For the stand-in TensorRT: the number of device `device`'s losses (as
+// celer_standin_device_lost counts them) when a driver call of the calling thread was last
+// answered that device's sticky error; 0 if none was. A thread told of a loss knows it.
+EXPORT uint64_t celer_standin_thread_told_of_loss(int device) {
+    auto found = told_of_loss.find(device);
+    return found == told_of_loss.end() ? 0 : found->second;
+}
+
+// Lets every hung launch (CELER_CUDA_STANDIN_HANG_LAUNCH, the fault file's `hang`) go on:
+// it runs as a launch does, and its stream after it. Returns how many were hanging.
+EXPORT uint64_t celer_standin_release_hangs() {
+    uint64_t hanging = counters.hanging_now.load();
+    {
+        std::lock_guard<std::mutex> lock(hang_mutex());
+        hang_generation += 1;
+    }
+    hang_released().notify_all();
+    return hanging;
 }

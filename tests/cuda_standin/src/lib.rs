@@ -54,6 +54,33 @@ pub const DEFAULT_VERSION: &str = "13.0";
 /// Names the version of the stand-in that the tests load, e.g. `12.2`.
 pub const VERSION_ENV: &str = "CELER_TEST_CUDA_DRIVER";
 
+/// Names `CELER_CUDA_STANDIN_COUNTERS_AT_EXIT`: where the stand-in writes its counters when
+/// the process exits (driver/driver.cpp's header), for a test of a server in another
+/// process; [`counters_written_at_exit`] reads them.
+pub const COUNTERS_AT_EXIT_ENV: &str = "CELER_CUDA_STANDIN_COUNTERS_AT_EXIT";
+
+/// The counters a process wrote at its exit to `path` (see [`COUNTERS_AT_EXIT_ENV`]): each
+/// by its name, a device's as `name[device]` (`calls_in_lost_context[0]`). `Err` when the
+/// file is missing (the process did not exit through `exit`: it was killed, or aborted)
+/// or a line is not `name value`.
+pub fn counters_written_at_exit(path: &Path) -> Result<BTreeMap<String, u64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: {e} (the process exits through exit() to write it)",
+            path.display()
+        )
+    })?;
+    text.lines()
+        .map(|line| {
+            let (name, value) = line
+                .split_once(' ')
+                .ok_or_else(|| format!("`{line}` is not `name value`"))?;
+            let value = value.parse::<u64>().map_err(|e| format!("`{line}`: {e}"))?;
+            Ok((name.to_string(), value))
+        })
+        .collect()
+}
+
 /// The test kernels with planted bugs (tests/standin_catches.rs), as NVRTC compiles them.
 pub const PLANTED_KERNELS: &str = include_str!("../kernels/planted.cu");
 
@@ -101,6 +128,38 @@ pub fn library_dir() -> PathBuf {
     Path::new(DRIVERS).join(version())
 }
 
+/// The stand-in that the dynamic loader finds by name as cudarc looks for the driver
+/// (`libcuda.so`, then `libcuda.so.1`: `LD_LIBRARY_PATH`, then the system's), as in a
+/// packed GPU check run here with a stand-in's [`library_dir`] on `LD_LIBRARY_PATH`
+/// (scripts/gpu-check-run `--standin`); `None` when it finds a real driver, or none. A
+/// stand-in is told from a real driver by its own controls, which no real driver exports;
+/// its file is read from this process's memory map while it is loaded.
+pub fn found_by_name() -> Option<PathBuf> {
+    ["libcuda.so", "libcuda.so.1"].iter().find_map(|name| {
+        // SAFETY: opens the driver library the loader finds, as cudarc's own presence
+        // check does (its initialisers only set up its own state), looks one symbol up
+        // without calling it, and closes the library.
+        let library = unsafe { libloading::Library::new(*name) }.ok()?;
+        // SAFETY: only the symbol's presence is checked; it is never called.
+        unsafe {
+            library.get::<unsafe extern "C" fn() -> *const c_char>(b"celer_standin_last_error\0")
+        }
+        .ok()?;
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let found = maps
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .find(|path| {
+                Path::new(path)
+                    .file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with("libcuda.so"))
+            })
+            .map(PathBuf::from);
+        drop(library);
+        found
+    })
+}
+
 /// A fault to arm for a coming launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -109,6 +168,10 @@ pub enum Fault {
     /// The launch faults when it runs: CUDA_ERROR_ILLEGAL_ADDRESS, sticky, as a kernel's
     /// out-of-bounds access on a GPU.
     StickyError,
+    /// The launch never ends when it runs, as a kernel on a GPU without a watchdog: the
+    /// thread that runs its stream (a synchronisation) blocks until
+    /// [`StandIn::release_hangs`] or the process's exit.
+    Hang,
 }
 
 /// A range of device memory that queued work reads or writes.
@@ -281,6 +344,8 @@ pub struct StandIn {
     mark_writes: unsafe extern "C" fn(),
     poison_written: unsafe extern "C" fn(u8) -> u64,
     enqueue_work: EnqueueWork,
+    device_counter: unsafe extern "C" fn(*const c_char, c_int) -> u64,
+    release_hangs: unsafe extern "C" fn() -> u64,
     _library: libloading::Library,
 }
 
@@ -343,6 +408,12 @@ impl StandIn {
                         enqueue_work: *library
                             .get(b"celer_standin_enqueue_work\0")
                             .map_err(|e| e.to_string())?,
+                        device_counter: *library
+                            .get(b"celer_standin_device_counter\0")
+                            .map_err(|e| e.to_string())?,
+                        release_hangs: *library
+                            .get(b"celer_standin_release_hangs\0")
+                            .map_err(|e| e.to_string())?,
                         _library: library,
                     })
                 }
@@ -381,6 +452,7 @@ impl StandIn {
         let kind = match fault {
             Fault::LaunchFails => 0,
             Fault::StickyError => 1,
+            Fault::Hang => 2,
         };
         // SAFETY: plain values; the stand-in stores them in atomics.
         unsafe { (self.inject)(kind, nth) }
@@ -528,6 +600,27 @@ impl StandIn {
     pub fn poison_written(&self, byte: u8) -> u64 {
         // SAFETY: a plain value; the driver takes its own locks.
         unsafe { (self.poison_written)(byte) }
+    }
+
+    /// A counter of GPU `device` by name (`u64::MAX` for a name or a device it does not
+    /// know): `calls_in_lost_context`, the calls made in a context of the device after its
+    /// error became sticky (driver/driver.cpp's header, "Counted after a loss", says which
+    /// calls count), and `lost_contexts`, the times a context of the device was lost (a
+    /// sticky error, or a reset).
+    pub fn device_counter(&self, name: &str, device: u32) -> u64 {
+        let name = CString::new(name).expect("counter names have no NUL");
+        let Ok(device) = c_int::try_from(device) else {
+            return u64::MAX;
+        };
+        // SAFETY: a NUL-terminated name that outlives the call, and a plain value.
+        unsafe { (self.device_counter)(name.as_ptr(), device) }
+    }
+
+    /// Lets every launch that hangs (`CELER_CUDA_STANDIN_HANG_LAUNCH`, the fault file's
+    /// `hang`) go on; returns how many were hanging.
+    pub fn release_hangs(&self) -> u64 {
+        // SAFETY: no arguments; the driver takes its own locks.
+        unsafe { (self.release_hangs)() }
     }
 
     /// Every counter now. Take one before and one after the code under test, and

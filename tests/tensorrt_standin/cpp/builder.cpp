@@ -373,7 +373,9 @@ public:
     }
     ~Builder() noexcept override {
         unregister_live(this);
-        check_destroyed_in(impl_.logger(), "IBuilder", "created", cuda_);
+        if (device_usable(impl_.logger(), cuda_.device, "IBuilder destroyed: it")) {
+            check_destroyed_in(impl_.logger(), "IBuilder", "created", cuda_);
+        }
         int networks = impl_.networks.load();
         int configs = impl_.configs.load();
         if (networks > 0 || configs > 0) {
@@ -595,6 +597,7 @@ nvinfer1::IHostMemory* BuilderImpl::buildSerializedNetwork(nvinfer1::INetworkDef
         refuse(logger_, head + why + ": TensorRT builds on the CUDA device current on the calling thread");
         return nullptr;
     }
+    if (!device_usable(logger_, cuda.device, "buildSerializedNetwork of `" + net.name + "`")) return nullptr;
     if (net.onnx.empty()) {
         refuse(logger_, head + "the network is empty: parse an ONNX model into it first");
         return nullptr;
@@ -735,6 +738,7 @@ extern "C" void* standin_cpp_create_builder(void* logger, int32_t version) {
         standin::refuse(log, "createInferBuilder: " + why + ": a builder needs a CUDA device");
         return nullptr;
     }
+    if (!standin::device_usable(log, cuda.device, "createInferBuilder")) return nullptr;
     try {
         return static_cast<nvinfer1::IBuilder*>(new standin::Builder(log, cuda));
     } catch (...) {

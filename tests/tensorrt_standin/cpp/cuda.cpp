@@ -6,7 +6,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -33,6 +35,8 @@ struct Driver {
     CuResult (*stream_synchronize)(void*) = nullptr;
     decltype(&celer_standin_enqueue_work) enqueue_work = nullptr;
     decltype(&celer_standin_make_sticky) make_sticky = nullptr;
+    uint64_t (*device_lost)(int, int*, char*, size_t) = nullptr;
+    uint64_t (*thread_told_of_loss)(int) = nullptr;
 };
 
 template <typename Fn>
@@ -66,11 +70,17 @@ Driver const& driver() {
             dlsym(d.handle, "celer_standin_enqueue_work"));
         d.make_sticky =
             reinterpret_cast<decltype(&celer_standin_make_sticky)>(dlsym(d.handle, "celer_standin_make_sticky"));
-        if ((d.enqueue_work == nullptr || d.make_sticky == nullptr) && d.error.empty()) {
+        d.device_lost =
+            reinterpret_cast<uint64_t (*)(int, int*, char*, size_t)>(dlsym(d.handle, "celer_standin_device_lost"));
+        d.thread_told_of_loss =
+            reinterpret_cast<uint64_t (*)(int)>(dlsym(d.handle, "celer_standin_thread_told_of_loss"));
+        bool ours = d.enqueue_work != nullptr && d.make_sticky != nullptr && d.device_lost != nullptr &&
+                    d.thread_told_of_loss != nullptr;
+        if (!ours && d.error.empty()) {
             d.error =
-                "libcuda.so.1 is not celer's stand-in CUDA driver (no celer_standin_enqueue_work or "
-                "celer_standin_make_sticky): the TensorRT stand-in runs only on it; on a real GPU use the real "
-                "TensorRT";
+                "libcuda.so.1 is not celer's stand-in CUDA driver (no celer_standin_enqueue_work, "
+                "celer_standin_make_sticky, celer_standin_device_lost or celer_standin_thread_told_of_loss): the "
+                "TensorRT stand-in runs only on it; on a real GPU use the real TensorRT";
         }
         return d;
     }();
@@ -188,6 +198,56 @@ void check_destroyed_in(ILogger* logger, std::string const& what, char const* ma
                           "): TensorRT frees an object's device memory through the current CUDA context, so an "
                           "engine, an execution context and a builder are destroyed with the context they were "
                           "made in current");
+}
+
+namespace {
+
+// Per thread, for each device: the device's losses when an enqueueV3 of this thread last
+// reported its sticky error (the CUDA runtime's error, logged): the caller knows from then.
+thread_local std::map<int, uint64_t> reported_loss;
+
+}  // namespace
+
+void told_of_loss(int device) {
+    std::string why;
+    if (device < 0 || !usable(&why)) return;
+    reported_loss[device] = driver().device_lost(device, nullptr, nullptr, 0);
+}
+
+bool device_usable(ILogger* logger, int device, std::string const& what, Touch touch) {
+    std::string why;
+    if (device < 0 || !usable(&why)) return true;  // no device to speak of: the call's own checks say so
+    Driver const& d = driver();
+    char last[1024] = {0};
+    int reset = 0;
+    uint64_t lost = d.device_lost(device, &reset, last, sizeof last);
+    // Per device: its losses when TensorRT first worked on it. A loss before then (a
+    // context reset before TensorRT was ever used there) leaves no state of TensorRT's in a
+    // dead context.
+    static std::mutex mutex;
+    static auto* since = new std::map<int, uint64_t>();  // never destroyed: used at exit
+    uint64_t began = 0;
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto [first, fresh] = since->emplace(device, lost);
+        if (fresh || first->second == lost) return true;
+        began = first->second;
+    }
+    if (touch == Touch::Request && reset == 0) {
+        // The call of a run that began before the loss, on a thread that has not been told
+        // of it yet: the call that discovers it (enqueueV3 fails with the sticky error),
+        // as another replica's run in the same context must. Once told, the thread must
+        // leave the device alone.
+        auto reported = reported_loss.find(device);
+        uint64_t told = std::max(d.thread_told_of_loss(device), reported == reported_loss.end() ? 0 : reported->second);
+        if (told <= began) return true;
+    }
+    violation(logger, what + " touches device " + std::to_string(device) + " after " + last +
+                          ": TensorRT's CUDA runtime keeps state in the device's context, which is lost, and the "
+                          "process must be terminated and relaunched to use CUDA again: no TensorRT call may touch "
+                          "the device any more once the caller knows (its engines, execution contexts and runtime are "
+                          "left alive, not destroyed)");
+    return false;
 }
 
 void hold_primary_context(int device) {

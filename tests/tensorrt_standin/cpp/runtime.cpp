@@ -8,7 +8,9 @@
 // their device memory through the current context); the runtime has no such rule: it holds
 // no device memory and deserializes into whichever context is current at each call. A CUDA
 // fault at an engine's launch (injected, or a context already sticky) fails enqueueV3 as the
-// CUDA runtime inside TensorRT reports it.
+// CUDA runtime inside TensorRT reports it. Once a device's context is lost (a sticky error,
+// a reset), no call may touch the device again (cuda.cpp, device_usable): the process must
+// be relaunched; only a run that began before the loss may still discover it.
 #include "standin.h"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 
 namespace standin {
 
@@ -122,9 +125,21 @@ public:
     ILogger* logger() const { return logger_; }
     std::atomic<int> engines{0};
 
+    // The devices it deserialized engines on (its state lives in their contexts).
+    void note_device(int device) {
+        std::lock_guard<std::mutex> lock(devices_mutex_);
+        devices_.insert(device);
+    }
+    std::set<int> devices() const {
+        std::lock_guard<std::mutex> lock(devices_mutex_);
+        return devices_;
+    }
+
 private:
     Runtime& owner_;
     ILogger* logger_;
+    mutable std::mutex devices_mutex_;
+    std::set<int> devices_;
 };
 
 class Runtime final : public nvinfer1::IRuntime {
@@ -135,6 +150,7 @@ public:
     }
     ~Runtime() noexcept override {
         unregister_live(this);
+        for (int device : impl_.devices()) device_usable(impl_.logger(), device, "IRuntime destroyed: it");
         if (int n = impl_.engines.load()) {
             violation(impl_.logger(), "IRuntime destroyed while " + std::to_string(n) +
                                           " engine(s) it deserialized are alive: the runtime must outlive every "
@@ -206,12 +222,17 @@ public:
 
     ~Engine() noexcept override {
         unregister_live(this);
-        check_destroyed_in(logger(), "ICudaEngine `" + plan_.name + "`", "deserialized", context_);
-        if (int n = contexts.load()) {
-            violation(logger(), "ICudaEngine `" + plan_.name + "` destroyed while " + std::to_string(n) +
-                                    " execution context(s) are alive: an engine must outlive its execution contexts");
+        // First: on a lost device nothing more is done there (the other rules would only
+        // report what the loss already explains).
+        if (device_usable(logger(), context_.device, "ICudaEngine `" + plan_.name + "` destroyed: it")) {
+            check_destroyed_in(logger(), "ICudaEngine `" + plan_.name + "`", "deserialized", context_);
+            if (int n = contexts.load()) {
+                violation(logger(), "ICudaEngine `" + plan_.name + "` destroyed while " + std::to_string(n) +
+                                        " execution context(s) are alive: an engine must outlive its execution "
+                                        "contexts");
+            }
+            device_free(weights_);
         }
-        device_free(weights_);
         if (is_live(&runtime_)) runtime_.impl().engines--;
     }
 
@@ -470,16 +491,23 @@ public:
 
     ~Context() noexcept override {
         unregister_live(this);
-        check_destroyed_in(logger(), "IExecutionContext of `" + engine_.plan().name + "`", "created",
-                           engine_.cuda());
-        if (int n = pending.load()) {
-            violation(logger(), "IExecutionContext of `" + engine_.plan().name + "` destroyed while " +
-                                    std::to_string(n) +
-                                    " enqueueV3 of it has not completed: synchronise its stream before destroying "
-                                    "the context (the work still uses it)");
+        std::string what = "IExecutionContext of `" + engine_.plan().name + "`";
+        if (device_usable(logger(), engine_.cuda().device, what + " destroyed: it")) {
+            check_destroyed_in(logger(), what, "created", engine_.cuda());
+            if (int n = pending.load()) {
+                violation(logger(), what + " destroyed while " + std::to_string(n) +
+                                        " enqueueV3 of it has not completed: synchronise its stream before "
+                                        "destroying the context (the work still uses it)");
+            }
+            device_free(own_memory_);
         }
-        device_free(own_memory_);
         if (is_live(&engine_)) engine_.contexts--;
+    }
+
+    // Whether `call` may touch the engine's device (the relaunch rule, device_usable).
+    bool device_usable_for(std::string const& call) const {
+        return device_usable(logger(), engine_.cuda().device, call + " on a context of `" + engine_.plan().name + "`",
+                             Touch::Request);
     }
 
     ILogger* logger() const { return engine_.logger(); }
@@ -539,6 +567,7 @@ void ContextImpl::setDeviceMemory(void* memory) noexcept {
 }
 
 void ContextImpl::setDeviceMemoryV2(void* memory, int64_t size) noexcept {
+    if (!owner_.device_usable_for("setDeviceMemoryV2")) return;
     Engine& engine = owner_.engine();
     std::string head = "setDeviceMemoryV2(" + pointer_text(memory) + ", " + std::to_string(size) + ") on a context of `" +
                        owner_.label() + "`: ";
@@ -566,6 +595,7 @@ size_t ContextImpl::updateDeviceMemorySizeForShapes() noexcept { return size_t(o
 int32_t ContextImpl::getOptimizationProfile() const noexcept { return owner_.profile_; }
 
 bool ContextImpl::setOptimizationProfileAsync(int32_t profile, cudaStream_t) noexcept {
+    if (!owner_.device_usable_for("setOptimizationProfileAsync")) return false;
     int32_t count = owner_.engine().profile_count();
     if (profile < 0 || profile >= count) {
         refuse(owner_.logger(), "setOptimizationProfileAsync(" + std::to_string(profile) + "): `" + owner_.label() +
@@ -584,6 +614,7 @@ bool ContextImpl::allInputDimensionsSpecified() const noexcept {
 }
 
 bool ContextImpl::setInputShape(char const* name, Dims const& dims) noexcept {
+    if (!owner_.device_usable_for("setInputShape")) return false;
     Engine& engine = owner_.engine();
     std::string head = std::string("setInputShape(`") + (name != nullptr ? name : "(null)") + "`, " +
                        dims_string(dims) + "): ";
@@ -636,6 +667,7 @@ Dims ContextImpl::getTensorShape(char const* name) const noexcept {
 }
 
 bool ContextImpl::setTensorAddress(char const* name, void* data) noexcept {
+    if (!owner_.device_usable_for("setTensorAddress")) return false;
     std::string head = std::string("setTensorAddress(`") + (name != nullptr ? name : "(null)") + "`, " +
                        pointer_text(data) + "): ";
     if (owner_.engine().tensor(name) == nullptr) {
@@ -715,11 +747,13 @@ struct Launch {
 // A launch of the engine's work that the driver refused: a sticky context's error is a
 // CUDA error, reported as the CUDA runtime inside TensorRT reports a failed launch (no rule
 // was broken); anything else is a refusal.
-void launch_failed(ILogger* logger, std::string const& head, std::string const& why, int code) {
+void launch_failed(ILogger* logger, std::string const& head, std::string const& why, int code, int device) {
     if (is_sticky_error(code)) {
         log(logger, Severity::kERROR,
             head + cuda_runtime_error(code) + " (" + result_text(code) +
                 ": the CUDA context's error is sticky: every later call in it fails; " + why + ")");
+        // The caller has been told now: from here the relaunch rule holds for its thread.
+        told_of_loss(device);
         return;
     }
     refuse(logger, head + why);
@@ -788,11 +822,12 @@ bool place_data_dependent(Context& owner, void* stream, std::string const& head,
     int code = 0;
     std::string label = "TensorRT engine `" + owner.label() + "` (data-dependent shapes)";
     if (!enqueue_work(stream, label, reads, run, nullptr, &why, &code)) {
-        launch_failed(logger, head, why, code);
+        launch_failed(logger, head, why, code, engine.cuda().device);
         return false;
     }
     if (int r = synchronize(stream)) {
-        launch_failed(logger, head, "waiting for the data-dependent shapes: " + result_text(r), r);
+        launch_failed(logger, head, "waiting for the data-dependent shapes: " + result_text(r), r,
+                      engine.cuda().device);
         return false;
     }
     for (TensorInfo const* t : launch->data_dependent) {
@@ -824,6 +859,7 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
     Engine& engine = owner_.engine();
     ILogger* logger = owner_.logger();
     std::string head = "enqueueV3 of `" + owner_.label() + "`: ";
+    if (!owner_.device_usable_for("enqueueV3")) return false;
     if (fault_armed("enqueue")) {
         refuse(logger, head + "injected fault (CELER_TRT_STANDIN_FAULT_FILE)");
         return false;
@@ -867,7 +903,7 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
             refuse(logger, head + why);
             return false;
         }
-        launch_failed(logger, head, what, kCudaErrorIllegalAddress);
+        launch_failed(logger, head, what, kCudaErrorIllegalAddress, engine.cuda().device);
         return false;
     }
     if (!launch.data_dependent.empty() && !place_data_dependent(owner_, stream, head, &launch)) return false;
@@ -908,7 +944,7 @@ bool ContextImpl::enqueueV3(cudaStream_t stream) noexcept {
     owner_.pending++;
     int code = 0;
     if (!enqueue_work(stream, "TensorRT engine `" + owner_.label() + "`", launch.ranges, run, done, &why, &code)) {
-        launch_failed(logger, head, why, code);
+        launch_failed(logger, head, why, code, engine.cuda().device);
         return false;
     }
     for (auto const& [allocator, binding] : launch.notify) allocator->notifyShape(binding.name.c_str(), binding.dims);
@@ -919,6 +955,9 @@ nvinfer1::IExecutionContext* EngineImpl::createExecutionContext(ExecutionContext
     std::string why;
     CudaContextInfo cuda;
     std::string head = "createExecutionContext of `" + owner_.plan().name + "`: ";
+    if (!device_usable(owner_.logger(), owner_.cuda().device, "createExecutionContext of `" + owner_.plan().name + "`")) {
+        return nullptr;
+    }
     if (!current_context(&cuda, &why)) {
         refuse(owner_.logger(), head + why + ": TensorRT works in the CUDA context current on the calling thread");
         return nullptr;
@@ -948,6 +987,8 @@ nvinfer1::ICudaEngine* RuntimeImpl::deserializeCudaEngine(void const* blob, std:
         refuse(logger_, head + why + ": TensorRT deserializes into the CUDA context current on the calling thread");
         return nullptr;
     }
+    if (!device_usable(logger_, cuda.device, "deserializeCudaEngine")) return nullptr;
+    note_device(cuda.device);
     Plan plan;
     if (!parse_plan(blob, size, &plan, &why)) {
         refuse(logger_, head + why);

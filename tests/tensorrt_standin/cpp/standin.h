@@ -116,6 +116,22 @@ bool current_context(CudaContextInfo* out, std::string* why);
 // made (`made`: "deserialized", "created") in `home`, is being destroyed; a violation
 // naming the rule when another context, or none, is current.
 void check_destroyed_in(ILogger* logger, std::string const& what, char const* made, CudaContextInfo const& home);
+// The rule that the process must be relaunched once a device's context is lost: after a
+// context of `device` hit a sticky error or was reset (the stand-in driver records each
+// loss) since TensorRT first worked on the device, a TensorRT call that touches the device
+// (`what`: "enqueueV3 on a context of `x`", "ICudaEngine `x` destroyed: it") is a
+// violation naming the rule ("the process must be terminated and relaunched to use CUDA
+// again"), as the CUDA runtime inside TensorRT keeps state in that context. `Always`: any
+// such call (making, deserializing, building, destroying). `Request`: a call of a run
+// (enqueueV3, setting a shape, an address, memory or a profile) only once the calling
+// thread has been told of the loss (the driver answered it the sticky error, or an
+// enqueueV3 of it failed with it) or after a reset (which the caller made): before that it
+// is how a run that began before the loss discovers it. True when the call may go on;
+// false after the violation (log mode), when the call must do nothing more on the device.
+enum class Touch { Always, Request };
+bool device_usable(ILogger* logger, int device, std::string const& what, Touch touch = Touch::Always);
+// An enqueueV3 of the calling thread has just reported `device`'s sticky error.
+void told_of_loss(int device);
 // Retains `device`'s primary context for the life of the process, once, as the CUDA
 // runtime inside the real libnvinfer does (so that dropping the caller's references
 // alone does not destroy a context TensorRT has used).

@@ -8,7 +8,10 @@
 //
 // The scenarios `data-dependent-*` run MODEL.onnx = onnx/fixtures/prob-nonzero.onnx (an
 // output of data-dependent shape) instead of seg3.onnx; `enqueue-sticky` is `ok` with the
-// stand-in's fault file armed by the test.
+// stand-in's fault file armed by the test. Once the context is lost (`enqueue-sticky`,
+// `sticky-context`) the harness makes no TensorRT call again, as a process must that will
+// be relaunched: it leaves its objects alive and exits; `told-then-enqueue`,
+// `sticky-then-destroy` and `reset-then-deserialize` break that rule.
 //
 // Usage: planted SCENARIO LIBCUDA LIBNVINFER LIBNVONNXPARSER MODEL.onnx [PLAN]
 // Prints every TensorRT log message as "LOG <severity> <message>" and each failed call as
@@ -38,6 +41,7 @@ using CUdeviceptr = unsigned long long;
 struct Cuda {
     CUresult (*init)(unsigned);
     CUresult (*retain)(void**, int);
+    CUresult (*reset)(int);
     CUresult (*set_current)(void*);
     CUresult (*stream_create)(void**, unsigned);
     CUresult (*stream_sync)(void*);
@@ -202,6 +206,7 @@ int main(int argc, char** argv) {
     Cuda cu{};
     bind(cu.init, libcuda, "cuInit");
     bind(cu.retain, libcuda, "cuDevicePrimaryCtxRetain");
+    bind(cu.reset, libcuda, "cuDevicePrimaryCtxReset_v2");
     bind(cu.set_current, libcuda, "cuCtxSetCurrent");
     bind(cu.stream_create, libcuda, "cuStreamCreate");
     bind(cu.stream_sync, libcuda, "cuStreamSynchronize");
@@ -291,6 +296,15 @@ int main(int argc, char** argv) {
     if (scenario == "no-cuda-context") cu.set_current(nullptr);  // planted
     nvinfer1::ICudaEngine* engine = runtime->deserializeCudaEngine(plan.data(), plan.size());
     if (!check(engine != nullptr, "deserializeCudaEngine")) return 3;
+    if (scenario == "reset-then-deserialize") {
+        // Planted: the context TensorRT works in is reset (as an in-process recovery would),
+        // and TensorRT is asked to deserialize on the device again.
+        cu.reset(0);
+        cu.retain(&ctx0, 0);
+        cu.set_current(ctx0);
+        check(runtime->deserializeCudaEngine(plan.data(), plan.size()) != nullptr, "deserializeCudaEngine again");
+        return 3;
+    }
     auto strategy = nvinfer1::ExecutionContextAllocationStrategy::kUSER_MANAGED;
     nvinfer1::IExecutionContext* context = engine->createExecutionContext(strategy);
     nvinfer1::IExecutionContext* second = nullptr;
@@ -321,11 +335,25 @@ int main(int argc, char** argv) {
     // The output holds a sentinel until the stream runs the engine: enqueueV3 only queues.
     std::vector<float> sentinel(3 * 64 * 64, -7.0f);
     cu.htod(output, sentinel.data(), sentinel.size() * sizeof(float));
-    if (scenario == "sticky-context") {
-        // Planted: a kernel faulted in the context before the engine is launched there.
+    if (scenario == "sticky-context" || scenario == "told-then-enqueue") {
+        // A kernel faulted in the context before the engine is launched there.
         cu.make_sticky(ctx0, 700, "planted: an earlier kernel's illegal address");
     }
+    if (scenario == "told-then-enqueue") {
+        // The caller is told of the loss (its synchronisation fails with it), and planted:
+        // enqueues all the same.
+        check(cu.stream_sync(stream) == 0, "cuStreamSynchronize");
+    }
     check(context->enqueueV3(static_cast<cudaStream_t>(stream)), "enqueueV3");
+    if (scenario == "enqueue-sticky" || scenario == "sticky-context") {
+        // The context is lost (the enqueue failed with its sticky error, and so does the
+        // stream's synchronisation): no TensorRT call touches the device again. The
+        // execution context, the engine and the runtime are left alive, not destroyed, for
+        // the process to end and be relaunched.
+        check(cu.stream_sync(stream) == 0, "cuStreamSynchronize");
+        std::printf("DONE %s\n", g_failed ? "with failures" : "ok");
+        return g_failed ? 3 : 0;
+    }
     if (scenario == "ok") {
         std::vector<float> early(3 * 64 * 64, 0.0f);
         // This read races the engine's stream on purpose (the null stream, with no event
@@ -362,6 +390,13 @@ int main(int argc, char** argv) {
               "the engine's output");
     }
     delete second;
+    if (scenario == "sticky-then-destroy") {
+        // Planted: the context is lost after the run, and the engine is destroyed (its
+        // execution context left alive: the engine is the first TensorRT call after it).
+        cu.make_sticky(ctx0, 700, "planted: a later kernel's illegal address");
+        delete engine;
+        return 3;
+    }
     if (scenario == "context-in-another-gpus-context") {
         cu.retain(&ctx1, 1);
         cu.set_current(ctx1);  // planted: GPU 1's context current
