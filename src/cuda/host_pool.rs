@@ -332,11 +332,21 @@ impl HostPool {
 
     /// Page-locks nothing more in `context`, without a call in it: its GPU was lost for
     /// good, and no call is made there again (its registrations go with the process).
+    /// The pool's own context, when it is on that GPU, goes the same way: never called
+    /// again, not even to be destroyed, so its registrations hold until the process ends
+    /// (the other GPUs' copies stay DMA); blocks grown after it are not page-locked.
     pub fn detach(&self, context: &Arc<CudaContext>) {
         let mut registry = lock(&self.shared.registry);
         registry
             .contexts
             .retain(|c| c.strong_count() > 0 && !std::ptr::eq(c.as_ptr(), Arc::as_ptr(context)));
+        if registry
+            .own
+            .as_ref()
+            .is_some_and(|own| own.ordinal() == context.ordinal())
+        {
+            std::mem::forget(registry.own.take());
+        }
     }
 
     pub fn stats(&self) -> PoolStats {
