@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use celer::cuda::driver::sys::{self, CUevent_flags};
 use celer::cuda::driver::{
-    code as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError,
-    LaunchConfig, PushKernelArg,
+    code as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, Device, DriverError,
+    LaunchConfig, OwnContext, PushKernelArg,
 };
 use celer::cuda::kernels::COMPILE_OPTIONS;
 use celer::cuda::nvrtc::{Nvrtc, Source};
@@ -1301,6 +1301,127 @@ fn registrations_end_with_the_context_that_made_them() {
     // The memory is the caller's still, and can be registered in the new context.
     host.register().expect("registered in the new context");
     host.unregister().expect("unregistered");
+}
+
+/// Set in the process that a_registration_ends_with_its_context_for_every_gpu starts: two
+/// stand-in GPUs.
+const TWO_GPUS_CHILD: &str = "CELER_STANDIN_CATCHES_TWO_GPUS";
+
+/// Rule "registration ended with its context", across GPUs: memory registered (PORTABLE)
+/// in GPU 0's primary context is pageable to GPU 1's copies once that context is reset
+/// (planted), counted and noted; registered in a context of one's own on GPU 0 (the twin),
+/// it stays DMA through the reset, until that context is destroyed.
+#[test]
+fn a_registration_ends_with_its_context_for_every_gpu() {
+    if std::env::var(TWO_GPUS_CHILD).is_err() {
+        // The stand-in reads its GPU count at cuInit: a process of its own.
+        celer_cuda_standin::run_test_in_child(
+            "a_registration_ends_with_its_context_for_every_gpu",
+            &[(TWO_GPUS_CHILD, "1"), ("CELER_CUDA_STANDIN_DEVICES", "2")],
+        );
+        return;
+    }
+    let standin = standin();
+    let gpu1 = CudaContext::new(1).expect("the stand-in's GPU 1");
+    let stream = gpu1.new_stream().unwrap();
+    let mut device = stream.alloc_zeros::<f32>(1024).unwrap();
+    stream.synchronize().unwrap();
+    let mut host = HostPages::new(1);
+    host.floats().fill(3.0);
+    // One upload on GPU 1 from `host`: (pageable copies, of them after a context's end).
+    let mut upload = |host: &mut HostPages| {
+        let before = standin.counters();
+        stream.memcpy_htod(host.floats(), &mut device).unwrap();
+        let d = standin.counters() - before;
+        assert_eq!(stream.clone_dtoh(&device).unwrap(), vec![3.0f32; 1024]);
+        (d.pageable_htod_copies, d.pageable_after_context_end)
+    };
+    let portable = sys::CU_MEMHOSTREGISTER_PORTABLE;
+
+    // Planted: registered in GPU 0's primary context, which is then reset.
+    let gpu0 = CudaContext::new(0).expect("the stand-in's GPU 0");
+    host.register_part(0, host.bytes(), portable)
+        .expect("registered in GPU 0's primary context");
+    assert_eq!(upload(&mut host), (0, 0), "DMA while registered");
+    // SAFETY: device 0 exists; nothing of its primary context is used after the reset.
+    unsafe { sys::cuDevicePrimaryCtxReset_v2(0) }
+        .result()
+        .expect("reset");
+    drop(gpu0);
+    assert_eq!(
+        upload(&mut host),
+        (1, 1),
+        "pageable on GPU 1 after the reset"
+    );
+    let note = standin.last_note();
+    assert!(
+        note.starts_with("registration ended with its context: cuMemcpyHtoDAsync(")
+            && note.contains("on GPU 1")
+            && note.contains("the primary context of GPU 0, by cuDevicePrimaryCtxReset"),
+        "{note}"
+    );
+
+    // The twin: registered in a context of its own on GPU 0, which no reset touches. Made
+    // with GPU 1's context current, which stays current.
+    gpu1.bind_to_thread().unwrap();
+    let own = OwnContext::create(Device::get(0).unwrap()).expect("a context of its own");
+    assert_eq!(
+        celer::cuda::driver::current().unwrap(),
+        gpu1.cu_ctx(),
+        "still current"
+    );
+    // SAFETY: `host` outlives the registration (unregistered by the context's destroy
+    // below, or by its Drop).
+    unsafe { own.register_host(host.at(0), host.bytes(), portable) }
+        .expect("registered in its own context");
+    assert_eq!(
+        celer::cuda::driver::current().unwrap(),
+        gpu1.cu_ctx(),
+        "still current"
+    );
+    let gpu0 = CudaContext::new(0).expect("GPU 0's primary context again");
+    // SAFETY: as above.
+    unsafe { sys::cuDevicePrimaryCtxReset_v2(0) }
+        .result()
+        .expect("reset");
+    drop(gpu0);
+    assert_eq!(upload(&mut host), (0, 0), "DMA through GPU 0's reset");
+    // Its destruction ends the registration, as any context's.
+    drop(own);
+    assert_eq!(
+        upload(&mut host),
+        (1, 1),
+        "pageable once that context is gone"
+    );
+    let note = standin.last_note();
+    assert!(
+        note.contains("(cuCtxCreate) of GPU 0, by cuCtxDestroy"),
+        "{note}"
+    );
+
+    // Planted: cuCtxDestroy of a primary context, and a pop with nothing current.
+    // SAFETY: the driver must refuse it, destroying nothing.
+    let err = unsafe { sys::cuCtxDestroy_v2(gpu1.cu_ctx()) }
+        .result()
+        .expect_err("a primary context");
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_CONTEXT);
+    assert!(
+        standin
+            .last_error()
+            .contains("the primary context of GPU 1"),
+        "{}",
+        standin.last_error()
+    );
+    // SAFETY: clearing the current context is always allowed.
+    unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) }
+        .result()
+        .unwrap();
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: the pointer is valid for one write.
+    let err = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }
+        .result()
+        .expect_err("nothing current");
+    assert_eq!(code(&err), cu::CUDA_ERROR_INVALID_CONTEXT);
 }
 
 /// The driver's version, as the stand-in plays it.

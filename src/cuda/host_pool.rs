@@ -4,12 +4,16 @@
 //! encoder's input, with no staging copy on either side.
 //!
 //! The blocks are celer's own heap memory, page-aligned, page-locked with
-//! `cuMemHostRegister` in each GPU's context when the GPU opens (`attach`), rather than
-//! allocated by the driver: requests hold their blocks across the router, the queue and
-//! the encoder, beyond any one context, and a GPU's context may be destroyed and made
-//! again (recovery) while they do. Memory the driver allocated would go with its context;
-//! this memory only stops being page-locked there, and a copy from memory that is not
-//! page-locked is still correct (the driver stages it), only slower.
+//! `cuMemHostRegister` (PORTABLE: DMA for every GPU) rather than allocated by the driver:
+//! requests hold their blocks across the router, the queue and the encoder, beyond any one
+//! context, and a GPU's context may be destroyed and made again (recovery) while they do.
+//! A registration ends with the context it was made in, for every GPU, so the pool
+//! registers in a context of its own (`OwnContext`, made on the first GPU to open, kept for
+//! the pool's life) that no recovery resets: a reset of GPU 0's primary context would
+//! otherwise make GPU 1's copies from the pool pageable. Where that context cannot be made
+//! (a GPU that allows one context per process), each GPU's own context registers, as a
+//! fallback. A copy from memory that is not page-locked is still correct (the driver
+//! stages it), only slower and synchronous.
 //!
 //! Sized at start-up (`HostPool::new`); a lease the free blocks cannot serve gets the heap
 //! at once, and a thread of the pool's pins one block more in the background, up to the
@@ -20,7 +24,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::driver::{code, sys, CudaContext, DriverError};
+use super::driver::{code, sys, CudaContext, DriverError, OwnContext};
 
 use crate::pixels::{Heap, HostAlloc, HostBytes, Lease};
 
@@ -73,28 +77,59 @@ impl Drop for Block {
     }
 }
 
-/// Page-locks `(address, len)` in `context`. Memory already page-locked (by another
-/// GPU's context: registrations are portable across contexts) counts as done.
-fn register(context: &CudaContext, address: usize, len: usize) -> Result<(), DriverError> {
-    // SAFETY: the range is a live `Block` of the pool, which outlives its registration:
-    // blocks are unregistered (`Shared::drop`) before they are freed. The driver only
-    // marks the pages page-locked; it does not write them.
-    let registered = unsafe {
-        context.register_host(
+/// A context the pool's blocks are page-locked in.
+enum Locker<'a> {
+    /// The pool's own: every block, for every GPU, whatever GPU recovers.
+    Own(&'a OwnContext),
+    /// A GPU's primary context (the fallback), while it lives.
+    Gpu(Arc<CudaContext>),
+}
+
+impl Locker<'_> {
+    /// Page-locks `(address, len)` here. Memory already page-locked (by another GPU's
+    /// context: registrations are portable across contexts) counts as done.
+    fn register(&self, address: usize, len: usize) -> Result<(), DriverError> {
+        let (pointer, flags) = (
             address as *mut std::ffi::c_void,
-            len,
             sys::CU_MEMHOSTREGISTER_PORTABLE,
-        )
-    };
-    match registered {
-        Err(e) if e.code() == Some(code::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(()),
-        other => other,
+        );
+        // SAFETY: the range is a live `Block` of the pool, which outlives its registration:
+        // blocks are unregistered (`Shared::drop`) before they are freed, and the own
+        // context goes with the registry, before the blocks. The driver only marks the
+        // pages page-locked; it does not write them.
+        let registered = unsafe {
+            match self {
+                Locker::Own(own) => own.register_host(pointer, len, flags),
+                Locker::Gpu(context) => context.register_host(pointer, len, flags),
+            }
+        };
+        match registered {
+            Err(e) if e.code() == Some(code::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Ends the registration of the block at `address`. An error (not registered here)
+    /// changes nothing.
+    ///
+    /// # Safety
+    /// No copy from or to the block may be queued.
+    unsafe fn unregister(&self, address: usize) {
+        let pointer = address as *mut std::ffi::c_void;
+        // SAFETY: forwarded to the caller.
+        let _ = unsafe {
+            match self {
+                Locker::Own(own) => own.unregister_host(pointer),
+                Locker::Gpu(context) => context.unregister_host(pointer),
+            }
+        };
     }
 }
 
-/// `register`, a failure logged: the block still serves, its copies staged by the driver.
-fn register_or_warn(context: &CudaContext, address: usize, len: usize) {
-    if let Err(e) = register(context, address, len) {
+/// `Locker::register`, a failure logged: the block still serves, its copies staged by the
+/// driver.
+fn register_or_warn(locker: &Locker<'_>, address: usize, len: usize) {
+    if let Err(e) = locker.register(address, len) {
         tracing::warn!(
             error = %e,
             bytes = len,
@@ -107,7 +142,11 @@ fn register_or_warn(context: &CudaContext, address: usize, len: usize) {
 struct Registry {
     /// Every block's `(address, len)`, lent or free.
     blocks: Vec<(usize, usize)>,
-    /// The contexts the blocks are page-locked in: each GPU's, while it lives.
+    /// The pool's own context, every block page-locked in it: made at the first GPU's
+    /// `attach`, kept until the pool goes.
+    own: Option<OwnContext>,
+    /// Where no own context could be made: the GPUs' contexts the blocks are page-locked
+    /// in, while they live.
     contexts: Vec<Weak<CudaContext>>,
     bytes: usize,
 }
@@ -116,6 +155,36 @@ impl Registry {
     fn live_contexts(&mut self) -> Vec<Arc<CudaContext>> {
         self.contexts.retain(|c| c.strong_count() > 0);
         self.contexts.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Where a block is page-locked: the own context, else each live GPU context.
+    fn lockers(&mut self) -> Vec<Locker<'_>> {
+        if self.own.is_none() {
+            return self.live_contexts().into_iter().map(Locker::Gpu).collect();
+        }
+        self.own.iter().map(Locker::Own).collect()
+    }
+
+    /// Makes the own context on `context`'s GPU and page-locks every block in it, unless
+    /// blocks are already page-locked in a live GPU context (the fallback, which stays).
+    fn make_own(&mut self, context: &CudaContext) {
+        if self.own.is_some() || !self.live_contexts().is_empty() {
+            return;
+        }
+        match OwnContext::create(context.device()) {
+            Ok(own) => {
+                for &(address, len) in &self.blocks {
+                    register_or_warn(&Locker::Own(&own), address, len);
+                }
+                self.own = Some(own);
+            }
+            Err(error) => tracing::warn!(
+                gpu = context.ordinal(),
+                %error,
+                "cannot make the pixel pool a context of its own: its blocks are page-locked in \
+                 each GPU's context, and a recovery that resets one makes them pageable"
+            ),
+        }
     }
 }
 
@@ -145,8 +214,8 @@ impl Shared {
             return false;
         };
         let mut registry = lock(&self.registry);
-        for context in registry.live_contexts() {
-            register_or_warn(&context, block.address(), block.len);
+        for locker in registry.lockers() {
+            register_or_warn(&locker, block.address(), block.len);
         }
         registry.blocks.push((block.address(), block.len));
         registry.bytes += block.len;
@@ -172,17 +241,17 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // Every lease holds the pool, so every block is free now and no copy uses one.
         let registry = self.registry.get_mut().unwrap_or_else(|p| p.into_inner());
-        for context in registry.live_contexts() {
-            if context.bind_to_thread().is_err() {
-                continue;
-            }
-            for &(address, _) in &registry.blocks {
+        let blocks = registry.blocks.clone();
+        for locker in registry.lockers() {
+            for &(address, _) in &blocks {
                 // SAFETY: `address` is the base of a block registered above and still
-                // allocated (blocks are freed after this loop), and no copy uses it (every
-                // block is free). An error (not registered in this context) changes nothing.
-                let _ = unsafe { context.unregister_host(address as *mut std::ffi::c_void) };
+                // allocated (blocks are freed after this), and no copy uses it (every
+                // block is free).
+                unsafe { locker.unregister(address) };
             }
         }
+        // The own context goes here (its Drop destroys it), before the blocks.
+        registry.own = None;
     }
 }
 
@@ -224,6 +293,7 @@ impl HostPool {
             free: Mutex::new(Vec::with_capacity(sizes.len())),
             registry: Mutex::new(Registry {
                 blocks: Vec::new(),
+                own: None,
                 contexts: Vec::new(),
                 bytes: 0,
             }),
@@ -242,12 +312,19 @@ impl HostPool {
         Self { shared }
     }
 
-    /// Page-locks every block in `context` (a GPU just opened, or reopened), and each
-    /// block made later. Takes milliseconds a block: at a GPU's load, never per request.
+    /// A GPU just opened, or reopened, in `context`: the first makes the pool's own
+    /// context on its GPU and page-locks every block there (DMA for every GPU from then
+    /// on); where that cannot be made, every block, and each made later, is page-locked in
+    /// `context`. Takes milliseconds a block: at a GPU's load, never per request.
     pub fn attach(&self, context: &Arc<CudaContext>) {
         let mut registry = lock(&self.shared.registry);
+        registry.make_own(context);
+        if registry.own.is_some() {
+            return;
+        }
+        let locker = Locker::Gpu(context.clone());
         for &(address, len) in &registry.blocks {
-            register_or_warn(context, address, len);
+            register_or_warn(&locker, address, len);
         }
         registry.contexts.retain(|c| c.strong_count() > 0);
         registry.contexts.push(Arc::downgrade(context));
@@ -255,11 +332,21 @@ impl HostPool {
 
     /// Page-locks nothing more in `context`, without a call in it: its GPU was lost for
     /// good, and no call is made there again (its registrations go with the process).
+    /// The pool's own context, when it is on that GPU, goes the same way: never called
+    /// again, not even to be destroyed, so its registrations hold until the process ends
+    /// (the other GPUs' copies stay DMA); blocks grown after it are not page-locked.
     pub fn detach(&self, context: &Arc<CudaContext>) {
         let mut registry = lock(&self.shared.registry);
         registry
             .contexts
             .retain(|c| c.strong_count() > 0 && !std::ptr::eq(c.as_ptr(), Arc::as_ptr(context)));
+        if registry
+            .own
+            .as_ref()
+            .is_some_and(|own| own.ordinal() == context.ordinal())
+        {
+            std::mem::forget(registry.own.take());
+        }
     }
 
     pub fn stats(&self) -> PoolStats {

@@ -2,8 +2,8 @@
 //! entry point celer calls, resolved by name with a raw integer `CUresult`), `result`
 //! (`DriverError`: the raw code and the call, and whether the context is lost; the table
 //! of codes celer knows), and the safe types the rest of celer uses: the primary context
-//! (`CudaContext`), streams, device buffers and views, events, modules and kernels,
-//! launches, page-locked host memory. Plus `counters()`: what celer asked the driver for.
+//! (`CudaContext`) and a context of celer's own (`OwnContext`), streams, device buffers
+//! and views, events, modules and kernels, launches, page-locked host memory. Plus `counters()`: what celer asked the driver for.
 //!
 //! Why not cudarc's own: cudarc resolves every entry point as returning its `CUresult`
 //! enum, and a driver newer than the bindings returns codes the enum lacks (Hopper's
@@ -20,6 +20,7 @@ mod event;
 mod launch;
 mod memory;
 mod module;
+mod own_context;
 mod queued;
 pub mod result;
 mod stream;
@@ -37,5 +38,6 @@ pub use memory::{
     ValidAsZeroBits,
 };
 pub use module::{CudaFunction, CudaModule};
+pub use own_context::OwnContext;
 pub use result::{code, DriverError};
 pub use stream::CudaStream;

@@ -135,6 +135,10 @@ entry_points! {
     fn cuCtxSetFlags(flags: c_uint);
     fn cuCtxGetFlags(flags: *mut c_uint);
     fn cuCtxSynchronize();
+    fn cuCtxCreate_v2(context: *mut CUcontext, flags: c_uint, device: CUdevice);
+    fn cuCtxDestroy_v2(context: CUcontext);
+    fn cuCtxPushCurrent_v2(context: CUcontext);
+    fn cuCtxPopCurrent_v2(context: *mut CUcontext);
 
     // ---- modules ----
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void);

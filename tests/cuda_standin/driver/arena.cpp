@@ -77,6 +77,10 @@ struct Arena {
     // What ended the last registration that started at each address, for the error of a
     // cuMemHostUnregister after it ended.
     std::map<uintptr_t, const char*> registration_ended;
+    // Registrations ended by their context's destruction, by base: their bytes and what
+    // destroyed the context, for the rule "registration ended with its context" (a later
+    // copy from the range is pageable, on every GPU). Dropped when the range is locked again.
+    std::map<uintptr_t, std::pair<size_t, std::string>> ended_with_context;
 
     bool reserve() {
         if (begin != 0) return true;
@@ -340,6 +344,10 @@ int host_register(void* pointer, size_t bytes, unsigned int flags, uint64_t gene
                            overlap->second.registered ? "by cuMemHostRegister" : "memory of cuMemHostAlloc"));
     }
     a.locked[begin] = Locked{bytes, flags, true, generation, a.next_locked_id++};
+    for (auto it = a.ended_with_context.begin(); it != a.ended_with_context.end();) {
+        bool overlaps = it->first < end && it->first + it->second.first > begin;
+        it = overlaps ? a.ended_with_context.erase(it) : std::next(it);
+    }
     return SUCCESS;
 }
 
@@ -363,14 +371,27 @@ int host_unregister(void* pointer) {
     return SUCCESS;
 }
 
-void host_unregister_generation(uint64_t generation, const char* why) {
+void host_unregister_generation(uint64_t generation, const char* why, const std::string& context) {
     Arena& a = arena();
     std::lock_guard<std::mutex> lock(a.mutex);
     for (auto it = a.locked.begin(); it != a.locked.end();) {
         auto next = std::next(it);
-        if (it->second.registered && it->second.generation == generation) end_locked(a, it, why);
+        if (it->second.registered && it->second.generation == generation) {
+            a.ended_with_context[it->first] = {it->second.bytes, format("%s, by %s", context.c_str(), why)};
+            end_locked(a, it, why);
+        }
         it = next;
     }
+}
+
+std::string registration_ended_with_context(const void* pointer, size_t bytes) {
+    Arena& a = arena();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+    auto it = a.ended_with_context.upper_bound(address);
+    if (it == a.ended_with_context.begin()) return std::string();
+    --it;
+    return address + bytes <= it->first + it->second.first ? it->second.second : std::string();
 }
 
 uint64_t page_locked_id(const void* pointer, size_t bytes) {

@@ -24,9 +24,13 @@
 //   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. It pins nothing (the flags change nothing:
 //   there is no device mapping to give); it records the range, so that copies from and to
 //   it are DMA. A registration belongs to the context current at the call: when that
-//   context is destroyed (last cuDevicePrimaryCtxRelease, or cuDevicePrimaryCtxReset) its
+//   context is destroyed (last cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxReset, or
+//   cuCtxDestroy of a context of cuCtxCreate) its
 //   registrations end, whatever their flags (PORTABLE included: kept simple), and the
-//   memory, still the caller's, is pageable to later copies. cuMemHostUnregister(p) ends a
+//   memory, still the caller's, is pageable to later copies on every GPU (rule
+//   "registration ended with its context": each such copy is counted in
+//   pageable_after_context_end besides the pageable copies, and leaves a note naming the
+//   copy and the context, celer_standin_last_note). cuMemHostUnregister(p) ends a
 //   registration: p must be the start of a registered range, else
 //   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED (also for memory of cuMemHostAlloc); it never
 //   unmaps anything. cuMemFreeHost of a registered range is CUDA_ERROR_INVALID_VALUE (not
@@ -202,13 +206,23 @@
 // stale handle (a stream celer destroys after the reset, say) fails instead of reaching
 // the new context.
 //
+// cuCtxCreate_v2 makes a context of the caller's own on a device, besides its primary one
+// (flags: CU_CTX_SCHED_* | MAP_HOST | LMEM_RESIZE_TO_MAX, else CUDA_ERROR_INVALID_VALUE),
+// and pushes it on the calling thread's context stack (current, the one current before
+// below it; cuCtxPushCurrent_v2/cuCtxPopCurrent_v2 push and pop any live context). No reset
+// of the primary context touches it; cuCtxDestroy_v2 destroys it as a reset destroys the
+// primary one (popping it if it is current on the calling thread). cuCtxDestroy_v2 of a
+// primary context, or of a dead or foreign handle, is CUDA_ERROR_INVALID_CONTEXT; so is
+// cuCtxPopCurrent_v2 with no context current.
+//
 // Driver functions provided (celer's code path and its driver layer, src/cuda/driver):
 //   probe:     cuDriverGetVersion cuInit cuDeviceGetCount cuDeviceGet cuDeviceGetName
 //              cuDeviceGetUuid cuDeviceGetUuid_v2 cuDeviceTotalMem_v2 cuDeviceGetAttribute
 //   context:   cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
 //              cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxSetFlags_v2
 //              cuDevicePrimaryCtxGetState cuCtxGetCurrent cuCtxSetCurrent cuCtxGetDevice
-//              cuCtxSetFlags cuCtxGetFlags cuCtxSynchronize
+//              cuCtxSetFlags cuCtxGetFlags cuCtxSynchronize cuCtxCreate_v2
+//              cuCtxDestroy_v2 cuCtxPushCurrent_v2 cuCtxPopCurrent_v2
 //   modules:   cuModuleLoadData cuModuleGetFunction cuModuleUnload
 //   streams:   cuStreamCreate cuStreamSynchronize cuStreamQuery cuStreamWaitEvent
 //              cuStreamDestroy_v2
@@ -282,6 +296,8 @@ namespace standin {
 namespace {
 std::mutex last_error_mutex;
 std::string last_error_text;
+// The last note of a rule that changes no result (celer_standin_last_note).
+std::string last_note_text;
 }  // namespace
 
 std::string format(const char* fmt, ...) {
@@ -380,6 +396,7 @@ struct Counters {
     std::atomic<uint64_t> host_unregisters{0};
     std::atomic<uint64_t> pageable_htod_copies{0};
     std::atomic<uint64_t> pageable_dtoh_copies{0};
+    std::atomic<uint64_t> pageable_after_context_end{0};
     std::atomic<uint64_t> sticky_errors{0};
     std::atomic<uint64_t> work_enqueued{0};
     std::atomic<uint64_t> work_run{0};
@@ -401,8 +418,8 @@ Counters counters;
     X(stream_syncs) X(event_syncs) X(ctx_syncs) X(host_syncs) X(device_allocs)                \
     X(device_frees) X(pinned_allocs) X(pinned_alloc_bytes) X(pinned_frees) X(host_registers)  \
     X(host_register_bytes) X(host_unregisters) X(pageable_htod_copies)                        \
-    X(pageable_dtoh_copies) X(sticky_errors) X(work_enqueued) X(work_run) X(hung_launches)   \
-    X(hanging_now)
+    X(pageable_dtoh_copies) X(pageable_after_context_end) X(sticky_errors) X(work_enqueued)    \
+    X(work_run) X(hung_launches) X(hanging_now)
 
 // What fresh device memory holds (CELER_CUDA_STANDIN_POISON_DEVICE), and what the poison
 // controls write unless told another byte: as a float, 0xCDCDCDCD is about -4.3e8.
@@ -618,6 +635,10 @@ State& state() {
 }
 
 thread_local Context* current = nullptr;
+// The calling thread's context stack below `current` (cuCtxCreate and cuCtxPushCurrent
+// push, cuCtxPopCurrent and cuCtxDestroy of the current context pop; cuCtxSetCurrent
+// replaces the top, `current`, as CUDA's does).
+thread_local std::vector<Context*> below_current;
 
 using Lock = std::lock_guard<std::recursive_mutex>;
 
@@ -1469,6 +1490,33 @@ std::string stream_text(const Stream* s) {
     return s->is_null ? std::string("the null stream") : format("stream %p", static_cast<const void*>(s));
 }
 
+// "the primary context of GPU 0", or "context 0x... (cuCtxCreate) of GPU 1".
+std::string context_text(const Context* c) {
+    State& st = state();
+    bool primary = size_t(c->device) < st.devices.size() && st.devices[size_t(c->device)].primary == c;
+    if (primary) return format("the primary context of GPU %d", c->device);
+    return format("context %p (cuCtxCreate) of GPU %d", static_cast<const void*>(c), c->device);
+}
+
+// Rule "registration ended with its context": a pageable copy (`pageable`) from or to host
+// memory whose registration ended with the context that made it is counted and noted: on
+// a GPU such a copy is staged and synchronous, on every GPU, however portable the
+// registration was.
+void note_registration_ended(bool pageable, const void* host, size_t bytes, const char* call, const Context* c) {
+    if (!pageable) return;
+    std::string ended = registration_ended_with_context(host, bytes);
+    if (ended.empty()) return;
+    counters.pageable_after_context_end++;
+    std::string note = format("registration ended with its context: %s(%p, %zu bytes) on GPU %d copies pageable "
+                              "memory (staged, synchronous): its cuMemHostRegister ended with %s, for every GPU",
+                              call, host, bytes, c->device, ended.c_str());
+    {
+        std::lock_guard<std::mutex> lock(last_error_mutex);
+        last_note_text = note;
+    }
+    if (getenv("CELER_CUDA_STANDIN_QUIET") == nullptr) fprintf(stderr, "cuda stand-in: note: %s\n", note.c_str());
+}
+
 Context* new_context(int device, unsigned int flags) {
     State& st = state();
     Context* c = new Context();
@@ -1495,7 +1543,7 @@ void destroy_context(Context* c, const char* why) {
     State& st = state();
     device_free_generation(c->generation, why);
     // Host memory it registered is pageable again (the memory stays the caller's).
-    host_unregister_generation(c->generation, why);
+    host_unregister_generation(c->generation, why, context_text(c));
     // The accesses recorded of its memory go with it.
     for (auto it = st.accesses.begin(); it != st.accesses.end();) {
         AllocationView view;
@@ -1520,7 +1568,15 @@ void destroy_context(Context* c, const char* why) {
     c->events.clear();
     c->modules.clear();
     st.contexts.erase(c);
-    if (current == c) current = nullptr;
+    if (current == c) {
+        // CUDA pops a destroyed context current on the calling thread (a reset's or a
+        // release's leaves nothing current: celer binds again before each call).
+        current = nullptr;
+        if (strcmp(why, "cuCtxDestroy") == 0 && !below_current.empty()) {
+            current = below_current.back();
+            below_current.pop_back();
+        }
+    }
 }
 
 // Checks that `device` is a device and the driver was initialised.
@@ -1887,6 +1943,65 @@ EXPORT CUresult cuCtxSetCurrent(void* context) {
         return fail(INVALID_CONTEXT, format("cuCtxSetCurrent(%p): not a live context (destroyed?)", context));
     }
     current = c;
+    return SUCCESS;
+}
+
+// The flags cuCtxCreate takes: CU_CTX_SCHED_* (0-4), MAP_HOST (0x8), LMEM_RESIZE_TO_MAX (0x10).
+static const unsigned int kCtxCreateFlags = 0x7 | 0x8 | 0x10;
+
+EXPORT CUresult cuCtxCreate_v2(void** context, unsigned int flags, CUdevice device) {
+    RETURN_IF_INJECTED("cuCtxCreate_v2", nullptr, nullptr);
+    State& st = state();
+    Lock lock(st.mutex);
+    if (int r = check_device(device, "cuCtxCreate")) return r;
+    if (context == nullptr) return fail(INVALID_VALUE, "cuCtxCreate: null context pointer");
+    if ((flags & ~kCtxCreateFlags) != 0 || (flags & 0x7) > 4) {
+        return fail(INVALID_VALUE, format("cuCtxCreate(flags 0x%x): not CU_CTX_SCHED_* | MAP_HOST | LMEM_RESIZE_TO_MAX",
+                                          flags));
+    }
+    Context* c = new_context(device, flags);
+    below_current.push_back(current);
+    current = c;
+    *context = c;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(void* context) {
+    RETURN_IF_INJECTED("cuCtxPushCurrent_v2", nullptr, nullptr);
+    Lock lock(state().mutex);
+    Context* c = static_cast<Context*>(context);
+    if (!context_alive(c)) {
+        return fail(INVALID_CONTEXT, format("cuCtxPushCurrent(%p): not a live context (destroyed?)", context));
+    }
+    below_current.push_back(current);
+    current = c;
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(void** context) {
+    RETURN_IF_INJECTED("cuCtxPopCurrent_v2", nullptr, nullptr);
+    Lock lock(state().mutex);
+    if (current == nullptr) return fail(INVALID_CONTEXT, "cuCtxPopCurrent: no context is current on this thread");
+    if (context != nullptr) *context = current;
+    current = below_current.empty() ? nullptr : below_current.back();
+    if (!below_current.empty()) below_current.pop_back();
+    return SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(void* context) {
+    RETURN_IF_INJECTED("cuCtxDestroy_v2", nullptr, nullptr);
+    State& st = state();
+    Lock lock(st.mutex);
+    Context* c = static_cast<Context*>(context);
+    if (!context_alive(c)) {
+        return fail(INVALID_CONTEXT, format("cuCtxDestroy(%p): not a live context (destroyed?)", context));
+    }
+    if (st.devices[size_t(c->device)].primary == c) {
+        return fail(INVALID_CONTEXT, format("cuCtxDestroy(%p): the primary context of GPU %d (cuDevicePrimaryCtxRelease "
+                                            "or cuDevicePrimaryCtxReset end it)",
+                                            context, c->device));
+    }
+    destroy_context(c, "cuCtxDestroy");
     return SUCCESS;
 }
 
@@ -2513,6 +2628,7 @@ static CUresult copy_htod(CUdeviceptr dst, const void* src, size_t bytes, void* 
     counters.htod_copies++;
     counters.htod_bytes += bytes;
     if (pageable) counters.pageable_htod_copies++;
+    note_registration_ended(pageable, src, bytes, call, s->context);
     if (synchronous) wait_for(s, seq);
     return sticky_error(s->context);
 }
@@ -2559,6 +2675,7 @@ static CUresult copy_dtoh(void* dst, CUdeviceptr src, size_t bytes, void* stream
     counters.dtoh_copies++;
     counters.dtoh_bytes += bytes;
     if (pageable) counters.pageable_dtoh_copies++;
+    note_registration_ended(pageable, dst, bytes, call, s->context);
     // Into pageable memory the copy is complete when the call returns, as CUDA documents.
     if (!asynchronous) wait_for(s, seq);
     return sticky_error(s->context);
@@ -2818,6 +2935,15 @@ EXPORT const char* celer_standin_last_error() {
     return copy.c_str();
 }
 
+// The last note of a rule that changes no result ("registration ended with its context"),
+// empty when none: owned by the calling thread until its next call.
+EXPORT const char* celer_standin_last_note() {
+    static thread_local std::string copy;
+    std::lock_guard<std::mutex> lock(last_error_mutex);
+    copy = last_note_text;
+    return copy.c_str();
+}
+
 EXPORT void celer_standin_clear_last_error() {
     std::lock_guard<std::mutex> lock(last_error_mutex);
     last_error_text.clear();
@@ -2932,6 +3058,9 @@ EXPORT uint64_t celer_standin_poison_written(unsigned char byte) { return poison
 //                                     buffer of its own, a host copy of the data, whether
 //                                     the call was synchronous or not. A synchronous copy
 //                                     from or to page-locked memory is not one.
+//   pageable_after_context_end        of those pageable copies, each whose range was
+//                                     registered and the registration ended with its
+//                                     context (rule "registration ended with its context")
 //   contexts_created, sticky_errors, work_enqueued, work_run
 //   hung_launches                     launches armed to hang that reached the head of
 //                                     their stream (and hung there)

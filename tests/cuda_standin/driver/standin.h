@@ -111,8 +111,12 @@ int host_register(void* pointer, size_t bytes, unsigned int flags, uint64_t cont
 // is not the start of a registered range. The memory is the caller's: it is not unmapped.
 int host_unregister(void* pointer);
 // Ends every registration made by a context generation (context destroyed or reset);
-// `why` names what ended them.
-void host_unregister_generation(uint64_t context_generation, const char* why);
+// `why` names what ended them, `context` the context ("the primary context of GPU 0").
+void host_unregister_generation(uint64_t context_generation, const char* why, const std::string& context);
+// Which context's destruction ended the registration that held [pointer, pointer + bytes)
+// ("the primary context of GPU 0, by cuDevicePrimaryCtxReset"), when it ended so and
+// nothing locked the range since; else empty.
+std::string registration_ended_with_context(const void* pointer, size_t bytes);
 // The id of the page-locked range (of either kind) that holds [pointer, pointer + bytes),
 // 0 when none does. Ids are never reused, so a copy can tell its range from one locked
 // later at the same address.

@@ -332,6 +332,7 @@ unsafe extern "C" fn done_work(user: *mut c_void) {
 pub struct StandIn {
     last_error: unsafe extern "C" fn() -> *const c_char,
     clear_last_error: unsafe extern "C" fn(),
+    last_note: unsafe extern "C" fn() -> *const c_char,
     inject: unsafe extern "C" fn(c_int, u64),
     inject_return: unsafe extern "C" fn(*const c_char, i64, u64) -> c_int,
     counter: unsafe extern "C" fn(*const c_char) -> u64,
@@ -370,6 +371,9 @@ impl StandIn {
                             .map_err(|e| e.to_string())?,
                         clear_last_error: *library
                             .get(b"celer_standin_clear_last_error\0")
+                            .map_err(|e| e.to_string())?,
+                        last_note: *library
+                            .get(b"celer_standin_last_note\0")
                             .map_err(|e| e.to_string())?,
                         inject: *library
                             .get(b"celer_standin_inject\0")
@@ -424,6 +428,16 @@ impl StandIn {
         // SAFETY: returns a NUL-terminated string owned by the calling thread, valid
         // until its next call on this thread; copied at once.
         unsafe { CStr::from_ptr((self.last_error)()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// The last note of a stand-in rule that changes no call's result ("registration ended
+    /// with its context": a copy made pageable), empty when none was made.
+    pub fn last_note(&self) -> String {
+        // SAFETY: returns a NUL-terminated string owned by the calling thread, valid
+        // until its next call on this thread; copied at once.
+        unsafe { CStr::from_ptr((self.last_note)()) }
             .to_string_lossy()
             .into_owned()
     }
@@ -701,6 +715,10 @@ counters! {
     /// `cuMemcpyDtoH` and `cuMemcpyDtoHAsync` calls of more than 0 bytes whose destination
     /// is not page-locked (as `pageable_htod_copies`).
     pageable_dtoh_copies,
+    /// Of the pageable copies, those from or to memory whose registration ended with the
+    /// context that made it (rule "registration ended with its context": a reset of GPU 0's
+    /// primary context makes GPU 1's copies from memory registered there pageable).
+    pageable_after_context_end,
     /// Context errors that became sticky.
     sticky_errors,
     /// Device work queued (`celer_standin_enqueue_work`), and run.
