@@ -178,8 +178,13 @@ impl DeviceState {
     }
 
     /// A run that succeeded in `per_request` per request.
-    pub fn record_success(&self, per_request: Duration) {
+    /// A success whose time says nothing of the work's price (a run that stalled).
+    pub fn record_success_untimed(&self) {
         self.consecutive_failures.store(0, Ordering::Release);
+    }
+
+    pub fn record_success(&self, per_request: Duration) {
+        self.record_success_untimed();
         let x = per_request.as_secs_f64();
         // Replicas update concurrently: a CAS loop keeps every observation.
         let _ = self

@@ -236,7 +236,12 @@ impl<E: Executor> Replica<E> {
             state.running_guesses.fetch_sub(1, Ordering::AcqRel);
         }
         state.running.fetch_sub(n, Ordering::AcqRel);
-        if running.swap(0, Ordering::AcqRel) == 0 {
+        // A run the watchdog reported stuck stalled past the server's deadline: its time
+        // is the stall's, not the price of its work, so the cost model does not learn it
+        // (one stall would otherwise price the device's next requests at seconds and
+        // admission would refuse them as unreachable).
+        let stalled = running.swap(0, Ordering::AcqRel) == 0;
+        if stalled {
             // The watchdog reported this run as stuck; it has ended.
             let stuck = state.stuck.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
             m.stuck.set(stuck as i64);
@@ -250,9 +255,13 @@ impl<E: Executor> Replica<E> {
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
                 let per_request = compute / n as u32;
-                state.record_success(per_request);
+                if stalled {
+                    state.record_success_untimed();
+                } else {
+                    state.record_success(per_request);
+                }
                 state.note_run_ended();
-                for (job, output) in batch.iter().zip(&outputs) {
+                for (job, output) in batch.iter().zip(&outputs).filter(|_| !stalled) {
                     if job.probe {
                         state
                             .cost
