@@ -767,13 +767,15 @@ uint64_t hang_generation = 0;
 // watchdog, until the process exits or a test releases it. Holds no lock of the driver
 // but the stream's own (another thread synchronising this stream waits too).
 void hang_here(const std::string& label) {
-    counters.hung_launches++;
-    counters.hanging_now++;
     // Said on stderr (a server's log), as a poison is: a test can tell the hang was reached.
     fprintf(stderr, "cuda stand-in: %s hangs (injected): its stream gets no further until the process exits\n",
             label.c_str());
     std::unique_lock<std::mutex> lock(hang_mutex());
+    // Counted under the lock, after reading the generation: a release that sees this hang
+    // counted (hanging_now) bumps the generation after, and so lets it go.
     uint64_t since = hang_generation;
+    counters.hung_launches++;
+    counters.hanging_now++;
     hang_released().wait(lock, [&] { return hang_generation != since; });
     counters.hanging_now--;
 }
