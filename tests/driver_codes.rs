@@ -23,13 +23,10 @@ use std::time::{Duration, Instant};
 
 use celer::cuda::driver::{code, result, Device, DriverError};
 use celer::cuda::{probe, CudaVersion, GpuDevice};
-use celer::engines::dirs::EngineDirs;
-use celer::engines::plan::plan_gpus;
 use celer::matte::{Planes, StageTimings};
-use celer::replica::gpu::{gpu_device_setup, GpuLimits, GpuStages, ModelSource};
+use celer::replica::gpu::{GpuLimits, GpuStages, ModelSource};
 use celer::replica::MatteScheduler;
 use celer::sched::metrics::DeviceLabel;
-use celer::sched::{Scheduler, SchedulerConfig};
 use celer::spec::PipelineSpec;
 use celer_cuda_standin::StandIn;
 use image::RgbImage;
@@ -274,38 +271,12 @@ fn a_served_gpu_meeting_an_injected_code_fails_the_request_and_is_reopened() {
     let _one = serial();
     let log = Log::installed();
     let standin = standin();
-    let (spec, dir) = pipeline();
     let info = probe().gpus().first().cloned().expect("a GPU");
-    let plans = plan_gpus(
-        &spec,
-        &dir,
-        &EngineDirs::resolve(&dir, None, false).unwrap(),
-        std::slice::from_ref(&info),
-        false,
-        None,
-    )
-    .expect("plan");
-    let setup = gpu_device_setup(
-        &spec,
-        plans.into_iter().next().unwrap(),
+    let router = gpu_support::serve_prob_guided(
+        &info,
         1,
-        1,
-        celer::replica::gpu::GpuServing::new(
-            GpuLimits {
-                max_pixels: 1 << 20,
-                max_side_px: 2048,
-            },
-            celer::replica::gpu::host_pool(1, 1 << 20, 1 << 20),
-        ),
+        celer::replica::gpu::host_pool(1, 1 << 20, 1 << 20),
     );
-    let router = Scheduler::start(
-        vec![setup],
-        SchedulerConfig {
-            health_check_interval: Duration::from_millis(100),
-            ..Default::default()
-        },
-    );
-    router.wait_ready().expect("the GPU replica loads");
     let image = image();
     serve(&router, &image).expect("served before any injection");
     let recoveries = || {

@@ -22,16 +22,11 @@ use std::time::{Duration, Instant};
 
 use celer::codec::decode::{decode_into, DecodeLimits};
 use celer::cuda::driver::{code, CudaContext, LaunchConfig, PushKernelArg};
-use celer::cuda::{probe, GpuInfo, HostPool};
-use celer::engines::dirs::EngineDirs;
-use celer::engines::plan::plan_gpus;
+use celer::cuda::{probe, HostPool};
 use celer::matte::Planes;
 use celer::pixels::RgbPixels;
-use celer::replica::gpu::{gpu_device_setup, GpuLimits};
 use celer::replica::MatteScheduler;
 use celer::sched::metrics::DeviceLabel;
-use celer::sched::{Scheduler, SchedulerConfig};
-use celer::spec::PipelineSpec;
 use image::{GrayImage, RgbImage};
 
 fn serve(
@@ -87,44 +82,6 @@ fn lose_the_context() {
     // Dropped here: from now on only celer's replicas hold the failed context.
 }
 
-/// The prob-guided fixture's pipeline served on GPU `info` by `replicas` replicas (its
-/// models on ONNX Runtime: no TensorRT), the pixels in `pool`, loaded.
-fn start_gpu(info: &GpuInfo, replicas: usize, pool: HostPool) -> MatteScheduler {
-    let dir = gpu_support::repo("onnx/fixtures/prob-guided");
-    let spec = PipelineSpec::load_dir(&dir).expect("fixture");
-    let plans = plan_gpus(
-        &spec,
-        &dir,
-        &EngineDirs::resolve(&dir, None, false).unwrap(),
-        std::slice::from_ref(info),
-        false,
-        None,
-    )
-    .expect("plan");
-    let setup = gpu_device_setup(
-        &spec,
-        plans.into_iter().next().unwrap(),
-        replicas,
-        1,
-        celer::replica::gpu::GpuServing::new(
-            GpuLimits {
-                max_pixels: 1 << 20,
-                max_side_px: 2048,
-            },
-            pool,
-        ),
-    );
-    let router = Scheduler::start(
-        vec![setup],
-        SchedulerConfig {
-            health_check_interval: Duration::from_millis(100),
-            ..Default::default()
-        },
-    );
-    router.wait_ready().expect("the GPU replicas load");
-    router
-}
-
 fn test_image() -> RgbImage {
     RgbImage::from_fn(333, 517, |x, y| {
         let v = if (80..250).contains(&x) && (120..400).contains(&y) {
@@ -177,7 +134,7 @@ fn a_gpu_whose_context_fails_is_reopened_and_serves_again() {
         .try_init();
     let driver = gpu_support::driver();
     let info = probe().gpus().first().cloned().expect("a GPU");
-    let router = start_gpu(
+    let router = gpu_support::serve_prob_guided(
         &info,
         2,
         celer::replica::gpu::host_pool(2, 1 << 20, 1 << 20),
@@ -260,8 +217,8 @@ fn gpu_1_copies_stay_dma_through_gpu_0s_recovery() {
     let gpus = probe().gpus().to_vec();
     assert_eq!(gpus.len(), 2, "two stand-in GPUs");
     let pool = celer::replica::gpu::host_pool(2, 1 << 20, 1 << 20);
-    let gpu0 = start_gpu(&gpus[0], 1, pool.clone());
-    let gpu1 = start_gpu(&gpus[1], 1, pool.clone());
+    let gpu0 = gpu_support::serve_prob_guided(&gpus[0], 1, pool.clone());
+    let gpu1 = gpu_support::serve_prob_guided(&gpus[1], 1, pool.clone());
     let image = decoded(&test_image(), &pool);
 
     // The pixels' upload and every download are DMA from and into the pool's blocks; the

@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::batcher::gather;
 use super::executor::{LoadFn, WarmRun};
@@ -17,6 +17,14 @@ use super::queue::{DeviceQueue, Wait, Work};
 use super::state::DeviceState;
 use super::{Done, Executor, JobError, Recovery};
 use crate::spec::BatchingSpec;
+
+/// How a run went, as its answers and the cost model read it.
+struct Ran {
+    started: Instant,
+    compute: Duration,
+    /// The watchdog reported it stuck: its time is a stall's, not its work's.
+    stalled: bool,
+}
 
 pub(crate) struct ReplicaConfig<E> {
     pub index: usize,
@@ -202,25 +210,10 @@ impl<E: Executor> Replica<E> {
     fn execute(&mut self, batch: Vec<Job<E>>, waiting: usize) {
         let n = batch.len();
         let state = self.state.clone();
-        let m = &state.metrics;
         let started = Instant::now();
-        let Some(earliest) = batch.iter().map(|j| j.server_deadline).min() else {
+        let Some(guessed) = self.begin_run(&batch, started) else {
             return;
         };
-        for job in &batch {
-            m.queue_us.observe(us(started - job.enqueued));
-        }
-        // The watchdog reads this to catch a run that overruns the server's deadline (a
-        // stuck device; a client's sooner one only makes the answer late).
-        let running = &state.running_deadline_ns[self.index];
-        running.store(state.instant_ns(earliest), Ordering::Release);
-        let priced: std::time::Duration = batch.iter().map(|j| j.cost).sum();
-        let guessed = batch.iter().any(|j| !j.measured);
-        if guessed {
-            state.running_guesses.fetch_add(1, Ordering::AcqRel);
-        }
-        state.claim(self.index, priced, started);
-        state.running.fetch_add(n, Ordering::AcqRel);
 
         let inputs: Vec<&E::Input> = batch.iter().map(|j| &j.input).collect();
         let exec = &mut self.exec;
@@ -231,63 +224,20 @@ impl<E: Executor> Replica<E> {
         drop(inputs);
         let compute = started.elapsed();
 
-        state.unclaim(self.index);
-        if guessed {
-            state.running_guesses.fetch_sub(1, Ordering::AcqRel);
-        }
-        state.running.fetch_sub(n, Ordering::AcqRel);
-        // A run the watchdog reported stuck stalled past the server's deadline: its time
-        // is the stall's, not the price of its work, so the cost model does not learn it
-        // (one stall would otherwise price the device's next requests at seconds and
-        // admission would refuse them as unreachable).
-        let stalled = running.swap(0, Ordering::AcqRel) == 0;
-        if stalled {
-            // The watchdog reported this run as stuck; it has ended.
-            let stuck = state.stuck.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-            m.stuck.set(stuck as i64);
-            tracing::info!(device = %state.name, replica = self.index, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "a run that went past its deadline ended");
-        }
-        m.compute_us.observe(us(compute));
-        m.batch_size.observe(n as f64);
-        m.exec_count.inc();
+        let stalled = self.end_run(n, guessed, started, compute);
 
         let mut lost = None;
         let error = match result {
             Ok(Ok(outputs)) if outputs.len() == n => {
-                let per_request = compute / n as u32;
-                if stalled {
-                    state.record_success_untimed();
-                } else {
-                    state.record_success(per_request);
-                }
-                state.note_run_ended();
-                for (job, output) in batch.iter().zip(&outputs).filter(|_| !stalled) {
-                    if job.probe {
-                        state
-                            .cost
-                            .restart_if_overpriced(job.cost, job.worst, per_request);
-                    }
-                    // A batch's model stage is the batch's: each request's share of it.
-                    let parts = self.exec.parts(output).map(|p| super::RunParts {
-                        fixed: p.fixed / n as u32,
-                        ..p
-                    });
-                    state.cost.observe(job.work, per_request, parts);
-                    if job.measured {
-                        state.cost.observe_overrun(job.cost, per_request);
-                    }
-                }
-                for (job, output) in batch.into_iter().zip(outputs) {
-                    let _ = job.reply.send(Ok(Done {
-                        output,
-                        device: state.index,
-                        queued: started - job.enqueued,
+                self.answer(
+                    batch,
+                    outputs,
+                    Ran {
                         started,
                         compute,
-                        batch_size: n,
-                        failed_over: false,
-                    }));
-                }
+                        stalled,
+                    },
+                );
                 return;
             }
             Ok(Ok(outputs)) => JobError::Failed {
@@ -321,6 +271,109 @@ impl<E: Executor> Replica<E> {
         }
         if let Some(why) = lost {
             self.recover(&why);
+        }
+    }
+
+    /// Puts a run of `batch`, beginning at `started`, on the device's account (the
+    /// watchdog's deadline, its price, the requests running) and says whether its price
+    /// was guessed; none for an empty batch.
+    fn begin_run(&self, batch: &[Job<E>], started: Instant) -> Option<bool> {
+        let state = &self.state;
+        let m = &state.metrics;
+        let earliest = batch.iter().map(|j| j.server_deadline).min()?;
+        for job in batch {
+            m.queue_us.observe(us(started - job.enqueued));
+        }
+        // The watchdog reads this to catch a run that overruns the server's deadline (a
+        // stuck device; a client's sooner one only makes the answer late).
+        let running = &state.running_deadline_ns[self.index];
+        running.store(state.instant_ns(earliest), Ordering::Release);
+        let priced: Duration = batch.iter().map(|j| j.cost).sum();
+        let guessed = batch.iter().any(|j| !j.measured);
+        if guessed {
+            state.running_guesses.fetch_add(1, Ordering::AcqRel);
+        }
+        state.claim(self.index, priced, started);
+        state.running.fetch_add(batch.len(), Ordering::AcqRel);
+        Some(guessed)
+    }
+
+    /// Takes a run of `n` requests, begun at `started`, off the device's account, and says
+    /// whether the watchdog reported it stuck (`Ran::stalled`).
+    fn end_run(&self, n: usize, guessed: bool, started: Instant, compute: Duration) -> bool {
+        let state = &self.state;
+        let m = &state.metrics;
+        let running = &state.running_deadline_ns[self.index];
+        state.unclaim(self.index);
+        if guessed {
+            state.running_guesses.fetch_sub(1, Ordering::AcqRel);
+        }
+        state.running.fetch_sub(n, Ordering::AcqRel);
+        // A run the watchdog reported stuck stalled past the server's deadline: its time
+        // is the stall's, not the price of its work, so the cost model does not learn it
+        // (one stall would otherwise price the device's next requests at seconds and
+        // admission would refuse them as unreachable).
+        let stalled = running.swap(0, Ordering::AcqRel) == 0;
+        if stalled {
+            // The watchdog reported this run as stuck; it has ended.
+            let stuck = state.stuck.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+            m.stuck.set(stuck as i64);
+            tracing::info!(device = %state.name, replica = self.index, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "a run that went past its deadline ended");
+        }
+        m.compute_us.observe(us(compute));
+        m.batch_size.observe(n as f64);
+        m.exec_count.inc();
+        stalled
+    }
+
+    /// A run's outputs, one per job of `batch`: the cost model learns their price (not
+    /// a stalled run's) and each job gets its answer.
+    fn answer(&self, batch: Vec<Job<E>>, outputs: Vec<E::Output>, ran: Ran) {
+        let state = &self.state;
+        let n = batch.len();
+        let per_request = ran.compute / n as u32;
+        if ran.stalled {
+            state.record_success_untimed();
+        } else {
+            state.record_success(per_request);
+        }
+        state.note_run_ended();
+        if !ran.stalled {
+            self.learn(&batch, &outputs, per_request);
+        }
+        for (job, output) in batch.into_iter().zip(outputs) {
+            let _ = job.reply.send(Ok(Done {
+                output,
+                device: state.index,
+                queued: ran.started - job.enqueued,
+                started: ran.started,
+                compute: ran.compute,
+                batch_size: n,
+                failed_over: false,
+            }));
+        }
+    }
+
+    /// The cost model learns what each request of a run cost (`per_request`, the run's
+    /// time shared), with its stages' parts where the executor reports them.
+    fn learn(&self, batch: &[Job<E>], outputs: &[E::Output], per_request: Duration) {
+        let state = &self.state;
+        let n = batch.len() as u32;
+        for (job, output) in batch.iter().zip(outputs) {
+            if job.probe {
+                state
+                    .cost
+                    .restart_if_overpriced(job.cost, job.worst, per_request);
+            }
+            // A batch's model stage is the batch's: each request's share of it.
+            let parts = self.exec.parts(output).map(|p| super::RunParts {
+                fixed: p.fixed / n,
+                ..p
+            });
+            state.cost.observe(job.work, per_request, parts);
+            if job.measured {
+                state.cost.observe_overrun(job.cost, per_request);
+            }
         }
     }
 

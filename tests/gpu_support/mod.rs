@@ -186,3 +186,45 @@ pub fn plane<P: image::Pixel<Subpixel = u8>>(
 ) -> Option<image::ImageBuffer<P, Vec<u8>>> {
     plane.clone().map(celer::pixels::into_image)
 }
+
+/// The prob-guided fixture's pipeline served on GPU `info` by `replicas` replicas (its
+/// models on ONNX Runtime: no TensorRT), the pixels in `pool`, loaded.
+pub fn serve_prob_guided(
+    info: &celer::cuda::GpuInfo,
+    replicas: usize,
+    pool: celer::cuda::HostPool,
+) -> celer::replica::MatteScheduler {
+    let dir = repo("onnx/fixtures/prob-guided");
+    let spec = celer::spec::PipelineSpec::load_dir(&dir).expect("fixture");
+    let plans = celer::engines::plan::plan_gpus(
+        &spec,
+        &dir,
+        &celer::engines::dirs::EngineDirs::resolve(&dir, None, false).unwrap(),
+        std::slice::from_ref(info),
+        false,
+        None,
+    )
+    .expect("plan");
+    let setup = celer::replica::gpu::gpu_device_setup(
+        &spec,
+        plans.into_iter().next().unwrap(),
+        replicas,
+        1,
+        celer::replica::gpu::GpuServing::new(
+            celer::replica::gpu::GpuLimits {
+                max_pixels: 1 << 20,
+                max_side_px: 2048,
+            },
+            pool,
+        ),
+    );
+    let router = celer::sched::Scheduler::start(
+        vec![setup],
+        celer::sched::SchedulerConfig {
+            health_check_interval: std::time::Duration::from_millis(100),
+            ..Default::default()
+        },
+    );
+    router.wait_ready().expect("the GPU replicas load");
+    router
+}

@@ -277,13 +277,8 @@ impl CudaContext {
         flags: u32,
     ) -> Result<(), DriverError> {
         self.bind_to_thread()?;
-        count_bytes(
-            &LIVE.host_registrations,
-            &LIVE.host_registration_bytes,
-            bytes,
-        );
-        // SAFETY: forwarded to the caller; the driver records the range, writing nothing.
-        unsafe { sys::cuMemHostRegister_v2(pointer, bytes, flags) }.result()
+        // SAFETY: forwarded to the caller; this context is current.
+        unsafe { register_in_current(pointer, bytes, flags) }
     }
 
     /// Ends the registration that starts at `pointer` (`cuMemHostUnregister`).
@@ -292,9 +287,8 @@ impl CudaContext {
     /// No copy from or to the range may still be queued.
     pub unsafe fn unregister_host(&self, pointer: *mut c_void) -> Result<(), DriverError> {
         self.bind_to_thread()?;
-        // SAFETY: forwarded to the caller; the driver looks the pointer up, touching no
-        // memory.
-        unsafe { sys::cuMemHostUnregister(pointer) }.result()
+        // SAFETY: forwarded to the caller; this context is current.
+        unsafe { unregister_in_current(pointer) }
     }
 
     /// How many releases of this context's handles (frees, destroys) failed on drop.
@@ -332,3 +326,33 @@ impl PartialEq for CudaContext {
 }
 
 impl Eq for CudaContext {}
+
+/// Page-locks `[pointer, pointer + bytes)` in the calling thread's current context
+/// (`cuMemHostRegister_v2`), counted: what `CudaContext::register_host` and
+/// `OwnContext::register_host` do once each has made its context current.
+///
+/// # Safety
+/// As `CudaContext::register_host`, for the current context.
+pub(super) unsafe fn register_in_current(
+    pointer: *mut c_void,
+    bytes: usize,
+    flags: u32,
+) -> Result<(), DriverError> {
+    count_bytes(
+        &LIVE.host_registrations,
+        &LIVE.host_registration_bytes,
+        bytes,
+    );
+    // SAFETY: forwarded to the caller; the driver records the range, writing nothing.
+    unsafe { sys::cuMemHostRegister_v2(pointer, bytes, flags) }.result()
+}
+
+/// Ends the registration that starts at `pointer` in the calling thread's current context
+/// (`cuMemHostUnregister`).
+///
+/// # Safety
+/// No copy from or to the range may still be queued.
+pub(super) unsafe fn unregister_in_current(pointer: *mut c_void) -> Result<(), DriverError> {
+    // SAFETY: forwarded to the caller; the driver looks the pointer up, touching no memory.
+    unsafe { sys::cuMemHostUnregister(pointer) }.result()
+}

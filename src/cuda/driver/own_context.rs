@@ -4,8 +4,7 @@
 
 use std::ffi::c_void;
 
-use super::context::{init, Device};
-use super::counters::{count_bytes, LIVE};
+use super::context::{init, register_in_current, unregister_in_current, Device};
 use super::result::DriverError;
 use super::sys::{self, CUcontext};
 
@@ -75,15 +74,8 @@ impl OwnContext {
         bytes: usize,
         flags: u32,
     ) -> Result<(), DriverError> {
-        count_bytes(
-            &LIVE.host_registrations,
-            &LIVE.host_registration_bytes,
-            bytes,
-        );
-        self.within(|| {
-            // SAFETY: forwarded to the caller; the driver records the range, writing nothing.
-            unsafe { sys::cuMemHostRegister_v2(pointer, bytes, flags) }.result()
-        })
+        // SAFETY: forwarded to the caller; `within` makes this context current.
+        self.within(|| unsafe { register_in_current(pointer, bytes, flags) })
     }
 
     /// Ends the registration that starts at `pointer` (`cuMemHostUnregister`).
@@ -91,11 +83,8 @@ impl OwnContext {
     /// # Safety
     /// No copy from or to the range may still be queued, in any context.
     pub unsafe fn unregister_host(&self, pointer: *mut c_void) -> Result<(), DriverError> {
-        self.within(|| {
-            // SAFETY: forwarded to the caller; the driver looks the pointer up, touching no
-            // memory.
-            unsafe { sys::cuMemHostUnregister(pointer) }.result()
-        })
+        // SAFETY: forwarded to the caller; `within` makes this context current.
+        self.within(|| unsafe { unregister_in_current(pointer) })
     }
 }
 

@@ -120,21 +120,30 @@ impl CudaStream {
     ) -> Result<(), DriverError> {
         let dst = dst.as_mut();
         fits("cuMemcpyDtoHAsync_v2", src.len(), dst.len())?;
+        // SAFETY: `dst` has room for `src`'s bytes (checked above) and is borrowed mutably
+        // for the call. A page-locked `dst` is written later, in stream order: the caller
+        // reads it after synchronising.
+        unsafe { self.download_into(dst.as_mut_ptr().cast::<c_void>(), src) }
+    }
+
+    /// Queues the copy of all of `src` to host memory at `dst` (`cuMemcpyDtoHAsync_v2`),
+    /// counted.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `src.num_bytes()` bytes of writes until the copy is done
+    /// (when this returns, for pageable memory; in stream order for page-locked memory).
+    unsafe fn download_into<T>(
+        &self,
+        dst: *mut c_void,
+        src: &impl DevicePtr<T>,
+    ) -> Result<(), DriverError> {
         let bytes = src.num_bytes();
         self.context().bind_to_thread()?;
         count_bytes(&LIVE.dtoh_copies, &LIVE.dtoh_bytes, bytes);
-        // SAFETY: `dst` has room for `bytes` bytes (checked above) and is borrowed mutably
-        // for the call; `src` is that many bytes of live device memory. A page-locked `dst`
-        // is written later, in stream order: the caller reads it after synchronising.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                dst.as_mut_ptr().cast::<c_void>(),
-                src.device_ptr(),
-                bytes,
-                self.cu_stream(),
-            )
-        }
-        .result()
+        // SAFETY: forwarded to the caller for `dst`; `src` is `bytes` bytes of live device
+        // memory.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst, src.device_ptr(), bytes, self.cu_stream()) }
+            .result()
     }
 
     /// Queues the copy of `src` into the start of `dst` on the device
@@ -175,21 +184,10 @@ impl CudaStream {
         src: &impl DevicePtr<T>,
     ) -> Result<Vec<T>, DriverError> {
         let len = src.len();
-        let bytes = src.num_bytes();
         let mut dst: Vec<T> = Vec::with_capacity(len);
-        self.context().bind_to_thread()?;
-        count_bytes(&LIVE.dtoh_copies, &LIVE.dtoh_bytes, bytes);
-        // SAFETY: the vector has room for `len` elements (`bytes` bytes); `src` is that
-        // many bytes of live device memory.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                dst.as_mut_ptr().cast::<c_void>(),
-                src.device_ptr(),
-                bytes,
-                self.cu_stream(),
-            )
-        }
-        .result()?;
+        // SAFETY: the vector has room for `len` elements (`src.num_bytes()` bytes), and
+        // it is pageable: the copy is done when this returns.
+        unsafe { self.download_into(dst.as_mut_ptr().cast::<c_void>(), src) }?;
         // SAFETY: a fresh heap allocation is pageable memory, and CUDA completes a
         // download into pageable memory before the call returns: the `len` elements are
         // written, and a DeviceRepr is plain data for which any bytes are a value.

@@ -56,16 +56,24 @@ __device__ __forceinline__ u32 pil_count(const PilRow* r) {
     return r->xmax > r->xmin ? (u32)(r->xmax - r->xmin) : 0u;
 }
 
+// Output `i`'s row of PIL's bilinear taps, its first input and count written: what both
+// PIL tables start with.
+__device__ __forceinline__ PilRow pil_row_placed(
+    u32 in_size, u32 out_size, u32 i, u32* first, u32* count) {
+    PilRow r = pil_row(in_size, out_size, i);
+    first[i] = (u32)r.xmin;
+    count[i] = pil_count(&r);
+    return r;
+}
+
 // PIL's 22-bit fixed-point taps (`Taps::bilinear`, `normalize_coeffs_8bpc`), `stride`
 // weights per output, zero-padded past `count`.
 extern "C" __global__ void taps_pil_fixed(
     u32 in_size, u32 out_size, u32 stride, u32* first, u32* count, i32* weights) {
     u64 i = global_index();
     if (i >= out_size) return;
-    PilRow r = pil_row(in_size, out_size, (u32)i);
+    PilRow r = pil_row_placed(in_size, out_size, (u32)i, first, count);
     u32 n = pil_count(&r);
-    first[i] = (u32)r.xmin;
-    count[i] = n;
     i32* out = weights + i * stride;
     for (u32 k = 0; k < stride; ++k) {
         i32 v = 0;
@@ -83,10 +91,8 @@ extern "C" __global__ void taps_pil_f32(
     u32 in_size, u32 out_size, u32 stride, u32* first, u32* count, float* weights) {
     u64 i = global_index();
     if (i >= out_size) return;
-    PilRow r = pil_row(in_size, out_size, (u32)i);
+    PilRow r = pil_row_placed(in_size, out_size, (u32)i, first, count);
     u32 n = pil_count(&r);
-    first[i] = (u32)r.xmin;
-    count[i] = n;
     float* out = weights + i * stride;
     for (u32 k = 0; k < stride; ++k) out[k] = k < n ? (float)pil_normalised(&r, k) : 0.0f;
 }
