@@ -420,3 +420,62 @@ async fn a_trickled_body_gets_408_at_the_whole_body_limit_and_the_budget_bounds_
     assert_eq!(ok.status().as_u16(), 200);
     assert_eq!(state.scheduler.in_flight(), 0);
 }
+
+/// Sends a head with `Expect: 100-continue` for a body of `length`, and reads what comes
+/// before the client would give up waiting for `100 Continue`.
+fn head_expecting_continue(addr: SocketAddr, content_type: &str, length: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n\
+         Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_that_expects_100_continue_is_not_asked_for_its_body() {
+    // Every slot held (one replica, one queue place): the request is refused from its head.
+    let state = fixture_state(6 << 20, 1);
+    let held = [
+        state.scheduler.admit().unwrap(),
+        state.scheduler.admit().unwrap(),
+    ];
+    // An unread body would be waited for, and drained, for a minute: longer than the
+    // test reads.
+    let lingering = limits(|l| {
+        l.linger = Duration::from_secs(60);
+        l.body_idle_timeout = Duration::from_secs(60);
+    });
+    let addr = serve(routes(state.clone()), lingering).await;
+    let png = png_bytes(&bright_rectangle(64, 48));
+    tokio::task::spawn_blocking(move || {
+        // Refused: the 503 comes without a `100 Continue` before it (the client would then
+        // upload 2 MB to be discarded), and the connection closes after it rather than wait
+        // for a body the client will not send.
+        let mut refused = head_expecting_continue(addr, "image/jpeg", 2_000_000);
+        let (_, got, closed) = read_until_closed(&mut refused, Duration::from_secs(10));
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 503"), "{text}");
+        assert!(!text.contains("100 continue"), "{text}");
+        assert!(text.contains("\"overloaded\""), "{text}");
+        assert!(closed, "the connection stays open: {text}");
+        drop(held);
+
+        // The twin, admitted: asked for its body with `100 Continue`, then answered.
+        let mut admitted = head_expecting_continue(addr, "image/png", png.len());
+        admitted
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut interim = [0u8; 25];
+        admitted.read_exact(&mut interim).unwrap();
+        assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+        admitted.write_all(&png).unwrap();
+        let mut status = [0u8; 12];
+        admitted.read_exact(&mut status).unwrap();
+        assert_eq!(&status, b"HTTP/1.1 200");
+    })
+    .await
+    .unwrap();
+}

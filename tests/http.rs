@@ -1174,6 +1174,24 @@ impl Drop for Child {
     }
 }
 
+/// Each thread of process `pid` (its main thread first): its name and nice value, from
+/// `/proc/PID/task/TID/stat` (the 19th field; the name in brackets may hold spaces).
+fn thread_priorities(pid: u32) -> Vec<(String, i64)> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_by_key(|&tid| (tid != pid, tid));
+    tids.iter()
+        .filter_map(|tid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let nice = rest.split_whitespace().nth(16)?.parse().ok()?;
+            Some((name.to_string(), nice))
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn the_binary_serves_is_benched_and_stops_cleanly_on_sigterm() {
     let model = model_dir("u2netp");
@@ -1235,6 +1253,28 @@ async fn the_binary_serves_is_benched_and_stops_cleanly_on_sigterm() {
         assert_eq!(cutout.color(), image::ColorType::Rgba8);
         // The client (and its kept-alive connection) goes before the signal.
     }
+
+    // The runtime's threads yield contended cores to the replicas and the request path's
+    // CPU work, which keep the process's priority (`host::priority`).
+    let threads = thread_priorities(child.0.id());
+    let process = threads[0].1;
+    let at = |prefix: &str| -> Vec<i64> {
+        threads
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|&(_, nice)| nice)
+            .collect()
+    };
+    let (runtime, work, replicas) = (at("tokio-rt-worker"), at("celer-work-"), at("celer-cpu-"));
+    assert!(runtime.contains(&(process + 10).min(19)), "{threads:?}");
+    assert!(
+        !work.is_empty() && work.iter().all(|&n| n == process),
+        "{threads:?}"
+    );
+    assert!(
+        !replicas.is_empty() && replicas.iter().all(|&n| n == process),
+        "{threads:?}"
+    );
 
     // `celer bench http` loads the server over sockets and counts the server's CPU time
     // (its process, from /proc) and its own per request.

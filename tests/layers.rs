@@ -50,7 +50,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "http",
         &[
-            "codec", "config", "matte", "oip", "pixels", "replica", "sched", "spec", "trace",
+            "codec", "config", "host", "matte", "oip", "pixels", "replica", "sched", "spec",
+            "trace",
         ],
     ),
     (

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use super::args::ServeArgs;
 use crate::config::ServerConfig;
 use crate::host::cpus::CpuBudget;
+use crate::host::priority;
 use crate::http::grpc::GrpcLimits;
 use crate::http::{routes, AppState, FrontEnd, Hosting, ServedModel, UrlFetcher};
 use crate::sched::{Readiness, Scheduler};
@@ -100,8 +101,13 @@ async fn trim_when_idle(state: Arc<AppState>) {
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // The runtime's worker threads (connections, routing, refusals) yield contended cores
+    // to the replicas and to the request path's CPU work (`AppState::work`), which keep
+    // the priority of this thread; see `host::priority`. Lowered on their first wake-up:
+    // only worker threads wake up from a park, not the blocking pool's.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_unpark(lower_runtime_thread)
         .build()
         .context("starting the async runtime")?;
     // Caught from the first moment, before any device loads: NVRTC 12 puts handlers of its
@@ -170,6 +176,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let state = Arc::new(AppState::new(scheduler, front));
     runtime.block_on(run_server(&config, state, signals))
+}
+
+/// Lowers a runtime worker thread's priority, once; a failure is logged once and leaves
+/// the thread as it was.
+fn lower_runtime_thread() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = priority::lower_this_thread_once(priority::RUNTIME_NICE_STEP) {
+        WARNED.call_once(|| {
+            tracing::warn!(error = %e, "cannot lower the HTTP runtime's priority: refusals under a flood share the cores with the replicas")
+        });
+    }
 }
 
 /// SIGTERM (SageMaker's and Kubernetes' stop) and SIGINT (Ctrl-C), registered with the

@@ -4,4 +4,6 @@
 
 pub mod atomic_write;
 pub mod cpus;
+pub mod priority;
 pub mod wheels;
+pub mod work_pool;

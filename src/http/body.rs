@@ -11,7 +11,10 @@
 //!   connection stays usable and a client that sends its whole body before reading the
 //!   answer (Python's http.client, requests, aiohttp) reads that answer instead of a
 //!   reset. A body it cannot drain (over the bounds, timed out, failed) is marked
-//!   abandoned: the connection layer then answers with `Connection: close`.
+//!   abandoned: the connection layer then answers with `Connection: close`. A client
+//!   that sent `Expect: 100-continue` and is answered before its body was asked for is
+//!   not asked for it at all: no `100 Continue`, and the connection closes after the
+//!   answer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -101,6 +104,9 @@ pub struct LimitedBody {
     outcome: Arc<BodyOutcome>,
     /// Held while the body is being read or drained (the connection is busy).
     guard: Option<Box<dyn Send + Sync>>,
+    /// The client sent `Expect: 100-continue` and the body has not been asked for yet:
+    /// hyper sends `100 Continue` when it first is, and the client then uploads it.
+    awaits_continue: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +144,7 @@ impl LimitedBody {
             state,
             outcome,
             guard: (state == State::Reading).then_some(guard),
+            awaits_continue: expects_continue(headers),
         }
     }
 
@@ -151,6 +158,14 @@ impl LimitedBody {
         self.outcome.abandoned.store(true, Ordering::Release);
         Poll::Ready(Some(Err(e.into())))
     }
+}
+
+/// Whether the client waits for `100 Continue` before sending its body.
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
 }
 
 /// The `Content-Length` of a request, if it has a valid one.
@@ -173,6 +188,7 @@ impl Body for LimitedBody {
         if this.state != State::Reading {
             return Poll::Ready(None);
         }
+        this.awaits_continue = false;
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -237,7 +253,13 @@ impl Drop for LimitedBody {
         if self.state != State::Reading {
             return;
         }
-        // Dropped before its end: the handler answered without reading it all.
+        // Dropped before its end: the handler answered without reading it all. A client
+        // still waiting for `100 Continue` is not asked for the body it would only send to
+        // be discarded: the answer closes the connection instead (hyper stops reading).
+        if self.awaits_continue {
+            self.outcome.abandoned.store(true, Ordering::Release);
+            return;
+        }
         let left = self.declared.map(|d| d.saturating_sub(self.received));
         let fits = left.is_none_or(|left| left <= self.limits.linger_bytes);
         let runtime = tokio::runtime::Handle::try_current();

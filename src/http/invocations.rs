@@ -25,6 +25,7 @@ use super::urgency;
 use super::AppState;
 use crate::codec;
 use crate::codec::decode::{self, DecodeLimits};
+use crate::host::work_pool::WorkPool;
 use crate::matte::{MattePlanes, Planes, StageTimings};
 use crate::pixels::{HostAlloc, RgbPixels};
 use crate::replica::{MatteJob, MatteOutput};
@@ -59,7 +60,7 @@ pub async fn invocations(
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
     let checking = state.clone();
-    let source = blocking(move || match kind {
+    let source = blocking(&state.work, move || match kind {
         BodyKind::Image => timed_decode(&bytes, &limits, pixels.as_ref()).map(Source::Decoded),
         BodyKind::Json => match json_image(&bytes)? {
             JsonImage::Inline(encoded) => {
@@ -84,7 +85,10 @@ pub async fn invocations(
             let encoded = fetcher.fetch(&url).await?;
             refuse_unreachable_before_decoding(&state, &encoded, planes, &terms, answer)?;
             let pixels = state.pixels.clone();
-            blocking(move || timed_decode(&encoded, &limits, pixels.as_ref())).await?
+            blocking(&state.work, move || {
+                timed_decode(&encoded, &limits, pixels.as_ref())
+            })
+            .await?
         }
     };
     let served = run_image(&state, admission, image, decode_time, planes, terms, answer).await?;
@@ -96,7 +100,7 @@ pub async fn invocations(
     } = served;
     let queued = inference.queued;
     let dimensions = out.planes.dimensions();
-    let (rendered, timings) = blocking(move || {
+    let (rendered, timings) = blocking(&state.work, move || {
         let mut timings = out.timings;
         codec::render_as(&out.planes, output, wanted.format, &mut timings)
             .map(|r| (r, timings))
@@ -138,10 +142,11 @@ impl Served {
     /// dimensions.
     pub async fn encode<T: Send + 'static>(
         self,
+        pool: &WorkPool,
         encode: impl FnOnce(&MattePlanes) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<(T, access::Inference, (u32, u32)), ApiError> {
         let (mut inference, out, allowance) = (self.inference, self.output, self.answer);
-        let (answer, timings, dimensions) = blocking(move || {
+        let (answer, timings, dimensions) = blocking(pool, move || {
             let mut timings = out.timings;
             let t = Instant::now();
             let answer = encode(&out.planes)?;
@@ -266,13 +271,12 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     })
 }
 
-/// Runs CPU work on the blocking pool, never on the async executor.
+/// Runs CPU work on the work pool (`AppState::work`), never on the async executor.
 pub(super) async fn blocking<T: Send + 'static>(
+    pool: &WorkPool,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(ApiError::internal)?
+    pool.run(work).await.map_err(ApiError::internal)?
 }
 
 /// Where the request's image is, once the body has been read.

@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::config::RequestLimits;
+use crate::host::work_pool::WorkPool;
 use crate::pixels::SharedAlloc;
 use crate::replica::MatteScheduler;
 use crate::sched::Readiness;
@@ -67,6 +68,9 @@ pub struct AppState {
     /// Set at SIGTERM: requests are still answered, readiness says 503 so that load
     /// balancers stop sending them.
     draining: AtomicBool,
+    /// Where admitted requests' bodies are parsed and decoded and their answers encoded:
+    /// one thread per admission slot, at the priority of the thread that built the state.
+    pub work: WorkPool,
 }
 
 /// How the front end answers, besides the scheduler behind it: what `AppState` is built
@@ -126,7 +130,10 @@ impl Default for ServedModel {
 }
 
 impl AppState {
+    /// Starts the work pool from this thread: call it from a thread at the process's own
+    /// priority, not from a runtime thread (see `host::priority`).
     pub fn new(scheduler: MatteScheduler, front: FrontEnd) -> Self {
+        let admission_limit = scheduler.admission_limit();
         let metrics = HttpMetrics::new(scheduler.metrics(), &front.model.name)
             .with_model_precision(front.model_precision);
         Self {
@@ -143,6 +150,7 @@ impl AppState {
             ready_while_building: front.ready_while_building,
             answers: answer_time::AnswerTimes::default(),
             draining: AtomicBool::new(false),
+            work: WorkPool::start("celer-work", admission_limit),
         }
     }
 

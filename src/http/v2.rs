@@ -331,7 +331,7 @@ pub async fn infer(
     let pixels = state.pixels.clone();
     let server = state.limits.deadline;
     let checking = state.clone();
-    let parsed = blocking(move || {
+    let parsed = blocking(&state.work, move || {
         // Refused for its deadline from the image's header, before its decode, as an
         // image body to /invocations is.
         let before_decode = |encoded: &[u8], planes: Planes, asked: urgency::Asked| {
@@ -362,7 +362,9 @@ pub async fn infer(
     let model = state.model.name.clone();
     let (id, asked) = (parsed.id, parsed.asked);
     let (answer, inference, dimensions) = served
-        .encode(move |planes| answer(&model, id, &asked, planes))
+        .encode(&state.work, move |planes| {
+            answer(&model, id, &asked, planes)
+        })
         .await?;
     if let Some(limit) = state
         .hosting

@@ -87,7 +87,7 @@ pub async fn model_infer(
     let limits = state.limits.decode;
     let pixels = state.pixels.clone();
     let checking = state.clone();
-    let parsed = blocking(move || {
+    let parsed = blocking(&state.work, move || {
         // Refused for its deadline from the image's header, before its decode, as an
         // image body to /invocations is.
         let before_decode = |encoded: &[u8], planes: Planes| {
@@ -116,7 +116,9 @@ pub async fn model_infer(
     let model = state.model.name.clone();
     let (id, asked, raw) = (parsed.id, parsed.asked, parsed.raw);
     let (response, inference, (w, h)) = served
-        .encode(move |planes| answer(model, id, &asked, raw, planes))
+        .encode(&state.work, move |planes| {
+            answer(model, id, &asked, raw, planes)
+        })
         .await?;
     let size = prost::Message::encoded_len(&response);
     if let Some(limit) = state.hosting.max_response_bytes.filter(|&l| size > l) {
