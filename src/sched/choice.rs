@@ -44,7 +44,8 @@ mod tests {
     #[test]
     fn devices_are_offered_earliest_completion_first_and_ties_keep_the_rotation() {
         // (given, offered): devices with their expected completions, ms.
-        let table: [(&[(usize, u64)], &[usize]); 5] = [
+        type Row = (&'static [(usize, u64)], &'static [usize]);
+        let table: [Row; 5] = [
             (&[], &[]),
             (&[(2, 5)], &[2]),
             (&[(0, 9), (1, 3), (2, 6)], &[1, 2, 0]),
