@@ -920,3 +920,46 @@ fn a_device_refusing_on_prices_no_run_has_tested_for_a_while_probes_them() {
     assert_eq!(gate.ran(), vec![vec![0], vec![2], vec![4]]);
     router.shutdown();
 }
+
+/// A device that cannot finish a request by its deadline refuses it for itself, not for
+/// the others: least busy by cost offers it to the next device by expected completion,
+/// and refuses it only when none can, with the figures of the one that would have
+/// finished it first.
+#[test]
+fn a_request_one_device_cannot_finish_in_time_goes_to_one_that_can() {
+    let (fast, slow) = (Gate::closed(), Gate::closed());
+    let router = start(
+        vec![gated("fast", 1, OFF, &fast), gated("slow", 1, OFF, &slow)],
+        SchedulerConfig::default(),
+    );
+    router.seed_service_time(0, Duration::from_millis(1));
+    router.seed_service_time(1, Duration::from_secs(2));
+    // A run priced at 1 ms held for at least 200: fast's margin (its newest runs' time
+    // over their price) is at least 200 from then on, its prices seeded again.
+    let held = router.submit(0, far()).expect("admitted");
+    assert_eq!(held.device(), Some(0));
+    fast.wait_entered(1);
+    std::thread::sleep(Duration::from_millis(200));
+    fast.allow(1);
+    assert!(answer(held).is_ok());
+    router.seed_service_time(0, Duration::from_secs(1));
+    assert!(router.devices()[0].overrun >= 200.0);
+
+    // Fast would finish it first by its prices (1 s against 2), but not by its margin
+    // (200 s and more): slow, which would, takes it.
+    let within = |s: u64| Instant::now() + Duration::from_secs(s);
+    let ticket = router.submit(1, within(60)).expect("admitted on slow");
+    assert_eq!(ticket.device(), Some(1));
+    // Neither can in a second and a half: refused, with what fast would have taken.
+    match router.submit(2, Instant::now() + Duration::from_millis(1500)) {
+        Err(SubmitError::DeadlineUnreachable { expected_ms, .. }) => {
+            assert!(expected_ms >= 200_000, "{expected_ms}");
+        }
+        other => panic!("expected DeadlineUnreachable, got {:?}", other.map(|_| ())),
+    }
+    slow.allow(1);
+    assert!(answer(ticket).is_ok());
+    assert_eq!(fast.ran(), vec![vec![0]]);
+    assert_eq!(slow.ran(), vec![vec![1]]);
+    router.shutdown();
+}

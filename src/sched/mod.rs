@@ -9,6 +9,7 @@
 //! docs/architecture.md.
 
 mod batcher;
+mod choice;
 pub mod cost;
 pub mod device;
 mod executor;
@@ -68,7 +69,8 @@ pub enum SubmitError {
         /// When the expected wait is back within the budget.
         retry_after_ms: u64,
     },
-    /// The device expected to finish it first would finish after its deadline.
+    /// No device it was offered to would finish it by its deadline (the figures are
+    /// those of the device expected to finish it first).
     #[error("the request would finish in about {expected_ms} ms, after its deadline in {deadline_ms} ms")]
     DeadlineUnreachable {
         expected_ms: u64,
@@ -77,7 +79,8 @@ pub enum SubmitError {
         retry_after_ms: u64,
     },
     /// The device expected to finish it first could, but only by making a request it
-    /// admitted before miss its deadline: admitted requests keep their place.
+    /// admitted before miss its deadline (admitted requests keep their place), and no
+    /// other device it was offered to would finish it in time.
     #[error("taking it now would make a request admitted before it miss its deadline")]
     AdmittedFirst {
         /// When the requests it would make late are expected to have started.

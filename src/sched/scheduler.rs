@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
+use super::choice::{by_completion, first_admitted};
 use super::cost::{Prices, Work};
 use super::executor::LoadFn;
 use super::job::Job;
@@ -373,9 +374,9 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Queues `input` on a device with the slot `admission` holds, or refuses at once
-    /// (`Overloaded` when the chosen queue is full, `DeadlineUnreachable` when the device
-    /// expected to finish it first would finish after `terms.deadline`,
-    /// `NoHealthyDevice`, `Stopped`), giving the slot back.
+    /// (`Overloaded` when the chosen queue is full, `DeadlineUnreachable` when no device
+    /// it is offered to would finish it by `terms.deadline`, `NoHealthyDevice`,
+    /// `Stopped`), giving the slot back.
     pub fn submit_admitted(
         &self,
         mut admission: Admission,
@@ -444,9 +445,8 @@ impl<E: Executor> Scheduler<E> {
         self.admit().map(drop)
     }
 
-    /// Refuses at once (`DeadlineUnreachable`) a request that the device expected to
-    /// finish it first would finish after `terms.deadline`, before any work is done for
-    /// it: a request whose size is known from its header is priced before it is decoded,
+    /// Refuses at once (`DeadlineUnreachable`) a request that no device would finish by
+    /// `terms.deadline`, before any work is done for it: a request whose size is known from its header is priced before it is decoded,
     /// so that a refusal costs no decode. Scheduling by cost only; anything else is
     /// left to `submit_admitted`, which places the request.
     pub fn check_deadline(&self, terms: &Terms) -> Result<(), SubmitError> {
@@ -936,42 +936,90 @@ impl<E: Executor> Shared<E> {
     }
 
     /// The device for the next request under the routing policy, and the request's
-    /// price there. By cost, a request the chosen device would finish after its
-    /// deadline is refused here, at once.
+    /// price there. By cost, a request is refused here, at once, only when no device it
+    /// is offered to (`choices`) would finish it by its deadline (`admission`).
     fn place(
         &self,
         exclude: Option<usize>,
         terms: &Terms,
         probe: Probe,
     ) -> Result<Placement, SubmitError> {
-        let n = self.devices.len();
         let now = Instant::now();
         let by_cost = self.scheduling == Scheduling::Cost;
-        // When `device` would finish the request: (its price, the expected completion).
-        let completion = |device: usize| -> (Duration, bool, Duration) {
+        // When `device` would finish the request: its price, whether measured, and the
+        // expected completion (by count, none: the price only orders nothing there).
+        let priced = |device: usize| -> Priced {
             let (cost, measured) = self.price(device, terms.work);
-            let slot = &self.devices[device];
-            let ahead = slot
+            if !by_cost {
+                return (cost, measured, Duration::ZERO);
+            }
+            let ahead = self.devices[device]
                 .queue
                 .cost_ahead(&Entry::placed(terms, cost, measured, cost, now));
             (cost, measured, self.wait_on(device, ahead) + cost)
         };
+        let choices: Vec<(usize, Priced)> = self
+            .choices(exclude, &priced)?
+            .into_iter()
+            .map(|(device, known)| (device, known.unwrap_or_else(|| priced(device))))
+            .collect();
+        let refusals = match first_admitted(choices, |&(device, priced)| {
+            self.admission(device, priced, terms, now)
+        }) {
+            Ok(placement) => return Ok(placement),
+            Err(refusals) => refusals,
+        };
+        // A device due a probe of its prices takes a request they refuse.
+        let due = refusals
+            .iter()
+            .find(|(_, (placement, _))| self.may_probe(placement.device, probe));
+        if let Some((_, (placement, _))) = due {
+            return Ok(Placement {
+                probe: true,
+                ..*placement
+            });
+        }
+        Err(refusals
+            .into_iter()
+            .next()
+            .map_or(SubmitError::NoHealthyDevice, |(_, (_, e))| e))
+    }
+
+    /// The devices the routing policy offers the next request to, in that order, with
+    /// its price where the policy priced it: least busy by cost offers every open device,
+    /// earliest expected completion first (`choice::by_completion`), so that a request
+    /// the first cannot finish in time goes to another that can; every other policy
+    /// offers the one device it picks.
+    fn choices(
+        &self,
+        exclude: Option<usize>,
+        priced: &dyn Fn(usize) -> Priced,
+    ) -> Result<Vec<(usize, Option<Priced>)>, SubmitError> {
+        let n = self.devices.len();
         let open = |i: usize| self.usable(i, exclude) && !self.devices[i].full(self.queue_capacity);
-        let any_healthy = || (0..n).any(|i| self.usable(i, exclude));
+        let none_open = || {
+            if (0..n).any(|i| self.usable(i, exclude)) {
+                self.overloaded()
+            } else {
+                SubmitError::NoHealthyDevice
+            }
+        };
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         // From the cursor, so that ties rotate.
         let rotated = (0..n).map(|k| (start + k) % n);
-        let (device, priced) = match self.routing {
-            Routing::LeastBusy if by_cost => {
-                let best = rotated
+        let device = match self.routing {
+            Routing::LeastBusy if self.scheduling == Scheduling::Cost => {
+                let open: Vec<(usize, Priced)> = rotated
                     .filter(|&i| open(i))
-                    .map(|i| (i, completion(i)))
-                    .min_by_key(|&(_, (_, _, done))| done);
-                match best {
-                    Some((i, priced)) => (i, Some(priced)),
-                    None if any_healthy() => return Err(self.overloaded()),
-                    None => return Err(SubmitError::NoHealthyDevice),
+                    .map(|i| (i, priced(i)))
+                    .collect();
+                if open.is_empty() {
+                    return Err(none_open());
                 }
+                return Ok(by_completion(open, |p| p.2)
+                    .into_iter()
+                    .map(|(i, p)| (i, Some(p)))
+                    .collect());
             }
             Routing::LeastBusy => {
                 // A device not measured yet counts as fast as the fastest measured one,
@@ -996,26 +1044,17 @@ impl<E: Executor> Shared<E> {
                         best = Some((i, e));
                     }
                 }
-                match best {
-                    Some((i, _)) => (i, None),
-                    None if any_healthy() => return Err(self.overloaded()),
-                    None => return Err(SubmitError::NoHealthyDevice),
-                }
+                best.map(|(i, _)| i).ok_or_else(none_open)?
             }
-            Routing::LeastOutstanding => {
-                let fewest = rotated
-                    .filter(|&i| open(i))
-                    .min_by_key(|&i| self.devices[i].state.outstanding.load(Ordering::Acquire));
-                match fewest {
-                    Some(i) => (i, None),
-                    None if any_healthy() => return Err(self.overloaded()),
-                    None => return Err(SubmitError::NoHealthyDevice),
-                }
-            }
+            Routing::LeastOutstanding => rotated
+                .filter(|&i| open(i))
+                .min_by_key(|&i| self.devices[i].state.outstanding.load(Ordering::Acquire))
+                .ok_or_else(none_open)?,
             Routing::RoundRobin => {
                 let mut rotated = rotated;
-                let turn = rotated.find(|&i| self.usable(i, exclude));
-                (turn.ok_or(SubmitError::NoHealthyDevice)?, None)
+                rotated
+                    .find(|&i| self.usable(i, exclude))
+                    .ok_or(SubmitError::NoHealthyDevice)?
             }
             Routing::Random => {
                 let healthy = (0..n).filter(|&i| self.usable(i, exclude)).count();
@@ -1023,72 +1062,70 @@ impl<E: Executor> Shared<E> {
                     return Err(SubmitError::NoHealthyDevice);
                 }
                 let pick = fastrand::usize(..healthy);
-                let i = (0..n)
+                (0..n)
                     .filter(|&i| self.usable(i, exclude))
                     .nth(pick)
-                    .ok_or(SubmitError::NoHealthyDevice)?;
-                (i, None)
+                    .ok_or(SubmitError::NoHealthyDevice)?
             }
         };
-        let (cost, measured, done) = match priced {
-            Some(priced) => priced,
-            None if by_cost => completion(device),
-            // By count the price only orders nothing; it is still what the device's wait
-            // figures and the replica's running cost are kept in.
-            None => {
-                let (cost, measured) = self.price(device, terms.work);
-                (cost, measured, Duration::ZERO)
-            }
-        };
+        Ok(vec![(device, None)])
+    }
+
+    /// Whether `device` takes a request of `terms` priced there at `priced`, placed now:
+    /// by cost, on measured prices, not when it would finish after its deadline, or make
+    /// a queued request late (`queue::fit`). Refused, the placement it would have had,
+    /// and why.
+    fn admission(
+        &self,
+        device: usize,
+        (cost, measured, done): Priced,
+        terms: &Terms,
+        now: Instant,
+    ) -> Result<Placement, (Placement, SubmitError)> {
         // Kept with the device's overrun: admitted on the expected completion, a request
         // would miss its deadline whenever the runs ahead of it, or its own, are slower
         // than their prices.
         let overrun = self.devices[device].state.cost.overrun();
         let worst = cost.mul_f64(overrun);
-        // Refused only on measured prices: its own, and those of the work ahead of it.
-        let mut probing = false;
-        if by_cost && measured && !self.guessing(device) {
-            let left = terms.deadline.saturating_duration_since(now);
-            // Its answer's encode, after the run, is the request's time too.
-            let done = done.mul_f64(overrun) + terms.answer;
-            let refusal = if done > left {
-                Some(SubmitError::DeadlineUnreachable {
-                    expected_ms: ms(done),
-                    deadline_ms: ms(left),
-                    retry_after_ms: ms(done - left).max(1),
-                })
-            } else {
-                let entry = Entry::placed(terms, cost, measured, worst, now);
-                match self.fit(device, entry, overrun, now) {
-                    Fit::Fits => None,
-                    Fit::Late(end) => {
-                        // Planned run by run, its wait is longer than the shared one.
-                        let done = end.saturating_duration_since(now) + terms.answer;
-                        Some(SubmitError::DeadlineUnreachable {
-                            expected_ms: ms(done),
-                            deadline_ms: ms(left),
-                            retry_after_ms: ms(done.saturating_sub(left)).max(1),
-                        })
-                    }
-                    Fit::Harms { until } => Some(SubmitError::AdmittedFirst {
-                        retry_after_ms: ms(until.saturating_duration_since(now)).max(1),
-                    }),
-                }
-            };
-            if let Some(refusal) = refusal {
-                if !self.may_probe(device, probe) {
-                    return Err(refusal);
-                }
-                probing = true;
-            }
-        }
-        Ok(Placement {
+        let placement = Placement {
             device,
             cost,
             measured,
             worst,
-            probe: probing,
-        })
+            probe: false,
+        };
+        // Refused only on measured prices: its own, and those of the work ahead of it.
+        if self.scheduling != Scheduling::Cost || !measured || self.guessing(device) {
+            return Ok(placement);
+        }
+        let left = terms.deadline.saturating_duration_since(now);
+        // Its answer's encode, after the run, is the request's time too.
+        let done = done.mul_f64(overrun) + terms.answer;
+        let refusal = if done > left {
+            SubmitError::DeadlineUnreachable {
+                expected_ms: ms(done),
+                deadline_ms: ms(left),
+                retry_after_ms: ms(done - left).max(1),
+            }
+        } else {
+            let entry = Entry::placed(terms, cost, measured, worst, now);
+            match self.fit(device, entry, overrun, now) {
+                Fit::Fits => return Ok(placement),
+                Fit::Late(end) => {
+                    // Planned run by run, its wait is longer than the shared one.
+                    let done = end.saturating_duration_since(now) + terms.answer;
+                    SubmitError::DeadlineUnreachable {
+                        expected_ms: ms(done),
+                        deadline_ms: ms(left),
+                        retry_after_ms: ms(done.saturating_sub(left)).max(1),
+                    }
+                }
+                Fit::Harms { until } => SubmitError::AdmittedFirst {
+                    retry_after_ms: ms(until.saturating_duration_since(now)).max(1),
+                },
+            }
+        };
+        Err((placement, refusal))
     }
 
     /// When each of `device`'s replicas is free, its run taking what it may at worst
@@ -1269,6 +1306,10 @@ enum Probe {
     /// Only says whether the request would be sent (a check before the placement).
     Peek,
 }
+
+/// A request's price on a device, whether it is measured there, and its expected
+/// completion there (`Shared::place`).
+type Priced = (Duration, bool, Duration);
 
 /// Where the router put a request, and its price there.
 #[derive(Debug, Clone, Copy)]
