@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 use super::conn::accept_capped;
 use super::health::HealthService;
 use super::service::InferenceService;
-use super::transit::{CallLimits, TransitLayer};
+use super::transit::{CallLimits, TransitLayer, HEALTH_MESSAGE_BYTES};
 use crate::http::AppState;
 use crate::oip::health::health_server::HealthServer;
 use crate::oip::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -113,7 +113,9 @@ pub async fn serve(
     // The answer's size is checked against the hosting mode's limit before it is sent
     // (`infer.rs`), with a message saying what to ask for instead.
     .max_encoding_message_size(usize::MAX);
-    let health = HealthServer::new(HealthService { state, stopping });
+    // Health's calls take no place in transit (`transit.rs`): their messages are kept small.
+    let health = HealthServer::new(HealthService { state, stopping })
+        .max_decoding_message_size(HEALTH_MESSAGE_BYTES);
     let connections = accept_capped(
         listener,
         limits.max_connections,

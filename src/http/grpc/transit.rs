@@ -1,6 +1,6 @@
 //! Calls in transit on the gRPC listener (a tower layer around every service): from a
 //! call's head until its answer is delivered it holds a place in the server-wide cap and
-//! one in its connection's share; its message must keep arriving (the body timers of
+//! one in its connection's share (gRPC health's small calls excepted); its message must keep arriving (the body timers of
 //! REST's uploads, per stream); its answer must be read within the send timeout, or its
 //! connection is ended, which frees what hyper held of it. Each call's access line is
 //! written when it ends for its client (`access.rs`).
@@ -45,8 +45,18 @@ pub struct CallLimits {
 /// out: a refusal made at the last moment still reaches a client that reads.
 const LEAST_SEND_TIME: Duration = Duration::from_secs(1);
 
+/// The largest message of gRPC health's calls (a service's name).
+pub const HEALTH_MESSAGE_BYTES: usize = 1024;
+
+/// gRPC health's calls: their messages are small (`HEALTH_MESSAGE_BYTES`), so they take
+/// no place in transit and are never refused for overload: a probe is answered however
+/// busy the server is.
+fn is_health(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+}
+
 /// Calls whose answer is a stream that lasts as long as the client wants (health's
-/// Watch): their places go back once the request is read, and no send timer applies.
+/// Watch): no send timer applies to them.
 fn streams_answers(path: &str) -> bool {
     path == "/grpc.health.v1.Health/Watch"
 }
@@ -107,14 +117,15 @@ where
             ending: Ending::Cancelled,
         };
         let limits = self.limits;
-        let places = match call.take_places(&self.permits) {
-            Ok(places) => places,
-            Err(refusal) => {
-                let response = status_of(&refusal).into_http();
-                return Box::pin(async move { Ok(answer(response, call, limits)) });
+        if !is_health(&call.path) {
+            match call.take_places(&self.permits) {
+                Ok(places) => call.places = Some(places),
+                Err(refusal) => {
+                    let response = status_of(&refusal).into_http();
+                    return Box::pin(async move { Ok(answer(response, call, limits)) });
+                }
             }
-        };
-        call.places = Some(places);
+        }
         let extensions = request.extensions_mut();
         extensions.insert(Arrived(arrived));
         extensions.insert(RequestId(id));
@@ -195,13 +206,11 @@ impl Drop for CallEnd {
 /// The call's answer as hyper sends it: the call ends with its last frame. Unless the
 /// answer is a status alone (no data to wait for), a send timer is set: an answer not
 /// delivered within the send timeout (and the call's time) ends its connection.
-fn answer(response: Response<Body>, mut call: CallEnd, limits: CallLimits) -> Response<Body> {
+fn answer(response: Response<Body>, call: CallEnd, limits: CallLimits) -> Response<Body> {
     let (parts, body) = response.into_parts();
     let header_code = code_in(&parts.headers);
     let mut watchdog = None;
-    if streams_answers(&call.path) {
-        call.places = None;
-    } else if !body.is_end_stream() {
+    if !streams_answers(&call.path) && !body.is_end_stream() {
         if let Some(conn) = call.conn.clone() {
             let ready = Instant::now();
             let by = (ready + limits.send_timeout)
