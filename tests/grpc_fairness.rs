@@ -13,6 +13,7 @@ mod serve_support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, Request};
@@ -670,5 +671,164 @@ fn a_reset_flood_provoked_by_the_client_ends_with_goaway() {
         let mut other = connect(grpc, 65_535).await;
         assert_eq!(model_infer(&mut other, message).await, Outcome::Status(OK));
     });
+    assert!(server.stop().success());
+}
+
+/// Rapid reset (CVE-2023-44487) still closes the connection: streams opened and reset
+/// at once by the client, thousands of them, end with GOAWAY (ENHANCE_YOUR_CALM).
+#[test]
+fn a_rapid_reset_flood_ends_with_goaway() {
+    let (server, grpc) = serve(&[]);
+    let mut raw = RawConnection::open(grpc);
+    let block = header_block(&request_headers(MODEL_INFER));
+    let cancel = 0x8u32.to_be_bytes();
+    for batch in (0..5_000u32).collect::<Vec<_>>().chunks(500) {
+        let out: Vec<u8> = batch
+            .iter()
+            .flat_map(|i| {
+                let mut pair = frame(HEADERS, END_HEADERS, 2 * i + 1, &block);
+                pair.extend(frame(RST_STREAM, 0, 2 * i + 1, &cancel));
+                pair
+            })
+            .collect();
+        if !raw.send(&out) {
+            break;
+        }
+    }
+    let mut goaway = None;
+    while let Some((kind, _, _, payload)) = raw.next_frame(Duration::from_secs(10)) {
+        if kind == GOAWAY {
+            goaway = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+            break;
+        }
+    }
+    assert_eq!(goaway, Some(ENHANCE_YOUR_CALM), "{}", server.log());
+    assert!(server.stop().success());
+}
+
+/// The server's resident memory, kB (its /proc status).
+fn resident_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The figure of the report, not a check CI runs (minutes): 200 zero-window readers, each
+/// on its own connection answering PINGs, against the default limits (30 s send timeout,
+/// 90 s per call), each retrying a refused call until one is answered. Prints how long
+/// each was held, and the server's resident memory before, at its peak and after.
+/// `cargo test --release --test grpc_fairness -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement of minutes: run by hand for the report"]
+fn two_hundred_zero_window_readers_measured() {
+    let (server, grpc) = serve(&[]);
+    let message = {
+        let image = std::fs::read(fetched("astronaut.jpg")).expect("the photo");
+        let mut element = (image.len() as u32).to_le_bytes().to_vec();
+        element.extend(image);
+        let request = ModelInferRequest {
+            model_name: "celer".into(),
+            inputs: vec![InferInputTensor {
+                name: "image".into(),
+                datatype: "BYTES".into(),
+                shape: vec![1],
+                ..Default::default()
+            }],
+            raw_input_contents: vec![Bytes::from(element)],
+            ..Default::default()
+        };
+        grpc_frame(&request.encode_to_vec())
+    };
+    // Warm: one answer read whole.
+    runtime().block_on(async {
+        let mut warm = connect(grpc, 65_535).await;
+        assert_eq!(
+            model_infer(&mut warm, message.clone()).await,
+            Outcome::Status(OK)
+        );
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = server.pid();
+    let before = resident_kb(pid);
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (peak.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::Acquire) {
+                peak.fetch_max(resident_kb(pid), std::sync::atomic::Ordering::AcqRel);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    let started = Instant::now();
+    let held: Vec<(Duration, Duration, u32)> = runtime().block_on(async {
+        let readers = (0..200).map(|_| {
+            let message = message.clone();
+            tokio::spawn(async move {
+                let mut reader = connect(grpc, 0).await;
+                let mut tries = 0;
+                let (answered, ready) = loop {
+                    tries += 1;
+                    let asked = Instant::now();
+                    reader.send = reader.send.clone().ready().await.expect("a stream");
+                    let (response, mut stream) = reader
+                        .send
+                        .send_request(call_head(MODEL_INFER), false)
+                        .expect("a stream");
+                    let _ = stream.send_data(message.clone(), true);
+                    let response = response.await.expect("an answer's head");
+                    if grpc_status(response.headers()).is_none() {
+                        // Answered; held by the window, kept (with its stream) until the
+                        // server ends the connection.
+                        let ready = Instant::now();
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(300), &mut reader.connection)
+                                .await;
+                        drop((response, stream));
+                        break (asked, ready);
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                };
+                (answered.elapsed(), ready.elapsed(), tries)
+            })
+        });
+        let mut held = Vec::new();
+        for r in readers.collect::<Vec<_>>() {
+            held.push(r.await.expect("a reader"));
+        }
+        held
+    });
+    let all_dropped = started.elapsed();
+    let just_after = resident_kb(pid);
+    std::thread::sleep(Duration::from_secs(10));
+    let after = resident_kb(pid);
+    sampling.store(false, std::sync::atomic::Ordering::Release);
+    sampler.join().unwrap();
+    let longest_call = held.iter().map(|h| h.0).max().unwrap();
+    let longest_held = held.iter().map(|h| h.1).max().unwrap();
+    let tries: u32 = held.iter().map(|h| h.2).sum();
+    eprintln!(
+        "200 zero-window readers: all dropped {all_dropped:?} after the first came; \
+         each dropped at most {longest_call:?} after the head of its answered call and \
+         {longest_held:?} after its answer was ready ({tries} calls in all, the rest refused and retried)"
+    );
+    eprintln!(
+        "resident memory: before {} MB, peak {} MB, just after {} MB, 10 s after {} MB",
+        before / 1024,
+        peak.load(std::sync::atomic::Ordering::Acquire) / 1024,
+        just_after / 1024,
+        after / 1024
+    );
+    let log = server.log();
+    eprintln!(
+        "access lines: {} CANCELLED (send_timeout), {} OK",
+        access_lines(&log, MODEL_INFER, "cause=\"send_timeout\""),
+        access_lines(&log, MODEL_INFER, "grpc_status=\"OK\"")
+    );
     assert!(server.stop().success());
 }
