@@ -223,7 +223,7 @@ fn answer(response: Response<Body>, call: CallEnd, limits: CallLimits) -> Respon
         inner: body,
         header_code,
         call: Some(call),
-        _watchdog: watchdog,
+        watchdog,
     };
     Response::from_parts(parts, Body::new(answer))
 }
@@ -256,7 +256,8 @@ struct Answer {
     inner: Body,
     header_code: Option<Code>,
     call: Option<CallEnd>,
-    _watchdog: Option<oneshot::Sender<()>>,
+    /// The send timer's: dropped when the answer ends, which stops the timer.
+    watchdog: Option<oneshot::Sender<()>>,
 }
 
 impl Answer {
@@ -264,7 +265,7 @@ impl Answer {
         if let Some(mut call) = self.call.take() {
             call.ending = ending;
         }
-        self._watchdog = None;
+        self.watchdog = None;
     }
 }
 
