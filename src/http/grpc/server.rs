@@ -3,34 +3,35 @@
 //! others need:
 //!
 //! - at most `max_connections` open at once (beyond, the kernel's backlog holds new ones);
+//!   at most `streams_per_connection` streams open on each (HTTP/2's
+//!   SETTINGS_MAX_CONCURRENT_STREAMS: h2 refuses one more with REFUSED_STREAM);
 //! - a received message over `max_message_bytes` (the hosting mode's body limit) is
 //!   refused by tonic before it is held whole (`OUT_OF_RANGE`);
-//! - requests in transit (being received or answered) are capped server-wide, so that
-//!   messages held in memory stay within the bodies' memory budget: beyond the cap a call
-//!   is refused at once with `RESOURCE_EXHAUSTED`, never queued;
-//! - every call ends within `request_timeout` (tonic's own timeout, which also applies
-//!   the client's `grpc-timeout`): a stalled stream is ended, and it never held an
-//!   inference slot (admission comes once its message is whole);
-//! - HTTP/2 keep-alive pings find dead peers, so their connections do not linger.
+//! - calls in transit (from their head until their answer is delivered) are capped
+//!   server-wide, so that messages held in memory stay within the bodies' memory budget,
+//!   and each connection has a share of the cap (`transit_per_connection`): beyond either
+//!   a call is refused at once with `RESOURCE_EXHAUSTED`, never queued (`transit.rs`);
+//! - a message must keep arriving: the REST body timers, per stream (`DEADLINE_EXCEEDED`);
+//! - an answer must be read within the send timeout, or its connection is ended;
+//! - every call is answered within `request_timeout` (tonic's own timeout, which also
+//!   applies the client's `grpc-timeout`): it never held an inference slot while its
+//!   message arrived (admission comes once its message is whole);
+//! - HTTP/2 keep-alive pings find dead peers, so their connections do not linger; a
+//!   client that makes the server reset streams (malformed frames) past
+//!   `LOCAL_RESETS_PER_CONNECTION` is sent GOAWAY (CVE-2025-8671, "MadeYouReset").
 
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http::{Request, Response};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
-use tonic::Status;
-use tower::{Layer, Service};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
+use super::conn::accept_capped;
 use super::health::HealthService;
-use super::service::{Arrived, InferenceService};
+use super::service::InferenceService;
+use super::transit::{CallLimits, TransitLayer, HEALTH_MESSAGE_BYTES};
 use crate::http::AppState;
 use crate::oip::health::health_server::HealthServer;
 use crate::oip::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -43,32 +44,53 @@ pub struct GrpcLimits {
     pub max_message_bytes: usize,
     /// Calls received or being answered at once, server-wide.
     pub max_in_transit: usize,
+    /// ... and on one connection.
+    pub transit_per_connection: usize,
     /// Concurrent streams a client may open on one connection.
     pub streams_per_connection: u32,
-    /// A call's whole time, from its head to its answer.
-    pub request_timeout: Duration,
+    /// The time limits of each call: its message's, its answer's and its whole time.
+    pub calls: CallLimits,
     pub keep_alive_interval: Duration,
 }
+
+/// Streams the server may reset for a client's errors (malformed frames, streams past
+/// the concurrency limit) on one connection before it sends GOAWAY: hyper's own default,
+/// which tonic turns off.
+const LOCAL_RESETS_PER_CONNECTION: usize = 1024;
 
 impl GrpcLimits {
     /// The REST side's limits, as they apply to gRPC: its connection cap; its body limit
     /// as the message limit; as many messages in transit as the bodies' memory budget
     /// holds (and at least twice the admission limit, so that the cap never refuses what
-    /// admission would take); the request deadline plus the whole-body time per call.
+    /// admission would take); its body and send timeouts per call; the request deadline
+    /// plus the whole-body time per call.
+    ///
+    /// A connection's share of the calls in transit is what admission takes at once
+    /// (at most half the cap): one client multiplexing its calls on one connection can
+    /// still fill every inference slot, as it could with as many HTTP/1.1 connections,
+    /// and one connection, however it stalls its streams, leaves at least half of the
+    /// cap to the others.
     pub fn from_rest(
         conn: &crate::config::ConnLimits,
         requests: &crate::config::RequestLimits,
         admission_limit: usize,
     ) -> Self {
         let max_message_bytes = requests.max_body_bytes.max(1);
+        let max_in_transit = (conn.body_buffer_bytes / max_message_bytes)
+            .max(2 * admission_limit)
+            .max(1);
         Self {
             max_connections: conn.max_connections.max(1),
             max_message_bytes,
-            max_in_transit: (conn.body_buffer_bytes / max_message_bytes)
-                .max(2 * admission_limit)
-                .max(1),
+            max_in_transit,
+            transit_per_connection: admission_limit.min(max_in_transit / 2).max(1),
             streams_per_connection: 128,
-            request_timeout: requests.deadline + conn.body_timeout,
+            calls: CallLimits {
+                body_timeout: conn.body_timeout,
+                body_idle_timeout: conn.body_idle_timeout,
+                send_timeout: conn.send_timeout,
+                request_timeout: requests.deadline + conn.body_timeout,
+            },
             keep_alive_interval: Duration::from_secs(30),
         }
     }
@@ -91,21 +113,29 @@ pub async fn serve(
     // The answer's size is checked against the hosting mode's limit before it is sent
     // (`infer.rs`), with a message saying what to ask for instead.
     .max_encoding_message_size(usize::MAX);
-    let health = HealthServer::new(HealthService { state, stopping });
-    let connections = accept_capped(listener, limits.max_connections);
+    // Health's calls take no place in transit (`transit.rs`): their messages are kept small.
+    let health = HealthServer::new(HealthService { state, stopping })
+        .max_decoding_message_size(HEALTH_MESSAGE_BYTES);
+    let connections = accept_capped(
+        listener,
+        limits.max_connections,
+        limits.transit_per_connection,
+    );
     let shutdown = async move {
         shutdown.await;
         stopping_tx.send_replace(true);
     };
     let mut server = tonic::transport::Server::builder()
-        .timeout(limits.request_timeout)
+        .timeout(limits.calls.request_timeout)
         .max_concurrent_streams(limits.streams_per_connection)
+        .http2_max_local_error_reset_streams(Some(LOCAL_RESETS_PER_CONNECTION))
         .http2_keepalive_interval(Some(limits.keep_alive_interval))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .layer(InTransitLayer {
+        .layer(TransitLayer {
             permits: Arc::new(Semaphore::new(
                 limits.max_in_transit.clamp(1, Semaphore::MAX_PERMITS),
             )),
+            limits: limits.calls,
         });
     server
         .add_service(inference)
@@ -113,165 +143,4 @@ pub async fn serve(
         .serve_with_incoming_shutdown(connections, shutdown)
         .await
         .map_err(io::Error::other)
-}
-
-/// The accepted connections as tonic takes them, at most `max` open at once: each holds
-/// a permit until its socket is dropped.
-fn accept_capped(listener: TcpListener, max: usize) -> ReceiverStream<io::Result<Capped>> {
-    let permits = Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS)));
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        loop {
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
-                () = tx.closed() => return,
-            };
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                () = tx.closed() => return,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let capped = Capped {
-                        stream,
-                        _permit: permit,
-                    };
-                    if tx.send(Ok(capped)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    // A reset before accept, or out of file descriptors: wait a little
-                    // (the permit goes back) rather than spin.
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    });
-    ReceiverStream::new(rx)
-}
-
-/// A connection holding its place under the connection cap.
-struct Capped {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Connected for Capped {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for Capped {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Capped {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
-
-/// The server-wide cap on calls in transit (see the module's header).
-#[derive(Clone)]
-struct InTransitLayer {
-    permits: Arc<Semaphore>,
-}
-
-impl<S> Layer<S> for InTransitLayer {
-    type Service = InTransit<S>;
-
-    fn layer(&self, inner: S) -> InTransit<S> {
-        InTransit {
-            inner,
-            permits: self.permits.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-struct InTransit<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B> Service<Request<B>> for InTransit<S>
-where
-    S: Service<Request<B>, Response = Response<tonic::body::Body>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<tonic::body::Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        request
-            .extensions_mut()
-            .insert(Arrived(std::time::Instant::now()));
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let call = self.inner.call(request);
-                Box::pin(async move {
-                    let answer = call.await;
-                    drop(permit);
-                    answer
-                })
-            }
-            Err(_) => Box::pin(async {
-                let mut status = Status::resource_exhausted(
-                    "the server holds as many calls in transit as its memory for request \
-                     bodies allows; retry later (overloaded)",
-                );
-                status
-                    .metadata_mut()
-                    .insert("grpc-retry-pushback-ms", 1000u64.into());
-                Ok(status.into_http())
-            }),
-        }
-    }
 }

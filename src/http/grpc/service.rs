@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
+use super::access::CallNote;
 use super::infer::model_infer;
 use super::status::{code_name, code_of, status_of};
-use crate::http::access::{request_id, Inference};
+use crate::http::access::{request_id, RequestId};
 use crate::http::error::ApiError;
 use crate::http::spans::{record_grpc, sample_grpc, GrpcCall};
 use crate::http::v2::{model_named, readiness, OutputTensor, INPUTS, MODEL_VERSION};
@@ -176,7 +177,12 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<ModelInferResponse>, Status> {
         let start = Instant::now();
         let state = &self.state;
-        let id = request_id(&request.metadata().clone().into_headers());
+        // The listener's layer chose the call's id (and writes its access line).
+        let id = match request.extensions().get::<RequestId>() {
+            Some(id) => id.0.clone(),
+            None => request_id(&request.metadata().clone().into_headers()),
+        };
+        let note = request.extensions().get::<CallNote>().cloned();
         let sampled = state
             .tracer
             .as_ref()
@@ -223,40 +229,15 @@ impl GrpcInferenceService for InferenceService {
             };
             record_grpc(tracer, sampled, call, inference);
         }
-        let trace_id = sampled.as_ref().map(|s| s.trace_id.to_string());
-        log_inference(&id, &result, took, trace_id.as_deref());
+        if let Some(note) = note {
+            let trace_id = sampled.as_ref().map(|s| s.trace_id.to_string());
+            note.answered(code, inference, trace_id);
+        }
         match result {
             Ok((response, _)) => Ok(Response::new(response)),
             Err(e) => Err(status_of(&e)),
         }
     }
-}
-
-/// The access line of a gRPC inference, as REST's (`access::log`) with the gRPC code.
-fn log_inference(
-    id: &str,
-    result: &Result<(ModelInferResponse, Inference), ApiError>,
-    took: Duration,
-    trace_id: Option<&str>,
-) {
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let (code, inference) = match result {
-        Ok((_, i)) => (tonic::Code::Ok, Some(i)),
-        Err(e) => (code_of(e), None),
-    };
-    tracing::info!(
-        target: "celer::access",
-        request_id = %id,
-        method = "gRPC",
-        path = "/inference.GRPCInferenceService/ModelInfer",
-        grpc_status = code_name(code),
-        duration_ms = ms(took),
-        device = inference.map(|i| i.device.as_str()),
-        queue_ms = inference.map(|i| ms(i.queued)),
-        compute_ms = inference.map(|i| ms(i.compute)),
-        trace_id = trace_id.map(tracing::field::display),
-        "request"
-    );
 }
 
 /// How much sooner than tonic's own timer the client's deadline is answered: more than
